@@ -1,0 +1,89 @@
+"""The environment contract and registry.
+
+An environment turns a task into an episode. Episodes may be multi-turn: ``reset(task, seed)`` gives the first
+observation (the prompt), then the generate stage alternates engine calls and ``step(action)`` until ``done``.
+``outcome`` is what the reward stage scores. Environments that run model-written code take an ``Executor``
+(the sandbox in ``envs/sandbox``), never ``exec`` on the host.
+
+    env = make_env("arithmetic")
+    tasks = env.tasks("train", task_cfg, seed=0)
+    first = env.reset(tasks[0], seed=1)
+    result = env.step("46")
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+
+@dataclass
+class StepResult:
+    """What the environment answers to one action."""
+
+    observation: str | None
+    done: bool
+    outcome: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ExecResult:
+    """What an executor reports about one run of untrusted code."""
+
+    exit_code: int | None
+    timed_out: bool
+    stdout: str
+    stderr: str
+    killed_reason: str | None = None
+
+
+@runtime_checkable
+class Executor(Protocol):
+    """Runs untrusted code in isolation (implemented by ``envs.sandbox``)."""
+
+    def run(self, code: str, *, timeout_s: float, memory_mb: int) -> ExecResult: ...
+
+
+@runtime_checkable
+class Env(Protocol):
+    """One episode at a time; instances are cheap, one per episode."""
+
+    name: str
+
+    def tasks(self, split: str, task_cfg: Any, seed: int) -> list[dict[str, Any]]:
+        """The task list of a split ("train" or "heldout"), deterministic in ``seed``."""
+        ...
+
+    def reset(self, task: dict[str, Any], seed: int) -> str:
+        """Start an episode; returns the first observation (the prompt text)."""
+        ...
+
+    def step(self, action: str) -> StepResult:
+        """Apply the model's action (its completion text)."""
+        ...
+
+
+_REGISTRY: dict[str, Callable[[], Env]] = {}
+
+
+def register(name: str) -> Callable[[Callable[[], Env]], Callable[[], Env]]:
+    def deco(factory: Callable[[], Env]) -> Callable[[], Env]:
+        _REGISTRY[name] = factory
+        return factory
+
+    return deco
+
+
+def make_env(name: str) -> Env:
+    from envs import arithmetic  # noqa: F401  (registers itself)
+
+    if name not in _REGISTRY:
+        raise KeyError(f"unknown environment {name!r}; registered: {', '.join(sorted(_REGISTRY))}")
+    return _REGISTRY[name]()
+
+
+def registered() -> list[str]:
+    from envs import arithmetic  # noqa: F401
+
+    return sorted(_REGISTRY)

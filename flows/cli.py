@@ -1,0 +1,172 @@
+"""The ``rlfoundry`` command line (stable: scripts and checks depend on it).
+
+    rlfoundry run configs/default.yaml --set train.lr=1e-4
+    rlfoundry show RUN_ID --json
+
+Heavy libraries (torch, vLLM, Prefect, MLflow) are imported inside the commands, so ``--help`` is fast.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+app = typer.Typer(
+    add_completion=False, no_args_is_help=True, help="RL post-training as resumable Prefect workflows."
+)
+
+SetOpt = Annotated[
+    list[str] | None, typer.Option("--set", help="Override a config field: section.field=value (repeatable).")
+]
+
+
+def _fail(msg: str, code: int = 2) -> None:
+    typer.echo(f"error: {msg}", err=True)
+    raise typer.Exit(code)
+
+
+def _store_for(run_store: str | None) -> Any:
+    from rl_core.config import load_config
+    from rl_core.context import store_root
+    from rl_core.store import Store
+
+    return Store(run_store or store_root(load_config()))
+
+
+class _Progress:
+    """One line per iteration above a progress bar: reward, accuracy and stage timings."""
+
+    def __init__(self, total: int):
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.console = Console(stderr=False)
+        self.progress = Progress(
+            TextColumn("[bold]RL iterations"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=self.console,
+        )
+        self.task = self.progress.add_task("rl", total=total)
+        self.curve: list[dict[str, Any]] = []
+
+    def __call__(self, ev: dict[str, Any]) -> None:
+        k = ev["iteration"]
+        t = ev["timings"]
+        e = ev.get("eval") or {}
+        acc = f"acc {e['accuracy']:.3f}" if e else "         "
+        pk = " ".join(f"{m} {v:.2f}" for m, v in e.items() if m.startswith("pass@"))
+        if k == 0:
+            self.console.print(
+                f"[bold]base model[/]  {acc}  {pk}  (init {t.get('init', 0):.1f}s, warm-up {t.get('warmup', 0):.1f}s)"
+            )
+        else:
+            times = " ".join(
+                f"{s[:3]} {t.get(s, 0):.1f}s"
+                for s in ("generate", "execute_envs", "score_rewards", "train", "evaluate")
+                if s in t
+            )
+            self.console.print(f"iter {k:4d}  reward {ev['mean_reward']:.3f}  {acc}  {pk}  [dim]{times}[/]")
+            self.progress.advance(self.task)
+        self.curve.append(ev)
+
+
+@app.command()
+def run(
+    config: Annotated[Path, typer.Argument(help="Experiment YAML (see configs/).")],
+    set_: SetOpt = None,
+    run_id: Annotated[str | None, typer.Option("--run-id", help="Run id (default: a new one).")] = None,
+    curve: Annotated[Path | None, typer.Option(help="Write the per-iteration curve (JSON) here.")] = None,
+) -> None:
+    """Start an experiment; prints the run id."""
+    from rl_core.config import ConfigError, load_config
+
+    try:
+        cfg = load_config(config, set_ or [])
+    except ConfigError as e:
+        _fail(str(e))
+    _launch(cfg, run_id, resume=False, curve=curve)
+
+
+def _launch(cfg: Any, run_id: str | None, *, resume: bool, curve: Path | None) -> None:
+    import time
+
+    from rl_core.context import get_context
+    from rl_core.report import subscribe
+    from rl_core.runs import RunError, create_run, new_run_id
+
+    rid = run_id or new_run_id()
+    ctx = get_context(cfg, rid)
+    if not resume:
+        try:
+            create_run(ctx)
+        except RunError as e:
+            _fail(str(e))
+    typer.echo(f"run id: {rid}")
+    typer.echo(f"artifacts: {ctx.store.run_uri(rid)}")
+    from flows.experiment import experiment_flow
+    from rl_core.lineage import tracking_uri
+
+    prog = _Progress(cfg.experiment.iterations)
+    t0 = time.time()
+
+    def record(ev: dict[str, Any]) -> None:
+        ev["elapsed_s"] = round(time.time() - t0, 2)
+
+    unsub = subscribe(record)
+    unsub2 = subscribe(prog)
+    try:
+        with prog.progress:
+            result = experiment_flow(cfg, rid)
+    finally:
+        unsub()
+        unsub2()
+    if curve:
+        curve.parent.mkdir(parents=True, exist_ok=True)
+        curve.write_text(
+            json.dumps({"run_id": rid, "config": cfg.model_dump(mode="json"), "curve": prog.curve}, indent=1)
+        )
+    base, final = result["base_accuracy"], result["final"]["accuracy"]
+    typer.echo(
+        f"\nrun {rid} finished: held-out accuracy {base:.3f} (base) -> {final:.3f} ({(final - base) * 100:+.1f} points)"
+    )
+    typer.echo(f"artifacts: {ctx.store.run_uri(rid)}")
+    typer.echo(f"inspect:   rlfoundry show {rid}")
+    uri = tracking_uri(cfg)
+    typer.echo(f"MLflow UI: .venv/bin/mlflow ui --backend-store-uri {uri} --host 127.0.0.1 --port 5000")
+
+
+@app.command()
+def show(
+    run_id: str,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+    store: Annotated[str | None, typer.Option(help="Store root (default: the configured one).")] = None,
+) -> None:
+    """Iterations x stages with status, timings, metrics, artifact URIs and policy sha256."""
+    from rl_core.runs import RunError
+    from rl_core.show import collect, render
+
+    try:
+        data = collect(_store_for(store), run_id)
+    except RunError as e:
+        _fail(str(e))
+    if as_json:
+        json.dump(data, sys.stdout, indent=1)
+        sys.stdout.write("\n")
+    else:
+        from rich.console import Console
+
+        Console().print(render(data))
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

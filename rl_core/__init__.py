@@ -1,0 +1,1 @@
+"""rlfoundry package."""

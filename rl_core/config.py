@@ -1,0 +1,235 @@
+"""The experiment schema: one pydantic model, every field described once.
+
+Load a YAML file with overrides:
+
+    cfg = load_config("configs/default.yaml", ["train.lr=2e-5", "rollout.engine=hf"])
+
+A bad value fails before any work, with the dotted field name and the allowed values.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ExperimentSection(_Section):
+    name: str = Field("default", description="Human-readable experiment name (MLflow experiment).")
+    seed: int = Field(0, ge=0, description="Run seed; every other seed is derived from it.")
+    iterations: int = Field(40, ge=1, le=100_000, description="Number of RL iterations (one flow run each).")
+
+
+class ModelSection(_Section):
+    hidden_size: int = Field(256, ge=16, le=8192, description="Width of the tiny Qwen2 policy.")
+    num_layers: int = Field(4, ge=1, le=128, description="Number of transformer blocks.")
+    num_heads: int = Field(4, ge=1, le=128, description="Attention heads (hidden_size must divide by it).")
+    intermediate_size: int = Field(512, ge=16, description="MLP width.")
+    vocab_size: int = Field(
+        64, ge=32, le=65536, description="Target size of the BPE tokenizer trained on task text."
+    )
+    max_position: int = Field(64, ge=16, description="Longest sequence (prompt + completion) in tokens.")
+
+
+class TaskSection(_Section):
+    env: str = Field("arithmetic", description="Environment name in the envs registry.")
+    operations: list[Literal["add", "sub", "mul"]] = Field(
+        ["add", "sub"], min_length=1, description="Arithmetic operations to draw problems from."
+    )
+    digits: list[int] = Field(
+        [1, 2], min_length=1, description="Difficulty levels: operand digit counts drawn from."
+    )
+    train_size: int = Field(
+        10_000, ge=10, description="Number of training problems (disjoint from held-out)."
+    )
+    heldout_size: int = Field(256, ge=10, description="Number of held-out evaluation problems.")
+
+
+class WarmupSection(_Section):
+    steps: int = Field(300, ge=0, description="Supervised warm-up optimizer steps before RL.")
+    batch_size: int = Field(64, ge=1, description="Warm-up batch size (sequences).")
+    lr: float = Field(3e-3, gt=0, le=1.0, description="Warm-up learning rate.")
+    examples: int = Field(
+        2000,
+        ge=1,
+        description="Distinct training problems seen in warm-up (a small slice keeps base accuracy low).",
+    )
+
+
+class RolloutSection(_Section):
+    engine: Literal["vllm", "hf"] = Field(
+        "vllm", description="Rollout engine: vLLM (default) or HF transformers fallback."
+    )
+    prompts_per_iteration: int = Field(64, ge=1, description="Prompts sampled per iteration.")
+    n: int = Field(8, ge=1, le=256, description="Completions per prompt (the GRPO group size).")
+    temperature: float = Field(1.0, ge=0.0, le=2.0, description="Sampling temperature.")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling threshold.")
+    max_tokens: int = Field(8, ge=1, description="Maximum completion tokens.")
+    dtype: Literal["float32", "bfloat16"] = Field(
+        "float32", description="Engine dtype (fp32 keeps logprobs close to the trainer's)."
+    )
+    multiprocess: bool = Field(
+        False, description="vLLM engine core in a separate process (slower start on CPU)."
+    )
+    kv_cache_mb: int = Field(
+        256, ge=16, description="KV cache size for vLLM, MiB (otherwise it reserves most of RAM)."
+    )
+
+
+class RewardSection(_Section):
+    correct_weight: float = Field(1.0, description="Weight of the correctness reward.")
+    format_weight: float = Field(0.1, description="Weight of the format reward (a well-formed answer).")
+    advantage: Literal["grpo", "drgrpo"] = Field(
+        "grpo", description="grpo: (r - group mean) / group std; drgrpo: r - group mean (no std scaling)."
+    )
+
+
+class TrainSection(_Section):
+    backend: Literal["deepspeed", "torch"] = Field(
+        "deepspeed", description="Train engine: DeepSpeed or plain torch."
+    )
+    zero_stage: int = Field(0, ge=0, le=3, description="DeepSpeed ZeRO stage.")
+    lr: float = Field(2e-4, gt=0, le=1.0, description="Policy learning rate (AdamW).")
+    weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay.")
+    micro_batch_size: int = Field(64, ge=1, description="Sequences per optimizer mini-batch.")
+    epochs: int = Field(1, ge=1, le=16, description="Passes over each iteration's rollouts.")
+    clip_low: float = Field(0.2, ge=0.0, le=1.0, description="Lower ratio clip epsilon.")
+    clip_high: float = Field(0.28, ge=0.0, le=10.0, description="Upper ratio clip epsilon (clip-higher).")
+    kl_coef: float = Field(
+        0.0,
+        ge=0.0,
+        description="Weight of the k3 KL penalty to the reference (warmed-up) policy; 0 disables it.",
+    )
+    loss_agg: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] = Field(
+        "token_mean", description="How per-token losses are aggregated (token_mean = DAPO token-level)."
+    )
+    grad_clip: float = Field(1.0, gt=0.0, description="Gradient norm clip.")
+
+
+class EvalSection(_Section):
+    pass_k: list[int] = Field([1, 8], description="k values for pass@k (sampled at eval temperature).")
+    samples: int = Field(8, ge=1, description="Samples per held-out problem for pass@k (>= max k).")
+    temperature: float = Field(1.0, ge=0.0, le=2.0, description="Sampling temperature for pass@k.")
+    every: int = Field(1, ge=1, description="Evaluate every this many iterations (and always the last).")
+
+
+class StoreSection(_Section):
+    uri: str = Field(
+        "", description="Artifact store root: a path, file:// or s3:// URL. Empty = <state dir>/store."
+    )
+
+
+class TrackingSection(_Section):
+    mlflow_uri: str = Field("", description="MLflow tracking URI. Empty = sqlite:///<state dir>/mlflow.db.")
+    enabled: bool = Field(True, description="Log lineage to MLflow.")
+
+
+class Config(_Section):
+    """A whole experiment."""
+
+    experiment: ExperimentSection = Field(
+        default_factory=ExperimentSection, description="Run identity and length."
+    )
+    model: ModelSection = Field(
+        default_factory=ModelSection, description="Policy architecture and tokenizer."
+    )
+    task: TaskSection = Field(default_factory=TaskSection, description="Environment and task data.")
+    warmup: WarmupSection = Field(default_factory=WarmupSection, description="Supervised warm-up stage.")
+    rollout: RolloutSection = Field(default_factory=RolloutSection, description="Generation stage.")
+    reward: RewardSection = Field(default_factory=RewardSection, description="Reward and advantage stage.")
+    train: TrainSection = Field(default_factory=TrainSection, description="Policy optimisation stage.")
+    eval: EvalSection = Field(default_factory=EvalSection, description="Evaluation stage.")
+    store: StoreSection = Field(default_factory=StoreSection, description="Artifact store.")
+    tracking: TrackingSection = Field(default_factory=TrackingSection, description="Lineage tracking.")
+
+
+class ConfigError(ValueError):
+    """A config file or override is invalid; the message names the field."""
+
+
+def _format_validation_error(err: ValidationError, source: str) -> str:
+    lines = [f"invalid config ({source}):"]
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"])
+        allowed = ""
+        ctx = e.get("ctx") or {}
+        if "expected" in ctx:
+            allowed = f" (allowed: {ctx['expected']})"
+        lines.append(f"  {loc}: {e['msg']}{allowed}; got {e.get('input')!r}")
+    return "\n".join(lines)
+
+
+def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
+    parts = key.split(".")
+    node = data
+    fields: dict[str, Any] = Config.model_fields
+    model: type[BaseModel] | None = Config
+    for i, part in enumerate(parts):
+        if model is None or part not in fields:
+            known = ", ".join(sorted(fields)) if model is not None else "(none: not a section)"
+            raise ConfigError(f"unknown config field {'.'.join(parts[: i + 1])!r}; known here: {known}")
+        if i == len(parts) - 1:
+            node[part] = value
+            return
+        ann = fields[part].annotation
+        model = ann if isinstance(ann, type) and issubclass(ann, BaseModel) else None
+        fields = model.model_fields if model is not None else {}
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"config field {'.'.join(parts[: i + 1])!r} is not a section")
+
+
+def parse_overrides(overrides: list[str]) -> list[tuple[str, Any]]:
+    """Parse ``a.b=value`` strings; values are YAML scalars or lists (``[1,2]``)."""
+    out = []
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} must look like section.field=value")
+        key, raw = item.split("=", 1)
+        out.append((key.strip(), yaml.safe_load(raw) if raw.strip() else ""))
+    return out
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+    """Read a YAML config (or the defaults), apply ``--set`` overrides, validate everything."""
+    data: dict[str, Any] = {}
+    source = "defaults"
+    if path is not None:
+        source = str(path)
+        try:
+            data = yaml.safe_load(Path(path).read_text()) or {}
+        except FileNotFoundError as e:
+            raise ConfigError(f"config file not found: {path}") from e
+        except yaml.YAMLError as e:
+            raise ConfigError(f"config file {path} is not valid YAML: {e}") from e
+        if not isinstance(data, dict):
+            raise ConfigError(f"config file {path} must hold a mapping of sections")
+    for key, value in parse_overrides(overrides or []):
+        _set_dotted(data, key, value)
+    return config_from_dict(data, source)
+
+
+def config_from_dict(data: dict[str, Any], source: str = "dict") -> Config:
+    try:
+        cfg = Config.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(_format_validation_error(e, source)) from None
+    if cfg.model.hidden_size % cfg.model.num_heads:
+        raise ConfigError(f"invalid config ({source}):\n  model.num_heads: must divide model.hidden_size")
+    if cfg.eval.samples < max(cfg.eval.pass_k):
+        raise ConfigError(f"invalid config ({source}):\n  eval.samples: must be >= max(eval.pass_k)")
+    return cfg
+
+
+def config_hash(cfg: Config | dict[str, Any]) -> str:
+    """sha256 of the canonical JSON of a config (or a part of one)."""
+    data = cfg.model_dump(mode="json") if isinstance(cfg, BaseModel) else cfg
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()

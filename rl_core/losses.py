@@ -1,0 +1,142 @@
+"""Advantages, the clipped policy-gradient loss and KL estimators (GRPO / Dr.GRPO / DAPO family).
+
+All per-token tensors are ``[batch, tokens]`` with a 0/1 ``mask`` marking the tokens that carry loss (the
+model's own completion tokens; prompt, padding and environment observations are 0).
+
+>>> import numpy as np
+>>> group_advantages(np.array([1.0, 0.0, 1.0, 1.0]), np.array([0, 0, 1, 1]), scale_by_std=False).tolist()
+[0.5, -0.5, 0.0, 0.0]
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+import torch
+
+Aggregation = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"]
+
+
+def group_advantages(
+    rewards: np.ndarray, group_ids: np.ndarray, *, scale_by_std: bool = True, eps: float = 1e-6
+) -> np.ndarray:
+    """GRPO: ``(r - mean_g) / (std_g + eps)``; Dr.GRPO (``scale_by_std=False``): ``r - mean_g``.
+
+    The std is the population std (ddof=0) of the group; a group whose rewards are all equal gets 0.
+    """
+    rewards = np.asarray(rewards, dtype=np.float64)
+    group_ids = np.asarray(group_ids)
+    adv = np.zeros_like(rewards)
+    for g in np.unique(group_ids):
+        idx = group_ids == g
+        r = rewards[idx]
+        centred = r - r.mean()
+        adv[idx] = centred / (r.std() + eps) if scale_by_std else centred
+    return adv
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    if dim is None:
+        return (x * mask).sum() / mask.sum().clamp(min=1)
+    return (x * mask).sum(dim) / mask.sum(dim).clamp(min=1)
+
+
+def aggregate(
+    per_token: torch.Tensor,
+    mask: torch.Tensor,
+    how: Aggregation,
+    max_tokens: int | None = None,
+    total: float | None = None,
+) -> torch.Tensor:
+    """Reduce per-token losses to a scalar.
+
+    token_mean: mean over every loss token in the batch (DAPO's token-level loss, long answers weigh more);
+    seq_mean_token_mean: mean per sequence, then over sequences (original GRPO);
+    seq_mean_token_sum_norm: per-sequence sum divided by a constant ``max_tokens`` (Dr.GRPO, no length bias).
+    ``total`` replaces the local denominator (loss tokens, or sequences) with the global one when a
+    mini-batch is split over data-parallel ranks, so every rank's share adds up to the global mean.
+    """
+    if how == "token_mean":
+        denom = total if total is not None else mask.sum().clamp(min=1)
+        return (per_token * mask).sum() / denom
+    if how == "seq_mean_token_mean":
+        has = (mask.sum(1) > 0).float()
+        denom = total if total is not None else has.sum().clamp(min=1)
+        return (masked_mean(per_token, mask, dim=1) * has).sum() / denom
+    if how == "seq_mean_token_sum_norm":
+        norm = float(max_tokens or mask.shape[1])
+        denom = total if total is not None else mask.shape[0]
+        return ((per_token * mask).sum(1) / norm).sum() / denom
+    raise ValueError(f"unknown loss aggregation {how!r}")
+
+
+def kl_estimate(
+    logp: torch.Tensor, ref_logp: torch.Tensor, kind: Literal["k1", "k2", "k3"] = "k3"
+) -> torch.Tensor:
+    """Per-token estimators of KL(pi || ref) from samples of pi (Schulman's k1, k2, k3).
+
+    k1 = log pi - log ref; k2 = (log pi - log ref)^2 / 2; k3 = ref/pi - 1 - log(ref/pi) (unbiased, >= 0).
+    """
+    log_ratio = ref_logp - logp
+    if kind == "k1":
+        return -log_ratio
+    if kind == "k2":
+        return 0.5 * log_ratio**2
+    if kind == "k3":
+        return torch.exp(log_ratio) - 1.0 - log_ratio
+    raise ValueError(f"unknown KL estimator {kind!r}")
+
+
+def clipped_pg_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    aggregation: Aggregation = "token_mean",
+    ref_logp: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+    max_tokens: int | None = None,
+    total: float | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """PPO-clip surrogate with per-sequence advantages broadcast over tokens, plus optional k3 KL.
+
+    ``advantages`` is ``[batch]`` (one per sequence). Returns the scalar loss and detached statistics:
+    ``pg_loss``, ``clip_frac`` (share of loss tokens where the clipped branch was taken), ``kl``, ``ratio_mean``.
+    """
+    adv = advantages.unsqueeze(1).to(logp.dtype)
+    ratio = torch.exp(logp - old_logp)
+    unclipped = -adv * ratio
+    clipped = -adv * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    per_token = torch.maximum(unclipped, clipped)
+    pg_loss = aggregate(per_token, mask, aggregation, max_tokens, total)
+    loss = pg_loss
+    kl_val = torch.zeros((), dtype=logp.dtype)
+    if ref_logp is not None:
+        kl_tok = kl_estimate(logp, ref_logp, "k3")
+        kl_val = aggregate(kl_tok, mask, aggregation, max_tokens, total)
+        if kl_coef:
+            loss = loss + kl_coef * kl_val
+    with torch.no_grad():
+        clip_frac = masked_mean((clipped > unclipped).float(), mask)
+        stats = {
+            "pg_loss": float(pg_loss),
+            "clip_frac": float(clip_frac),
+            "kl": float(kl_val),
+            "ratio_mean": float(masked_mean(ratio, mask)),
+        }
+    return loss, stats
+
+
+def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """log p(target) per position from ``logits`` ``[B, T, V]`` aligned with ``targets`` ``[B, T]``."""
+    logp = torch.log_softmax(logits.float() / temperature, dim=-1)
+    return logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+
+
+def entropy_from_logits(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    logp = torch.log_softmax(logits.float() / temperature, dim=-1)
+    return -(logp.exp() * logp).sum(-1)

@@ -1,0 +1,97 @@
+"""The tiny policy: a Qwen2-style causal LM from a transformers config and a BPE tokenizer trained locally.
+
+No hub is needed: the tokenizer is trained with ``tokenizers`` on the task text (digits split one per token),
+the model is initialised from a seed, and both are saved as a Hugging Face folder (config, tokenizer,
+safetensors) that vLLM and transformers load as is.
+
+    tok = build_tokenizer(texts, vocab_size=64)
+    model = build_model(model_cfg, tok, seed=0)
+    save_checkpoint(model, tok, "/tmp/ckpt")
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+EOS = "<|endoftext|>"
+PAD = "<|pad|>"
+WEIGHTS = "model.safetensors"
+
+
+def build_tokenizer(texts: Iterable[str], vocab_size: int) -> Any:
+    """Train a BPE tokenizer on ``texts``; returns a ``PreTrainedTokenizerFast``."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token=None))
+    # One token per digit: place value stays visible to the model, which is what makes arithmetic learnable.
+    tok.pre_tokenizer = pre_tokenizers.Digits(individual_digits=True)
+    tok.decoder = decoders.Fuse()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOS, PAD], show_progress=False)
+    tok.train_from_iterator(texts, trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, pad_token=PAD)
+    fast.padding_side = "left"
+    return fast
+
+
+def build_model(model_cfg: Any, tokenizer: Any, seed: int) -> Any:
+    """A randomly initialised Qwen2ForCausalLM (fp32), deterministic in ``seed``."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=model_cfg.hidden_size,
+        intermediate_size=model_cfg.intermediate_size,
+        num_hidden_layers=model_cfg.num_layers,
+        num_attention_heads=model_cfg.num_heads,
+        num_key_value_heads=model_cfg.num_heads,
+        max_position_embeddings=model_cfg.max_position,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.eos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        torch_dtype="float32",
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen2ForCausalLM(config)
+    return model.float()
+
+
+def save_checkpoint(model: Any, tokenizer: Any, out_dir: str | Path) -> Path:
+    """Write a Hugging Face folder: config.json, generation_config.json, tokenizer files, model.safetensors."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def save_weights(state_dict: dict[str, Any], out_dir: str | Path) -> Path:
+    """Write only the weights (the rest of the checkpoint folder is copied from the parent)."""
+    from safetensors.torch import save_file
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().to("cpu").contiguous() for k, v in state_dict.items()}
+    # Tied embeddings: store the shared tensor once, as save_pretrained does.
+    tensors.pop("lm_head.weight", None)
+    save_file(tensors, str(out / WEIGHTS), metadata={"format": "pt"})
+    return out / WEIGHTS
+
+
+def load_model(ckpt_dir: str | Path) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(ckpt_dir), torch_dtype="float32")
+
+
+def load_tokenizer(ckpt_dir: str | Path) -> Any:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(ckpt_dir))
+    tok.padding_side = "left"
+    return tok

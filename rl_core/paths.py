@@ -1,0 +1,48 @@
+"""Where rlfoundry keeps its state: ``$RLFOUNDRY_STATE_DIR`` or ``.state/`` in the project folder.
+
+The store, MLflow's SQLite database, Prefect's home and the engine caches all live under it, so one folder
+holds everything a run wrote (delete it to start clean).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+
+
+def state_dir() -> Path:
+    d = Path(os.environ.get("RLFOUNDRY_STATE_DIR") or PROJECT_ROOT / ".state").resolve()
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def cache_dir(name: str) -> Path:
+    """A cache shared by every run on this machine (compiled ops, downloaded checkpoints)."""
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rlfoundry" / name
+    base.mkdir(parents=True, exist_ok=True)
+    return base
+
+
+def configure_env() -> None:
+    """Process defaults set before Prefect, MLflow and vLLM are imported: state under the state dir,
+    quiet logs, telemetry off. Values already in the environment win."""
+    s = state_dir()
+    defaults = {
+        "PREFECT_HOME": str(s / "prefect"),
+        "PREFECT_LOGGING_LEVEL": "WARNING",
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
+        "DO_NOT_TRACK": "true",
+        "MLFLOW_DISABLE_TELEMETRY": "true",
+        "VLLM_NO_USAGE_STATS": "1",
+        "VLLM_LOGGING_LEVEL": "ERROR",
+        "VLLM_CACHE_ROOT": str(s / "vllm-cache"),
+        "TOKENIZERS_PARALLELISM": "false",
+        "TRANSFORMERS_VERBOSITY": "error",
+        "HF_HUB_OFFLINE": "1",
+        "TORCH_EXTENSIONS_DIR": str(cache_dir("torch_extensions")),
+    }
+    for k, v in defaults.items():
+        os.environ.setdefault(k, v)

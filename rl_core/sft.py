@@ -1,0 +1,85 @@
+"""Base-model stages: build the tiny model and tokenizer (``init``), then a short supervised warm-up.
+
+The warm-up sees only ``warmup.examples`` training problems for ``warmup.steps`` steps, so the base model
+answers in the right format with low but non-zero accuracy: RL has room to show what it adds.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from typing import Any
+
+import torch
+
+from rl_core.context import RunContext
+from rl_core.model import build_model, build_tokenizer, load_model, load_tokenizer, save_checkpoint
+from rl_core.seeding import derive_seed
+from rl_core.stage import StageResult, entry
+
+
+def init_body(ctx: RunContext, uri: str) -> StageResult:
+    cfg = ctx.cfg
+    texts = [t["prompt"] for t in ctx.train_tasks] + [t["answer"] for t in ctx.train_tasks]
+    tok = build_tokenizer(texts, cfg.model.vocab_size)
+    seed = derive_seed(cfg.experiment.seed, 0, "init")
+    model = build_model(cfg.model, tok, seed)
+    with tempfile.TemporaryDirectory() as d:
+        save_checkpoint(model, tok, d)
+        ref, files = ctx.store.put_dir(d, f"{uri}/checkpoint")
+    params = sum(p.numel() for p in model.parameters())
+    return StageResult(
+        outputs={"checkpoint": entry(ref, files=files)},
+        metrics={"parameters": params, "vocab_size": len(tok)},
+        seeds={"init": seed},
+    )
+
+
+def _sft_batch(tok: Any, tasks: list[dict[str, Any]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    seqs, starts = [], []
+    for t in tasks:
+        p = tok(t["prompt"], add_special_tokens=False)["input_ids"]
+        a = tok(t["answer"], add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+        seqs.append(p + a)
+        starts.append(len(p))
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), tok.pad_token_id)
+    attn = torch.zeros_like(ids)
+    labels = torch.full_like(ids, -100)
+    for i, (s, st) in enumerate(zip(seqs, starts, strict=True)):
+        ids[i, : len(s)] = torch.tensor(s)
+        attn[i, : len(s)] = 1
+        labels[i, st : len(s)] = torch.tensor(s[st:])
+    return ids, attn, labels
+
+
+def warmup_body(ctx: RunContext, init_manifest: dict[str, Any], uri: str) -> StageResult:
+    cfg = ctx.cfg.warmup
+    src = ctx.local_checkpoint(init_manifest["outputs"]["checkpoint"])
+    tok = load_tokenizer(src)
+    model = load_model(src).train()
+    seed = derive_seed(ctx.cfg.experiment.seed, 0, "warmup")
+    gen = torch.Generator().manual_seed(seed)
+    pool = ctx.train_tasks[: cfg.examples]
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
+    losses = []
+    for step in range(cfg.steps):
+        idx = torch.randint(len(pool), (cfg.batch_size,), generator=gen).tolist()
+        ids, attn, labels = _sft_batch(tok, [pool[i] for i in idx])
+        lr = cfg.lr * min(1.0, (step + 1) / max(1, cfg.steps // 10))
+        for g in opt.param_groups:
+            g["lr"] = lr
+        loss = model(input_ids=ids, attention_mask=attn, labels=labels).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        losses.append(float(loss))
+    with tempfile.TemporaryDirectory() as d:
+        save_checkpoint(model, tok, d)
+        ref, files = ctx.store.put_dir(d, f"{uri}/checkpoint")
+    tail = losses[-10:] or [float("nan")]
+    return StageResult(
+        outputs={"checkpoint": entry(ref, files=files)},
+        metrics={"final_loss": sum(tail) / len(tail), "steps": cfg.steps, "examples": len(pool)},
+        seeds={"warmup": seed},
+    )

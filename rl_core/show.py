@@ -1,0 +1,101 @@
+"""What a run has committed so far, read from its manifests alone (works mid-run, from another terminal).
+
+data = collect(Store(root), run_id)   # {"run_id", "base": {...}, "iterations": [...]}
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rl_core.stage import STAGES
+from rl_core.store import Store
+
+
+def _stage_view(m: dict[str, Any] | None) -> dict[str, Any]:
+    if m is None:
+        return {"status": "pending"}
+    return {
+        "status": m.get("status", "committed"),
+        "seconds": m["timings"]["seconds"],
+        "metrics": m.get("metrics", {}),
+        "artifacts": {k: v["uri"] for k, v in m.get("outputs", {}).items()},
+    }
+
+
+def collect(store: Store, run_id: str) -> dict[str, Any]:
+    from rl_core.runs import load_run
+
+    record = load_run(store, run_id)
+    base_id = record["base_id"]
+    cfg = record["config"]
+    base = {
+        "base_id": base_id,
+        "init": _stage_view(store.read_manifest(store.stage_uri(base_id, 0, "init"))),
+        "warmup": _stage_view(store.read_manifest(store.stage_uri(base_id, 0, "warmup"))),
+        "evaluate": _stage_view(store.read_manifest(store.stage_uri(run_id, 0, "evaluate"))),
+    }
+    wu = base["warmup"]
+    if wu["status"] != "pending":
+        m = store.read_manifest(store.stage_uri(base_id, 0, "warmup")) or {}
+        base["policy_sha256"] = m["outputs"]["checkpoint"]["files"]["model.safetensors"]
+    iterations = []
+    for k in range(1, cfg["experiment"]["iterations"] + 1):
+        stages = {s: _stage_view(store.read_manifest(store.stage_uri(run_id, k, s))) for s in STAGES}
+        if all(v["status"] == "pending" for v in stages.values()):
+            break
+        row: dict[str, Any] = {"iteration": k, "stages": stages}
+        tr = stages["train"]
+        if tr["status"] != "pending":
+            row["policy_sha256"] = tr["metrics"].get("policy_sha256")
+        iterations.append(row)
+    done = sum(1 for it in iterations if it["stages"]["train"]["status"] == "committed")
+    return {
+        "run_id": run_id,
+        "store": store.root,
+        "config_hash": record["config_hash"],
+        "iterations_planned": cfg["experiment"]["iterations"],
+        "iterations_committed": done,
+        "base": base,
+        "iterations": iterations,
+    }
+
+
+def render(data: dict[str, Any]) -> Any:
+    """A rich Table: one row for the base model, one per iteration."""
+    from rich.table import Table
+
+    t = Table(
+        title=f"run {data['run_id']}  ({data['iterations_committed']}/{data['iterations_planned']} iterations)"
+    )
+    for col in ("iter", "reward", "accuracy", "pass@k", *STAGES, "policy sha256"):
+        t.add_column(col, justify="right" if col not in ("policy sha256",) else "left")
+
+    def fmt_eval(v: dict[str, Any]) -> tuple[str, str]:
+        if v["status"] == "pending":
+            return "", ""
+        m = v["metrics"]
+        pk = " ".join(f"{k[5:]}:{m[k]:.2f}" for k in m if k.startswith("pass@"))
+        return f"{m['accuracy']:.3f}", pk
+
+    b = data["base"]
+    acc, pk = fmt_eval(b["evaluate"])
+    t.add_row(
+        "base",
+        "",
+        acc,
+        pk,
+        "",
+        "",
+        "",
+        f"warmup {b['warmup'].get('seconds', 0):.1f}s",
+        "",
+        (b.get("policy_sha256") or "")[:16],
+    )
+    for it in data["iterations"]:
+        st = it["stages"]
+        rew = st["score_rewards"]
+        reward = f"{rew['metrics']['mean_reward']:.3f}" if rew["status"] != "pending" else ""
+        acc, pk = fmt_eval(st["evaluate"])
+        cells = [f"{st[s]['seconds']:.2f}s" if st[s]["status"] != "pending" else "-" for s in STAGES]
+        t.add_row(str(it["iteration"]), reward, acc, pk, *cells, (it.get("policy_sha256") or "")[:16])
+    return t

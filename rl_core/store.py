@@ -1,0 +1,204 @@
+"""Artifact store over fsspec: ``file://`` (or a plain path) by default, ``s3://bucket/prefix`` at scale.
+
+A stage run owns ``<root>/<run id>/iter-<KKKK>/<stage>/``. Its ``_manifest.json`` is written last and
+atomically: it is the commit marker. Every artifact is recorded with its sha256 and verified on read, so a
+corrupt or half-written artifact is reported with its path and never consumed.
+
+    store = Store("file:///tmp/rl")
+    ref = store.write_table(store.stage_uri("run1", 3, "generate") + "/rollouts.parquet", df)
+    df = store.read_table(ref)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import fsspec
+import pandas as pd
+
+MANIFEST = "_manifest.json"
+
+
+class ArtifactError(RuntimeError):
+    """An artifact is missing, corrupt or unreadable; the message names its URI."""
+
+
+@dataclass(frozen=True)
+class Ref:
+    """A stored artifact: where it is and what its bytes hash to."""
+
+    uri: str
+    sha256: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"uri": self.uri, "sha256": self.sha256}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, str]) -> Ref:
+        return cls(uri=d["uri"], sha256=d["sha256"])
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def sha256_file(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def dir_digest(file_hashes: dict[str, str]) -> str:
+    """One hash for a folder: sha256 over its sorted (relative name, file sha256) pairs."""
+    return sha256_bytes(json.dumps(sorted(file_hashes.items())).encode())
+
+
+class Store:
+    """Read and write artifacts under one root URI."""
+
+    def __init__(self, root: str):
+        if "://" not in root:
+            root = "file://" + str(Path(root).resolve())
+        self.root = root.rstrip("/")
+        self.protocol = root.split("://", 1)[0]
+        self.fs, _ = fsspec.core.url_to_fs(self.root)
+
+    # -- naming -------------------------------------------------------------------------------------
+    def run_uri(self, run_id: str) -> str:
+        return f"{self.root}/{run_id}"
+
+    def stage_uri(self, run_id: str, iteration: int, stage: str) -> str:
+        return f"{self.root}/{run_id}/iter-{iteration:04d}/{stage}"
+
+    def _path(self, uri: str) -> str:
+        return self.fs._strip_protocol(uri)
+
+    @property
+    def is_local(self) -> bool:
+        return self.protocol == "file"
+
+    # -- bytes ----------------------------------------------------------------------------------
+    def exists(self, uri: str) -> bool:
+        return self.fs.exists(self._path(uri))
+
+    def write_bytes(self, uri: str, data: bytes) -> Ref:
+        path = self._path(uri)
+        if self.is_local:
+            # Write-then-rename so that a reader never sees a half-written file.
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-")
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, path)
+        else:
+            self.fs.pipe_file(path, data)  # a single S3 PUT is atomic
+        return Ref(uri, sha256_bytes(data))
+
+    def read_bytes(self, ref: Ref | str) -> bytes:
+        uri = ref.uri if isinstance(ref, Ref) else ref
+        try:
+            data = self.fs.cat_file(self._path(uri))
+        except FileNotFoundError as e:
+            raise ArtifactError(f"artifact missing: {uri}") from e
+        if isinstance(ref, Ref) and sha256_bytes(data) != ref.sha256:
+            raise ArtifactError(
+                f"artifact corrupt: {uri} has sha256 {sha256_bytes(data)[:16]}..., manifest says {ref.sha256[:16]}..."
+            )
+        return data
+
+    def write_json(self, uri: str, obj: Any) -> Ref:
+        return self.write_bytes(uri, json.dumps(obj, indent=2, sort_keys=True).encode())
+
+    def read_json(self, ref: Ref | str) -> Any:
+        return json.loads(self.read_bytes(ref))
+
+    # -- tables ---------------------------------------------------------------------------------
+    def write_table(self, uri: str, df: pd.DataFrame) -> Ref:
+        buf = io.BytesIO()
+        df.to_parquet(buf, index=False)
+        return self.write_bytes(uri, buf.getvalue())
+
+    def read_table(self, ref: Ref | str) -> pd.DataFrame:
+        data = self.read_bytes(ref)
+        uri = ref.uri if isinstance(ref, Ref) else ref
+        try:
+            return pd.read_parquet(io.BytesIO(data))
+        except Exception as e:
+            raise ArtifactError(f"artifact unreadable as parquet: {uri}: {e}") from e
+
+    # -- folders (checkpoints) ----------------------------------------------------------------------
+    def put_dir(self, local_dir: str | Path, uri: str) -> tuple[Ref, dict[str, str]]:
+        """Upload a local folder; returns its digest Ref and the per-file hashes."""
+        local_dir = Path(local_dir)
+        hashes: dict[str, str] = {}
+        for p in sorted(local_dir.rglob("*")):
+            if p.is_file():
+                rel = p.relative_to(local_dir).as_posix()
+                data = p.read_bytes()
+                hashes[rel] = self.write_bytes(f"{uri}/{rel}", data).sha256
+        return Ref(uri, dir_digest(hashes)), hashes
+
+    def local_dir(self, ref: Ref, files: dict[str, str], cache_root: Path) -> Path:
+        """A verified local copy of a stored folder (the folder itself when the store is local)."""
+        if self.is_local:
+            path = Path(self._path(ref.uri))
+            self._verify_dir(ref, files, path)
+            return path
+        dest = cache_root / ref.sha256
+        if not (dest / ".complete").exists():
+            tmp = Path(tempfile.mkdtemp(dir=cache_root, prefix=".dl-"))
+            for rel, sha in files.items():
+                (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+                (tmp / rel).write_bytes(self.read_bytes(Ref(f"{ref.uri}/{rel}", sha)))
+            (tmp / ".complete").touch()
+            if dest.exists():
+                shutil.rmtree(dest)
+            os.replace(tmp, dest)
+        return dest
+
+    def _verify_dir(self, ref: Ref, files: dict[str, str], path: Path) -> None:
+        actual = {}
+        for rel in files:
+            f = path / rel
+            if not f.exists():
+                raise ArtifactError(f"artifact missing: {ref.uri}/{rel}")
+            actual[rel] = sha256_file(f)
+            if actual[rel] != files[rel]:
+                raise ArtifactError(f"artifact corrupt: {ref.uri}/{rel} does not match its manifest sha256")
+        if dir_digest(actual) != ref.sha256:
+            raise ArtifactError(f"artifact corrupt: {ref.uri} folder digest does not match its manifest")
+
+    # -- manifests --------------------------------------------------------------------------------
+    def write_manifest(self, stage_uri: str, manifest: dict[str, Any]) -> Ref:
+        return self.write_json(f"{stage_uri}/{MANIFEST}", manifest)
+
+    def read_manifest(self, stage_uri: str) -> dict[str, Any] | None:
+        uri = f"{stage_uri}/{MANIFEST}"
+        if not self.exists(uri):
+            return None
+        try:
+            return self.read_json(uri)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ArtifactError(f"manifest corrupt: {uri}: {e}") from e
+
+    def list_runs(self) -> list[str]:
+        base = self._path(self.root)
+        if not self.fs.exists(base):
+            return []
+        return sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in self.fs.ls(base, detail=False))
+
+    def clear(self, uri: str) -> None:
+        """Remove a stage folder's leftovers from a crashed attempt."""
+        path = self._path(uri)
+        if self.fs.exists(path):
+            self.fs.rm(path, recursive=True)

@@ -1,0 +1,81 @@
+"""Stage body for train: one policy update from this iteration's rollouts and rewards.
+
+The train engine is held across iterations (like the rollout engine). It is reused only when it holds
+exactly the input policy; otherwise it is rebuilt from the stored checkpoint and optimizer state, so a resumed
+run continues from artifacts alone and ends with the same weights as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from rl_core.context import RunContext
+from rl_core.model import WEIGHTS, load_model, load_tokenizer, save_weights
+from rl_core.ppo import make_batch, sequence_logprobs
+from rl_core.seeding import derive_seed
+from rl_core.stage import StageResult, entry, ref_of
+from rl_core.train_engine import make_train_engine
+
+_ENGINE: dict[str, Any] = {}
+_REF: dict[str, Any] = {}
+
+
+def _engine_for(ctx: RunContext, policy: dict[str, Any], optimizer: dict[str, Any] | None) -> Any:
+    held = _ENGINE.get("engine")
+    want = (policy["sha256"], optimizer["sha256"] if optimizer else None)
+    if held is not None and _ENGINE.get("holds") == want and _ENGINE.get("cfg") == ctx.cfg.train:
+        return held
+    model = load_model(ctx.local_checkpoint(policy))
+    engine = make_train_engine(ctx.cfg.train.backend, model, ctx.cfg.train)
+    if optimizer is not None:
+        engine.load_optimizer_state(ctx.store.read_bytes(ref_of(optimizer)))
+    _ENGINE.update(engine=engine, cfg=ctx.cfg.train.model_copy())
+    return engine
+
+
+def _reference(ctx: RunContext, ref_ckpt: dict[str, Any]) -> Any:
+    if _REF.get("sha") != ref_ckpt["sha256"]:
+        _REF.update(sha=ref_ckpt["sha256"], model=load_model(ctx.local_checkpoint(ref_ckpt)).eval())
+    return _REF["model"]
+
+
+def train_body(ctx: RunContext, iteration: int, inputs: dict[str, dict[str, Any]], uri: str) -> StageResult:
+    cfg = ctx.cfg
+    policy = inputs["policy"]
+    rollouts = ctx.store.read_table(ref_of(inputs["rollouts"]))
+    rewards = ctx.store.read_table(ref_of(inputs["rewards"]))
+    if len(rollouts) != len(rewards):
+        raise ValueError(
+            f"rewards {inputs['rewards']['uri']} do not line up with rollouts {inputs['rollouts']['uri']}"
+        )
+    df = rollouts.assign(advantage=rewards["advantage"].to_numpy())
+    seed = derive_seed(cfg.experiment.seed, iteration, "train")
+    engine = _engine_for(ctx, policy, inputs.get("optimizer"))
+    pad = load_tokenizer(ctx.local_checkpoint(policy)).pad_token_id
+    batch = make_batch(
+        df, pad_id=pad, temperature=cfg.rollout.temperature, max_tokens=cfg.rollout.max_tokens, seed=seed
+    )
+    if "reference" in inputs and cfg.train.kl_coef > 0:
+        batch.ref_logp, _ = sequence_logprobs(
+            _reference(ctx, inputs["reference"]), batch, cfg.train.micro_batch_size
+        )
+    metrics = engine.train(batch)
+    losses = metrics.pop("losses")
+    src = ctx.local_checkpoint(policy)
+    with tempfile.TemporaryDirectory() as d:
+        for f in Path(src).iterdir():
+            if f.is_file() and f.name != WEIGHTS and not f.name.startswith("."):
+                shutil.copy(f, Path(d) / f.name)
+        save_weights(engine.weights(), d)
+        ref, files = ctx.store.put_dir(d, f"{uri}/checkpoint")
+    opt_ref = ctx.store.write_bytes(f"{uri}/optimizer.pt", engine.optimizer_state())
+    _ENGINE["holds"] = (ref.sha256, opt_ref.sha256)
+    metrics["first_step_loss"] = losses[0] if losses else 0.0
+    return StageResult(
+        outputs={"checkpoint": entry(ref, files=files), "optimizer": entry(opt_ref)},
+        metrics={**metrics, "policy_sha256": files[WEIGHTS]},
+        seeds={"train": seed},
+    )

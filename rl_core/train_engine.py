@@ -1,0 +1,194 @@
+"""Train engines: DeepSpeed (ZeRO 0-3, gloo on CPU, NCCL on GPU) and plain torch (the reference).
+
+Both expose the same small surface that ``rl_core.ppo`` drives: ``module`` (the model, called for logits),
+``backward_step(loss) -> grad_norm``, ``weights()``, ``optimizer_state()``/``load_optimizer_state()``, and
+``train(batch) -> metrics``. One process in-flow by default; under a launcher (``torchrun``/``deepspeed``)
+each rank builds the same engine and DeepSpeed shards optimizer state and gradients across ranks.
+
+    engine = make_train_engine("deepspeed", model, train_cfg)
+    metrics = engine.train(batch)
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import socket
+from typing import Any, Protocol
+
+import torch
+
+from rl_core.paths import cache_dir
+
+
+class TrainEngine(Protocol):
+    module: Any
+    world_size: int
+    rank: int
+
+    def train(self, batch: Any) -> dict[str, float]: ...
+
+    def backward_step(self, loss: torch.Tensor) -> float: ...
+
+    def weights(self) -> dict[str, torch.Tensor]: ...
+
+    def optimizer_state(self) -> bytes: ...
+
+    def load_optimizer_state(self, data: bytes) -> None: ...
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_distributed() -> None:
+    """Join the launcher's process group, or make a world of one on 127.0.0.1 when run in-flow."""
+    import torch.distributed as dist
+
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(cache_dir("torch_extensions")))
+    if dist.is_initialized():
+        # An in-process vLLM engine already made a world of one; DeepSpeed joins it.
+        for k, v in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
+            os.environ.setdefault(k, v)
+    elif "RANK" not in os.environ:
+        os.environ.update(
+            MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), RANK="0", LOCAL_RANK="0", WORLD_SIZE="1"
+        )
+    import deepspeed
+
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    deepspeed.init_distributed(dist_backend=backend, verbose=False)
+
+
+def _adamw(model: Any, cfg: Any) -> torch.optim.Optimizer:
+    # A torch AdamW (not DeepSpeed's cpu_adam/fused_adam) avoids a ~150 s C++ build on CPU.
+    return torch.optim.AdamW(
+        model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.999), eps=1e-8
+    )
+
+
+def _to_bytes(obj: Any) -> bytes:
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
+def _from_bytes(data: bytes) -> Any:
+    return torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
+
+
+class DeepSpeedTrainEngine:
+    def __init__(self, model: Any, cfg: Any):
+        import deepspeed
+        import torch.distributed as dist
+
+        init_distributed()
+        self.cfg = cfg
+        self.world_size = dist.get_world_size()
+        self.rank = dist.get_rank()
+        ds_config = {
+            "train_micro_batch_size_per_gpu": max(1, cfg.micro_batch_size // self.world_size),
+            "gradient_accumulation_steps": 1,
+            "gradient_clipping": cfg.grad_clip,
+            "zero_optimization": {"stage": cfg.zero_stage, "stage3_param_persistence_threshold": 0},
+            "zero_allow_untested_optimizer": True,
+            "steps_per_print": 1 << 30,
+            "wall_clock_breakdown": False,
+        }
+        device = (
+            torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if torch.cuda.is_available() else None
+        )
+        if device is not None:
+            model = model.to(device)
+        self.engine, self.optimizer, _, _ = deepspeed.initialize(
+            model=model, optimizer=_adamw(model, cfg), config=ds_config
+        )
+        self.module = self.engine
+        self.device = self.engine.device
+
+    def train(self, batch: Any) -> dict[str, float]:
+        from rl_core.ppo import ppo_update
+
+        return ppo_update(self, batch, self.cfg)
+
+    def backward_step(self, loss: torch.Tensor) -> float:
+        self.engine.backward(loss)
+        norm = None
+        if self.cfg.zero_stage == 0:  # ZeRO-0 does not report the norm it clips with
+            grads = [p.grad for p in self.engine.module.parameters() if p.grad is not None]
+            norm = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])))
+        self.engine.step()
+        if norm is None:
+            norm = self.engine.get_global_grad_norm()
+        return float(norm) if norm is not None else float("nan")
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        if self.cfg.zero_stage == 3:
+            import deepspeed
+
+            params = list(self.engine.module.parameters())
+            with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
+                return {k: v.detach().cpu().clone() for k, v in self.engine.module.state_dict().items()}
+        return {k: v.detach().cpu().clone() for k, v in self.engine.module.state_dict().items()}
+
+    def optimizer_state(self) -> bytes:
+        return _to_bytes(self.optimizer.state_dict())
+
+    def load_optimizer_state(self, data: bytes) -> None:
+        sd = _from_bytes(data)
+        if self.cfg.zero_stage in (1, 2):
+            self.optimizer.load_state_dict([sd])  # ZeRO-1/2 expect one state dict per partition
+        else:
+            self.optimizer.load_state_dict(sd)
+
+    def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
+        self.engine.module.load_state_dict(state_dict, strict=False)
+        if self.cfg.zero_stage in (1, 2):
+            # ZeRO keeps fp32 master partitions of its own; refresh them from the new module weights.
+            self.optimizer._restore_from_bit16_weights()
+
+
+class TorchTrainEngine:
+    """Reference implementation: plain AdamW on one process."""
+
+    def __init__(self, model: Any, cfg: Any):
+        self.cfg = cfg
+        self.world_size, self.rank = 1, 0
+        self.module = model
+        self.device = next(model.parameters()).device
+        self.optimizer = _adamw(model, cfg)
+
+    def train(self, batch: Any) -> dict[str, float]:
+        from rl_core.ppo import ppo_update
+
+        return ppo_update(self, batch, self.cfg)
+
+    def backward_step(self, loss: torch.Tensor) -> float:
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.cfg.grad_clip)
+        self.optimizer.step()
+        return float(norm)
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().cpu().clone() for k, v in self.module.state_dict().items()}
+
+    def optimizer_state(self) -> bytes:
+        return _to_bytes(self.optimizer.state_dict())
+
+    def load_optimizer_state(self, data: bytes) -> None:
+        self.optimizer.load_state_dict(_from_bytes(data))
+
+    def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
+        self.module.load_state_dict(state_dict, strict=False)
+
+
+def make_train_engine(backend: str, model: Any, cfg: Any) -> DeepSpeedTrainEngine | TorchTrainEngine:
+    model.train()
+    if backend == "deepspeed":
+        return DeepSpeedTrainEngine(model, cfg)
+    if backend == "torch":
+        return TorchTrainEngine(model, cfg)
+    raise ValueError(f"unknown train backend {backend!r}; choose deepspeed or torch")
