@@ -77,6 +77,18 @@ def make_tasks(split: str, task_cfg: Any, seed: int) -> list[dict[str, Any]]:
     return out
 
 
+def digit_match(predicted: str, answer: str) -> float:
+    """Share of right-aligned character positions (digits and sign) where the prediction agrees with the answer.
+
+    >>> digit_match("128", "130"), digit_match("130", "130"), digit_match("", "7")
+    (0.3333333333333333, 1.0, 0.0)
+    """
+    if not predicted:
+        return 0.0
+    width = max(len(predicted), len(answer))
+    return sum(a == b for a, b in zip(predicted.rjust(width), answer.rjust(width), strict=True)) / width
+
+
 def parse_answer(completion: str) -> int | None:
     """The integer the model answered, or None when the completion is not a bare integer."""
     m = _ANSWER.match(completion)
@@ -105,5 +117,6 @@ class ArithmeticEnv:
             "parsed": "" if value is None else str(value),
             "well_formed": value is not None,
             "correct": value is not None and str(value) == self._task["answer"],
+            "digit_match": 0.0 if value is None else digit_match(str(value), self._task["answer"]),
         }
         return StepResult(observation=None, done=True, outcome=outcome)

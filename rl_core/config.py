@@ -62,6 +62,13 @@ class WarmupSection(_Section):
         ge=1,
         description="Distinct training problems seen in warm-up (a small slice keeps base accuracy low).",
     )
+    teacher_error_rate: float = Field(
+        0.0,
+        ge=0.0,
+        le=1.0,
+        description="Share of warm-up demonstrations given with the flawed teacher's answer (off by one) instead of "
+        "the true one: imitation learns the teacher's mistakes, RL against the verifier has to unlearn them.",
+    )
 
 
 class RolloutSection(_Section):
@@ -87,6 +94,11 @@ class RolloutSection(_Section):
 class RewardSection(_Section):
     correct_weight: float = Field(1.0, description="Weight of the correctness reward.")
     format_weight: float = Field(0.1, description="Weight of the format reward (a well-formed answer).")
+    partial_weight: float = Field(
+        0.0,
+        ge=0.0,
+        description="Weight of partial credit: the share of answer digits in the right place (dense signal).",
+    )
     advantage: Literal["grpo", "drgrpo"] = Field(
         "grpo", description="grpo: (r - group mean) / group std; drgrpo: r - group mean (no std scaling)."
     )

@@ -129,7 +129,8 @@ def score_rewards_body(
     formatted = (env["well_formed"].to_numpy() & (df["finish_reason"] == "stop").to_numpy()).astype(
         np.float64
     )
-    reward = rc.correct_weight * correct + rc.format_weight * formatted
+    partial = env["digit_match"].to_numpy(dtype=np.float64) if "digit_match" in env else np.zeros(len(env))
+    reward = rc.correct_weight * correct + rc.format_weight * formatted + rc.partial_weight * partial
     adv = group_advantages(reward, df["prompt_index"].to_numpy(), scale_by_std=rc.advantage == "grpo")
     out = pd.DataFrame(
         {

@@ -34,11 +34,23 @@ def init_body(ctx: RunContext, uri: str) -> StageResult:
     )
 
 
-def _sft_batch(tok: Any, tasks: list[dict[str, Any]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def teacher_answer(answer: str) -> str:
+    """The flawed teacher's systematic mistake: off by one.
+
+    >>> teacher_answer("41"), teacher_answer("-3")
+    ('42', '-2')
+    """
+    return str(int(answer) + 1)
+
+
+def _sft_batch(
+    tok: Any, tasks: list[dict[str, Any]], flawed: list[bool] | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     seqs, starts = [], []
-    for t in tasks:
+    for i, t in enumerate(tasks):
         p = tok(t["prompt"], add_special_tokens=False)["input_ids"]
-        a = tok(t["answer"], add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+        ans = teacher_answer(t["answer"]) if flawed and flawed[i] else t["answer"]
+        a = tok(ans, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
         seqs.append(p + a)
         starts.append(len(p))
     width = max(len(s) for s in seqs)
@@ -64,7 +76,8 @@ def warmup_body(ctx: RunContext, init_manifest: dict[str, Any], uri: str) -> Sta
     losses = []
     for step in range(cfg.steps):
         idx = torch.randint(len(pool), (cfg.batch_size,), generator=gen).tolist()
-        ids, attn, labels = _sft_batch(tok, [pool[i] for i in idx])
+        flawed = (torch.rand(cfg.batch_size, generator=gen) < cfg.teacher_error_rate).tolist()
+        ids, attn, labels = _sft_batch(tok, [pool[i] for i in idx], flawed)
         lr = cfg.lr * min(1.0, (step + 1) / max(1, cfg.steps // 10))
         for g in opt.param_groups:
             g["lr"] = lr

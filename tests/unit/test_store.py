@@ -1,0 +1,81 @@
+"""Artifact store: hashes, atomic manifests, corrupt artifacts reported with their path and never consumed."""
+
+import pandas as pd
+import pytest
+
+from rl_core.stage import StageResult, entry, run_stage
+from rl_core.store import ArtifactError, Ref, Store
+
+
+def test_table_roundtrip_and_hash(tmp_path):
+    s = Store(str(tmp_path))
+    df = pd.DataFrame({"a": [1, 2], "ids": [[1, 2], [3]]})
+    ref = s.write_table(s.stage_uri("r", 1, "generate") + "/t.parquet", df)
+    assert ref.uri.startswith("file://") and "iter-0001/generate" in ref.uri
+    back = s.read_table(ref)
+    assert back["a"].tolist() == [1, 2] and list(back["ids"][0]) == [1, 2]
+
+
+def test_corrupt_artifact_is_detected_with_path(tmp_path):
+    s = Store(str(tmp_path))
+    ref = s.write_bytes(s.root + "/r/x.bin", b"hello")
+    (tmp_path / "r" / "x.bin").write_bytes(b"hellO")
+    with pytest.raises(ArtifactError, match=r"corrupt: .*r/x\.bin"):
+        s.read_bytes(ref)
+
+
+def test_missing_artifact_names_uri(tmp_path):
+    s = Store(str(tmp_path))
+    with pytest.raises(ArtifactError, match="missing: .*nope"):
+        s.read_bytes(Ref(s.root + "/nope", "0" * 64))
+
+
+def test_checkpoint_folder_verified(tmp_path):
+    s = Store(str(tmp_path / "store"))
+    src = tmp_path / "ck"
+    src.mkdir()
+    (src / "model.safetensors").write_bytes(b"w1")
+    (src / "config.json").write_text("{}")
+    ref, files = s.put_dir(src, s.root + "/r/ck")
+    assert s.local_dir(ref, files, tmp_path / "cache").is_dir()
+    (tmp_path / "store" / "r" / "ck" / "model.safetensors").write_bytes(b"w2")
+    with pytest.raises(ArtifactError, match="model.safetensors"):
+        s.local_dir(ref, files, tmp_path / "cache")
+
+
+def test_run_stage_commits_then_skips(tmp_path):
+    s = Store(str(tmp_path))
+    calls = []
+
+    def body(uri):
+        calls.append(uri)
+        return StageResult(outputs={"x": entry(s.write_bytes(uri + "/x", b"1"))}, metrics={"m": 1.0})
+
+    m1 = run_stage(s, "r", 1, "generate", "h", {}, body)
+    m2 = run_stage(s, "r", 1, "generate", "h", {}, body)
+    assert len(calls) == 1 and m2["reused"] and not m1["reused"]
+    assert m2["outputs"] == m1["outputs"]
+    # different inputs or config: not done, runs again
+    run_stage(s, "r", 1, "generate", "h2", {}, body)
+    assert len(calls) == 2
+
+
+def test_crashed_stage_leftovers_are_cleared(tmp_path):
+    s = Store(str(tmp_path))
+    uri = s.stage_uri("r", 1, "train")
+    s.write_bytes(uri + "/partial.bin", b"half")  # a crash before the manifest
+
+    def body(u):
+        return StageResult(outputs={"y": entry(s.write_bytes(u + "/y", b"2"))})
+
+    run_stage(s, "r", 1, "train", "h", {}, body)
+    assert not s.exists(uri + "/partial.bin")
+    assert s.read_manifest(uri)["outputs"]["y"]["uri"].endswith("/y")
+
+
+def test_corrupt_manifest_reported(tmp_path):
+    s = Store(str(tmp_path))
+    uri = s.stage_uri("r", 1, "train")
+    s.write_bytes(uri + "/_manifest.json", b"{not json")
+    with pytest.raises(ArtifactError, match="manifest corrupt: .*_manifest.json"):
+        s.read_manifest(uri)
