@@ -25,13 +25,13 @@ class _Section(BaseModel):
 class ExperimentSection(_Section):
     name: str = Field("default", description="Human-readable experiment name (MLflow experiment).")
     seed: int = Field(0, ge=0, description="Run seed; every other seed is derived from it.")
-    iterations: int = Field(40, ge=1, le=100_000, description="Number of RL iterations (one flow run each).")
+    iterations: int = Field(50, ge=1, le=100_000, description="Number of RL iterations (one flow run each).")
 
 
 class ModelSection(_Section):
-    hidden_size: int = Field(256, ge=16, le=8192, description="Width of the tiny Qwen2 policy.")
+    hidden_size: int = Field(128, ge=16, le=8192, description="Width of the tiny Qwen2 policy.")
     num_layers: int = Field(4, ge=1, le=128, description="Number of transformer blocks.")
-    num_heads: int = Field(4, ge=1, le=128, description="Attention heads (hidden_size must divide by it).")
+    num_heads: int = Field(2, ge=1, le=128, description="Attention heads (hidden_size must divide by it).")
     intermediate_size: int = Field(512, ge=16, description="MLP width.")
     vocab_size: int = Field(
         64, ge=32, le=65536, description="Target size of the BPE tokenizer trained on task text."
@@ -54,13 +54,13 @@ class TaskSection(_Section):
 
 
 class WarmupSection(_Section):
-    steps: int = Field(300, ge=0, description="Supervised warm-up optimizer steps before RL.")
+    steps: int = Field(2500, ge=0, description="Supervised warm-up optimizer steps before RL.")
     batch_size: int = Field(64, ge=1, description="Warm-up batch size (sequences).")
-    lr: float = Field(3e-3, gt=0, le=1.0, description="Warm-up learning rate.")
+    lr: float = Field(2e-3, gt=0, le=1.0, description="Warm-up learning rate.")
     examples: int = Field(
-        2000,
+        10_000,
         ge=1,
-        description="Distinct training problems seen in warm-up (a small slice keeps base accuracy low).",
+        description="Distinct training problems seen in warm-up.",
     )
     teacher_error_rate: float = Field(
         0.0,
@@ -109,7 +109,7 @@ class TrainSection(_Section):
         "deepspeed", description="Train engine: DeepSpeed or plain torch."
     )
     zero_stage: int = Field(0, ge=0, le=3, description="DeepSpeed ZeRO stage.")
-    lr: float = Field(2e-4, gt=0, le=1.0, description="Policy learning rate (AdamW).")
+    lr: float = Field(1e-4, gt=0, le=1.0, description="Policy learning rate (AdamW).")
     weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay.")
     micro_batch_size: int = Field(64, ge=1, description="Sequences per optimizer mini-batch.")
     epochs: int = Field(1, ge=1, le=16, description="Passes over each iteration's rollouts.")
@@ -130,7 +130,7 @@ class EvalSection(_Section):
     pass_k: list[int] = Field([1, 8], description="k values for pass@k (sampled at eval temperature).")
     samples: int = Field(8, ge=1, description="Samples per held-out problem for pass@k (>= max k).")
     temperature: float = Field(1.0, ge=0.0, le=2.0, description="Sampling temperature for pass@k.")
-    every: int = Field(1, ge=1, description="Evaluate every this many iterations (and always the last).")
+    every: int = Field(5, ge=1, description="Evaluate every this many iterations (and always the last).")
 
 
 class StoreSection(_Section):

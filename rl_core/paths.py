@@ -40,9 +40,18 @@ def configure_env() -> None:
         "VLLM_LOGGING_LEVEL": "ERROR",
         "VLLM_CACHE_ROOT": str(s / "vllm-cache"),
         "TOKENIZERS_PARALLELISM": "false",
+        "TQDM_DISABLE": "1",
         "TRANSFORMERS_VERBOSITY": "error",
         "HF_HUB_OFFLINE": "1",
         "TORCH_EXTENSIONS_DIR": str(cache_dir("torch_extensions")),
     }
     for k, v in defaults.items():
         os.environ.setdefault(k, v)
+    import logging
+    import warnings
+
+    # Library chatter (deprecations, "accelerator set to CPU") would bury the progress display.
+    warnings.filterwarnings("ignore", category=UserWarning)
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    for name in ("DeepSpeed", "deepspeed", "vllm", "torch.distributed", "transformers"):
+        logging.getLogger(name).setLevel(logging.ERROR)

@@ -43,6 +43,9 @@ def collect(store: Store, run_id: str) -> dict[str, Any]:
         stages = {s: _stage_view(store.read_manifest(store.stage_uri(run_id, k, s))) for s in STAGES}
         if all(v["status"] == "pending" for v in stages.values()):
             break
+        due = k % cfg["eval"]["every"] == 0 or k == cfg["experiment"]["iterations"]
+        if not due:
+            stages["evaluate"] = {"status": "not scheduled"}
         row: dict[str, Any] = {"iteration": k, "stages": stages}
         tr = stages["train"]
         if tr["status"] != "pending":
@@ -71,7 +74,7 @@ def render(data: dict[str, Any]) -> Any:
         t.add_column(col, justify="right" if col not in ("policy sha256",) else "left")
 
     def fmt_eval(v: dict[str, Any]) -> tuple[str, str]:
-        if v["status"] == "pending":
+        if "metrics" not in v:
             return "", ""
         m = v["metrics"]
         pk = " ".join(f"{k[5:]}:{m[k]:.2f}" for k in m if k.startswith("pass@"))
@@ -96,6 +99,6 @@ def render(data: dict[str, Any]) -> Any:
         rew = st["score_rewards"]
         reward = f"{rew['metrics']['mean_reward']:.3f}" if rew["status"] != "pending" else ""
         acc, pk = fmt_eval(st["evaluate"])
-        cells = [f"{st[s]['seconds']:.2f}s" if st[s]["status"] != "pending" else "-" for s in STAGES]
+        cells = [f"{st[s]['seconds']:.2f}s" if "seconds" in st[s] else "-" for s in STAGES]
         t.add_row(str(it["iteration"]), reward, acc, pk, *cells, (it.get("policy_sha256") or "")[:16])
     return t

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -112,10 +113,19 @@ def test_saved_weights_reload_identically(checkpoints, tmp_path):
 
 def _dp_losses(tmp_path: Path, nproc: int, stage: int) -> list[float]:
     out = tmp_path / f"losses-{nproc}.json"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1"}
+    # vLLM rewrites os.environ (LD_PRELOAD, thread binding) in this process: do not pass that on.
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("LD_PRELOAD", "LOCAL_WORLD_SIZE") and not k.startswith("VLLM")
+    }
+    env.update(OMP_NUM_THREADS="1", TQDM_DISABLE="1")
+    with socket.socket() as sock:  # torchrun hangs with --master_port=0: pick a free port
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--master_addr=127.0.0.1",
-           "--master_port=0", "-m", "rl_core.dp_check", "--zero-stage", str(stage), "--steps", "5", "--out", str(out)]  # fmt: skip
-    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+           f"--master_port={port}", "-m", "rl_core.dp_check", "--zero-stage", str(stage), "--steps", "5", "--out", str(out)]  # fmt: skip
+    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     data = json.loads(out.read_text())
     assert data["world_size"] == nproc

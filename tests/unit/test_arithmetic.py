@@ -46,8 +46,9 @@ def test_env_episode_and_registry():
     assert isinstance(env, ArithmeticEnv)
     assert env.reset({"prompt": "9-12=", "answer": "-3"}, 0) == "9-12="
     r = env.step("-3")
-    assert r.done and r.outcome == {"parsed": "-3", "well_formed": True, "correct": True}
-    assert env.step("3").outcome["correct"] is False
+    assert r.done and r.outcome == {"parsed": "-3", "well_formed": True, "correct": True, "digit_match": 1.0}
+    wrong = env.step("3").outcome
+    assert wrong["correct"] is False and wrong["digit_match"] == 0.5
     with pytest.raises(KeyError, match="unknown environment 'nope'"):
         make_env("nope")
 
