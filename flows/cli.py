@@ -142,6 +142,76 @@ def _launch(cfg: Any, run_id: str | None, *, resume: bool, curve: Path | None) -
 
 
 @app.command()
+def resume(
+    run_id: str,
+    set_: SetOpt = None,
+    force: Annotated[
+        bool, typer.Option("--force", help="Resume even though --set changes the config.")
+    ] = False,
+    store: Annotated[str | None, typer.Option(help="Store root (default: the configured one).")] = None,
+) -> None:
+    """Continue a crashed or stopped run from its last committed stage."""
+    from rl_core.config import ConfigError, config_from_dict, parse_overrides
+    from rl_core.runs import RunError, config_diff, load_run
+
+    st = _store_for(store)
+    try:
+        record = load_run(st, run_id)
+        cfg = config_from_dict(record["config"], f"{run_id}/run.json")
+        if set_:
+            data = cfg.model_dump(mode="json")
+            for key, value in parse_overrides(set_):
+                node = data
+                *parents, leaf = key.split(".")
+                for p in parents:
+                    node = node[p]
+                node[leaf] = value
+            new = config_from_dict(data, "--set")
+            diff = config_diff(record["config"], new.model_dump(mode="json"))
+            if diff and not force:
+                _fail("resuming with a changed config is refused (use --force):\n  " + "\n  ".join(diff))
+            cfg = new
+    except (RunError, ConfigError, KeyError) as e:
+        _fail(str(e))
+    _launch(cfg, run_id, resume=True, curve=None)
+
+
+@app.command()
+def replay(
+    run_id: str,
+    iteration: Annotated[int, typer.Option("--iteration", help="Iteration number (0 = base evaluation).")],
+    stage: Annotated[
+        str, typer.Option("--stage", help="generate, execute_envs, score_rewards, train or evaluate.")
+    ],
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    store: Annotated[str | None, typer.Option(help="Store root (default: the configured one).")] = None,
+) -> None:
+    """Re-execute one stage from its stored inputs into a scratch prefix and diff it with the stored outputs."""
+    from rl_core.paths import configure_env
+
+    configure_env()
+    from rl_core.replay import replay as do_replay
+    from rl_core.runs import RunError
+    from rl_core.store import ArtifactError
+
+    try:
+        report = do_replay(_store_for(store), run_id, iteration, stage)
+    except (RunError, FileNotFoundError, ValueError, ArtifactError) as e:
+        _fail(str(e))
+    if as_json:
+        typer.echo(json.dumps(report, indent=1))
+    else:
+        typer.echo(
+            f"{run_id} iteration {iteration} {stage}: {'identical' if report['identical'] else 'DIFFERENT'}"
+        )
+        for name, a in report["artifacts"].items():
+            typer.echo(
+                f"  {name}: {json.dumps({k: v for k, v in a.items() if k not in ('stored', 'replayed')})}"
+            )
+    raise typer.Exit(0 if report["identical"] else 1)
+
+
+@app.command()
 def show(
     run_id: str,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,

@@ -19,6 +19,7 @@ from rl_core.config import Config
 from rl_core.report import emit
 from tasks.common import lineage
 from tasks.evaluate import evaluate
+from tasks.generate import start_rollout_engine
 from tasks.init_model import init_model
 from tasks.warmup import warmup
 
@@ -54,6 +55,7 @@ def experiment_flow(cfg: Config, run_id: str) -> dict[str, Any]:
     init = init_model(cfg, run_id, base_run)
     wu = warmup(cfg, run_id, init, base_run)
     reference = wu["outputs"]["checkpoint"]
+    start_rollout_engine(cfg, run_id, reference)
     ev0 = evaluate(cfg, run_id, 0, reference, base_run)
     emit(summarize(0, {"init": init, "warmup": wu, "evaluate": ev0}))
     policy, optimizer = reference, None

@@ -10,11 +10,14 @@ size. An engine lives across iterations; ``load_weights`` syncs a new checkpoint
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from rl_core.faults import fault
 from rl_core.paths import state_dir
 
 
@@ -104,7 +107,9 @@ class VLLMEngine:
         return result
 
     def load_weights(self, ckpt_dir: str | Path) -> None:
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(ckpt_dir)})
+        # vLLM draws a progress bar per reload whatever TQDM_DISABLE says; failures still raise.
+        with contextlib.redirect_stderr(io.StringIO()):
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(ckpt_dir)})
         # Prompt KV cached under the old weights would otherwise be served.
         self.llm.reset_prefix_cache()
 
@@ -226,6 +231,7 @@ def sync_weights(engine: Any, ckpt_dir: str | Path, digest: str) -> bool:
     """Load ``ckpt_dir`` (whose weights hash to ``digest``) unless the engine holds it; True if it synced."""
     if getattr(engine, "loaded", None) == digest:
         return False
+    fault("sync")
     engine.load_weights(ckpt_dir)
     engine.loaded = digest
     return True

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from rl_core.faults import fault, set_iteration
 from rl_core.paths import PROJECT_ROOT
 from rl_core.store import Ref, Store
 
@@ -86,9 +87,12 @@ def run_stage(
         existing["reused"] = True
         return existing
     store.clear(uri)
+    set_iteration(iteration)
+    fault(f"{stage}:start")
     t0 = time.perf_counter()
     started = time.time()
     result = body(uri)
+    fault(f"{stage}:outputs")
     manifest = {
         "run_id": run_id,
         "iteration": iteration,
@@ -103,5 +107,6 @@ def run_stage(
         "timings": {"seconds": round(time.perf_counter() - t0, 4), "started_at": started},
     }
     store.write_manifest(uri, manifest)
+    fault(f"{stage}:committed")
     manifest["reused"] = False
     return manifest

@@ -24,6 +24,8 @@ from typing import Any
 import fsspec
 import pandas as pd
 
+from rl_core.faults import fault
+
 MANIFEST = "_manifest.json"
 
 
@@ -98,7 +100,10 @@ class Store:
             os.makedirs(os.path.dirname(path), exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-")
             with os.fdopen(fd, "wb") as f:
-                f.write(data)
+                f.write(data[: len(data) // 2])
+                f.flush()
+                fault("write")
+                f.write(data[len(data) // 2 :])
             os.replace(tmp, path)
         else:
             self.fs.pipe_file(path, data)  # a single S3 PUT is atomic

@@ -124,3 +124,49 @@ def test_cli_help_imports_nothing_heavy():
     code = "import sys, flows.cli; heavy = {'torch', 'vllm', 'prefect', 'mlflow', 'deepspeed'} & set(sys.modules); print(sorted(heavy))"
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.stdout.strip() == "[]", r.stdout + r.stderr
+
+
+@pytest.mark.slow
+def test_fallback_engines_run_end_to_end(tmp_path):
+    """The HF rollout engine and the plain-torch trainer go through the same flow."""
+    args = ["run", "configs/smoke.yaml", "--run-id", "fallback", "--set", "rollout.engine=hf", "--set", "train.backend=torch",
+            "--set", "experiment.iterations=1", "--set", "tracking.enabled=false"]  # fmt: skip
+    r = _run(args, tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    data = json.loads(_run(["show", "fallback", "--json"], tmp_path, timeout=120).stdout)
+    (it,) = data["iterations"]
+    assert it["stages"]["train"]["metrics"]["logprob_mismatch_max"] < 1e-3
+    assert it["stages"]["evaluate"]["status"] == "committed"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", ["generate", "execute_envs", "score_rewards", "train", "evaluate"])
+def test_replay_reproduces_every_stage(smoke_run, stage):
+    state, _ = smoke_run
+    r = _run(["replay", "smoke-e2e", "--iteration", "2", "--stage", stage, "--json"], state, timeout=300)
+    report = json.loads(r.stdout)
+    assert r.returncode == 0 and report["identical"] is True, r.stdout + r.stderr[-2000:]
+    assert report["artifacts"] and all(a["identical"] for a in report["artifacts"].values())
+    assert "/_replay/" in report["scratch"]
+
+
+@pytest.mark.slow
+def test_replay_refuses_a_corrupt_input(smoke_run):
+    """A stored input whose bytes no longer match its manifest is reported with its path, never consumed."""
+    import pandas as pd
+
+    state, _ = smoke_run
+    path = state / "store" / "smoke-e2e" / "iter-0001" / "execute_envs" / "env_results.parquet"
+    original = path.read_bytes()
+    try:
+        df = pd.read_parquet(path)
+        df.loc[0, "correct"] = not df.loc[0, "correct"]
+        df.to_parquet(path, index=False)
+        r = _run(
+            ["replay", "smoke-e2e", "--iteration", "1", "--stage", "score_rewards", "--json"],
+            state,
+            timeout=300,
+        )
+        assert r.returncode == 2 and "corrupt" in r.stderr and "env_results.parquet" in r.stderr
+    finally:
+        path.write_bytes(original)

@@ -79,3 +79,16 @@ def test_corrupt_manifest_reported(tmp_path):
     s.write_bytes(uri + "/_manifest.json", b"{not json")
     with pytest.raises(ArtifactError, match="manifest corrupt: .*_manifest.json"):
         s.read_manifest(uri)
+
+
+def test_diff_tables_counts_rows_and_columns():
+    from rl_core.replay import diff_tables
+
+    a = pd.DataFrame({"x": [1, 2, 3], "ids": [[1], [2], [3]], "y": ["a", "b", "c"]})
+    b = a.copy()
+    assert diff_tables(a, b) == {"identical": True, "rows": 3, "rows_changed": 0, "columns_changed": []}
+    b.loc[1, "x"] = 9
+    b.at[2, "ids"] = [4]
+    d = diff_tables(a, b)
+    assert d["identical"] is False and d["rows_changed"] == 2 and d["columns_changed"] == ["x", "ids"]
+    assert diff_tables(a, a.iloc[:2])["identical"] is False

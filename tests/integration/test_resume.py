@@ -1,0 +1,80 @@
+"""Crash anywhere, resume, and end with the same weights: SIGKILL at points spread over all five stages."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import cli_env
+
+ROOT = Path(__file__).resolve().parents[2]
+CLI = [sys.executable, "-m", "flows.cli"]
+SMOKE = ["configs/smoke.yaml"]
+
+# (fault point, iteration): inside a stage, half-way through writing an artifact, between stages, during sync
+KILL_POINTS = [
+    ("generate:start", 1),
+    ("write", 1),
+    ("execute_envs:outputs", 1),
+    ("score_rewards:committed", 1),
+    ("train:outputs", 1),
+    ("evaluate:start", 1),
+    ("sync", 2),
+    ("generate:committed", 2),
+    ("train:start", 2),
+    ("write", 2),
+    ("evaluate:outputs", 2),
+]
+
+
+def _cli(args, state, fault=None, timeout=600):
+    env = cli_env(state)
+    env.pop("RLFOUNDRY_FAULT", None)
+    if fault:
+        env["RLFOUNDRY_FAULT"] = fault
+    return subprocess.run(CLI + args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def _final(state, run_id) -> dict:
+    r = _cli(["show", run_id, "--json"], state, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    state = tmp_path_factory.mktemp("ref")
+    r = _cli(["run", *SMOKE, "--run-id", "ref"], state)
+    assert r.returncode == 0, r.stderr[-3000:]
+    data = _final(state, "ref")
+    return [it["policy_sha256"] for it in data["iterations"]], data
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("point,iteration", KILL_POINTS, ids=[f"{p}@{i}" for p, i in KILL_POINTS])
+def test_killed_run_resumes_to_identical_weights(reference, tmp_path, point, iteration):
+    hashes, ref_data = reference
+    killed = _cli(["run", *SMOKE, "--run-id", "r"], tmp_path, fault=f"{point}@{iteration}")
+    assert killed.returncode == -signal.SIGKILL, (killed.returncode, killed.stderr[-2000:])
+    before = _final(tmp_path, "r")
+    assert before["iterations_committed"] < 2
+    resumed = _cli(["resume", "r"], tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    after = _final(tmp_path, "r")
+    assert [it["policy_sha256"] for it in after["iterations"]] == hashes
+    ref_eval = [it["stages"]["evaluate"]["metrics"]["accuracy"] for it in ref_data["iterations"]]
+    assert [it["stages"]["evaluate"]["metrics"]["accuracy"] for it in after["iterations"]] == ref_eval
+
+
+@pytest.mark.slow
+def test_resume_with_changed_config_is_refused_unless_forced(reference, tmp_path):
+    killed = _cli(["run", *SMOKE, "--run-id", "c"], tmp_path, fault="train:start@1")
+    assert killed.returncode == -signal.SIGKILL
+    r = _cli(["resume", "c", "--set", "train.lr=0.5"], tmp_path, timeout=120)
+    assert r.returncode == 2 and "train.lr: 0.0001 -> 0.5" in r.stderr
+    assert _cli(["resume", "nosuch"], tmp_path, timeout=120).returncode == 2
