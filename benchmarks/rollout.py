@@ -26,6 +26,18 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        help="Config override, e.g. model.hidden_size=512",
+    )
+    ap.add_argument(
+        "--compile",
+        action="store_true",
+        help="vLLM with torch.compile/graphs (slower start) instead of eager",
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
@@ -39,7 +51,7 @@ def main() -> None:
     from rl_core.config import load_config
     from rl_core.model import build_model, build_tokenizer, save_checkpoint
 
-    cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "default.yaml")
+    cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "default.yaml", args.overrides)
     tasks = make_tasks("train", cfg.task, 0)
     tok = build_tokenizer([t["prompt"] for t in tasks] + [t["answer"] for t in tasks], cfg.model.vocab_size)
     model = build_model(cfg.model, tok, seed=0)
@@ -53,7 +65,7 @@ def main() -> None:
         from vllm.inputs import TokensPrompt
 
         llm = LLM(model=d, dtype="float32", max_model_len=cfg.model.max_position, kv_cache_memory_bytes=256 << 20,
-                  enforce_eager=True, seed=0)  # fmt: skip
+                  enforce_eager=not args.compile, seed=0)  # fmt: skip
         params = [
             SamplingParams(n=args.n, temperature=1.0, max_tokens=args.max_tokens, ignore_eos=True, seed=i)
             for i in range(len(prompts))
@@ -95,6 +107,9 @@ def main() -> None:
         "prompts": args.prompts,
         "n": args.n,
         "max_tokens": args.max_tokens,
+        "vllm_compiled": args.compile,
+        "model": cfg.model.model_dump(),
+        "parameters": sum(p.numel() for p in model.parameters()),
         "vllm_seconds": vllm_s,
         "hf_seconds": hf_s,
         "vllm_tok_s": round(vllm_tok_s, 1),

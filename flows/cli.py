@@ -8,8 +8,11 @@ Heavy libraries (torch, vLLM, Prefect, MLflow) are imported inside the commands,
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -35,6 +38,21 @@ def _store_for(run_store: str | None) -> Any:
     from rl_core.store import Store
 
     return Store(run_store or store_root(load_config()))
+
+
+@contextlib.contextmanager
+def _quiet_stdout() -> Iterator[None]:
+    """Send everything written to fd 1 (libraries, C extensions, subprocesses) to stderr, so that
+    ``--json`` output on stdout stays parseable."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 class _Progress:
@@ -195,7 +213,8 @@ def replay(
     from rl_core.store import ArtifactError
 
     try:
-        report = do_replay(_store_for(store), run_id, iteration, stage)
+        with _quiet_stdout():
+            report = do_replay(_store_for(store), run_id, iteration, stage)
     except (RunError, FileNotFoundError, ValueError, ArtifactError) as e:
         _fail(str(e))
     if as_json:
