@@ -62,7 +62,7 @@ class _Progress:
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        self.console = Console(stderr=False)
+        self.console = Console(stderr=False, soft_wrap=True)
         self.progress = Progress(
             TextColumn("[bold]RL iterations"),
             BarColumn(),
@@ -74,6 +74,9 @@ class _Progress:
         self.curve: list[dict[str, Any]] = []
 
     def __call__(self, ev: dict[str, Any]) -> None:
+        if ev["kind"] == "status":
+            self.console.print(f"[dim]{ev['text']}[/]")
+            return
         k = ev["iteration"]
         t = ev["timings"]
         e = ev.get("eval") or {}
@@ -127,6 +130,9 @@ def _launch(cfg: Any, run_id: str | None, *, resume: bool, curve: Path | None) -
             _fail(str(e))
     typer.echo(f"run id: {rid}")
     typer.echo(f"artifacts: {ctx.store.run_uri(rid)}")
+    from flows.server import ensure_api
+
+    ensure_api()
     from flows.experiment import experiment_flow
     from rl_core.lineage import tracking_uri
 
@@ -228,6 +234,77 @@ def replay(
                 f"  {name}: {json.dumps({k: v for k, v in a.items() if k not in ('stored', 'replayed')})}"
             )
     raise typer.Exit(0 if report["identical"] else 1)
+
+
+@app.command()
+def rollouts(
+    run_id: str,
+    iteration: Annotated[int, typer.Option("--iteration", help="Iteration number.")],
+    k: Annotated[int, typer.Option("-k", help="How many best, worst and random samples.")] = 3,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    store: Annotated[str | None, typer.Option(help="Store root (default: the configured one).")] = None,
+) -> None:
+    """Best, worst and random samples of an iteration: prompt, completion, reward components, env outcome."""
+    from rl_core.inspect_run import samples
+
+    try:
+        data = samples(_store_for(store), run_id, iteration, k)
+    except FileNotFoundError as e:
+        _fail(str(e))
+    if as_json:
+        typer.echo(json.dumps(data, indent=1, default=str))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    for name, rows in data.items():
+        t = Table(title=f"{run_id} iteration {iteration}: {name}")
+        cols = [
+            c
+            for c in (
+                "prompt",
+                "completion_text",
+                "answer",
+                "reward",
+                "correct",
+                "format",
+                "env_parsed",
+                "finish_reason",
+            )
+            if rows and c in rows[0]
+        ]
+        for c in cols:
+            t.add_column(c)
+        for r in rows:
+            t.add_row(*[str(r[c]) for c in cols])
+        Console().print(t)
+
+
+@app.command()
+def lineage(
+    run_id: str,
+    iteration: Annotated[
+        int, typer.Option("--iteration", help="Iteration whose checkpoint to walk back from.")
+    ],
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    store: Annotated[str | None, typer.Option(help="Store root (default: the configured one).")] = None,
+) -> None:
+    """Walk back from a checkpoint to the rollouts, rewards and parent checkpoints that produced it."""
+    from rl_core.inspect_run import lineage as walk
+
+    try:
+        chain = walk(_store_for(store), run_id, iteration)
+    except FileNotFoundError as e:
+        _fail(str(e))
+    if as_json:
+        typer.echo(json.dumps(chain, indent=1))
+        return
+    for link in chain:
+        typer.echo(f"iter {link['iteration']:4d}  policy {link['policy_sha256'][:16]}  {link['checkpoint']}")
+        for key in ("rollouts", "env_results", "rewards", "optimizer_state"):
+            if link.get(key):
+                typer.echo(f"           {key:<15} {link[key]}")
+        typer.echo(f"           {'parent':<15} {link['parent_checkpoint']}")
 
 
 @app.command()

@@ -52,9 +52,21 @@ def experiment_flow(cfg: Config, run_id: str) -> dict[str, Any]:
     if lin and parent:
         lin.client.set_tag(parent, "prefect.flow_run_id", flow_run.get_id() or "")
     base_run = lin.iteration_run(parent, run_id, 0, flow_run.get_id()) if lin and parent else None
+    emit(
+        {
+            "kind": "status",
+            "text": f"base model {ctx.base_id}: tokenizer + model, then {cfg.warmup.steps} warm-up steps",
+        }
+    )
     init = init_model(cfg, run_id, base_run)
     wu = warmup(cfg, run_id, init, base_run)
     reference = wu["outputs"]["checkpoint"]
+    emit(
+        {
+            "kind": "status",
+            "text": f"starting the {cfg.rollout.engine} rollout engine; evaluating the base model",
+        }
+    )
     start_rollout_engine(cfg, run_id, reference)
     ev0 = evaluate(cfg, run_id, 0, reference, base_run)
     emit(summarize(0, {"init": init, "warmup": wu, "evaluate": ev0}))

@@ -53,5 +53,5 @@ def configure_env() -> None:
     # Library chatter (deprecations, "accelerator set to CPU") would bury the progress display.
     warnings.filterwarnings("ignore", category=UserWarning)
     warnings.filterwarnings("ignore", category=FutureWarning)
-    for name in ("DeepSpeed", "deepspeed", "vllm", "torch.distributed", "transformers"):
+    for name in ("DeepSpeed", "deepspeed", "vllm", "torch.distributed", "transformers", "mlflow", "alembic"):
         logging.getLogger(name).setLevel(logging.ERROR)

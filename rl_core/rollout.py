@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -55,6 +56,18 @@ class RolloutEngine(Protocol):
     def close(self) -> None: ...
 
 
+@contextlib.contextmanager
+def _captured_stderr() -> Any:
+    """vLLM draws progress bars on stderr whatever TQDM_DISABLE says: hold them back, show them on failure."""
+    buf = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(buf):
+            yield
+    except BaseException:
+        sys.stderr.write(buf.getvalue())
+        raise
+
+
 class VLLMEngine:
     """vLLM ``LLM`` in this process (engine core in-process by default on CPU: starts in seconds)."""
 
@@ -67,17 +80,18 @@ class VLLMEngine:
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
         from vllm import LLM
 
-        self.llm = LLM(
-            model=str(ckpt_dir),
-            dtype=dtype,
-            max_model_len=max_model_len,
-            kv_cache_memory_bytes=kv_cache_mb << 20,
-            enforce_eager=True,
-            seed=0,
-            # Sampling logprobs after temperature: the same distribution the trainer recomputes.
-            logprobs_mode="processed_logprobs",
-            enable_prefix_caching=True,
-        )
+        with _captured_stderr():
+            self.llm = LLM(
+                model=str(ckpt_dir),
+                dtype=dtype,
+                max_model_len=max_model_len,
+                kv_cache_memory_bytes=kv_cache_mb << 20,
+                enforce_eager=True,
+                seed=0,
+                # Sampling logprobs after temperature: the same distribution the trainer recomputes.
+                logprobs_mode="processed_logprobs",
+                enable_prefix_caching=True,
+            )
 
     def generate(self, requests: list[Request], spec: SamplingSpec) -> list[list[Completion]]:
         from vllm import SamplingParams
@@ -107,8 +121,7 @@ class VLLMEngine:
         return result
 
     def load_weights(self, ckpt_dir: str | Path) -> None:
-        # vLLM draws a progress bar per reload whatever TQDM_DISABLE says; failures still raise.
-        with contextlib.redirect_stderr(io.StringIO()):
+        with _captured_stderr():
             self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(ckpt_dir)})
         # Prompt KV cached under the old weights would otherwise be served.
         self.llm.reset_prefix_cache()

@@ -21,8 +21,34 @@ def state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return d
 
 
+_API: dict[str, str] = {}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def prefect_api(tmp_path_factory: pytest.TempPathFactory):
+    """One Prefect API server for the whole session (127.0.0.1), shared by every `rlfoundry` subprocess."""
+    home = tmp_path_factory.mktemp("prefect-home")
+    os.environ["PREFECT_HOME"] = str(home)
+    os.environ["RLFOUNDRY_STATE_DIR"] = str(home / "state")
+    from flows.server import free_port, start_server, wait_healthy
+
+    port = free_port()
+    proc = start_server(port, log=home / "server.log")
+    url = f"http://127.0.0.1:{port}/api"
+    wait_healthy(url, proc)
+    _API["url"] = url
+    yield url
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except Exception:
+        proc.kill()
+
+
 def cli_env(state: Path) -> dict[str, str]:
-    """Environment for a `rlfoundry` subprocess writing under ``state``."""
+    """Environment for a `rlfoundry` subprocess writing under ``state``, using the session's Prefect server."""
     env = dict(os.environ)
-    env.update(RLFOUNDRY_STATE_DIR=str(state), PREFECT_HOME=str(state / "prefect"), TQDM_DISABLE="1")
+    env.update(RLFOUNDRY_STATE_DIR=str(state), TQDM_DISABLE="1")
+    if "url" in _API:
+        env["PREFECT_API_URL"] = _API["url"]
     return env

@@ -170,3 +170,33 @@ def test_replay_refuses_a_corrupt_input(smoke_run):
         assert r.returncode == 2 and "corrupt" in r.stderr and "env_results.parquet" in r.stderr
     finally:
         path.write_bytes(original)
+
+
+@pytest.mark.slow
+def test_rollouts_command_shows_best_worst_random(smoke_run):
+    state, _ = smoke_run
+    r = _run(["rollouts", "smoke-e2e", "--iteration", "1", "-k", "2", "--json"], state, timeout=120)
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert {len(data[k]) for k in ("best", "worst", "random")} == {2}
+    assert data["best"][0]["reward"] >= data["worst"][0]["reward"]
+    for row in data["best"] + data["random"]:
+        assert {"prompt", "completion_text", "reward", "correct", "format", "env_well_formed"} <= set(row)
+    table = _run(["rollouts", "smoke-e2e", "--iteration", "1"], state, timeout=120)
+    assert table.returncode == 0 and "best" in table.stdout
+    missing = _run(["rollouts", "smoke-e2e", "--iteration", "9"], state, timeout=120)
+    assert missing.returncode == 2 and "no committed generate" in missing.stderr
+
+
+@pytest.mark.slow
+def test_lineage_walks_back_to_the_base_model(smoke_run):
+    state, _ = smoke_run
+    r = _run(["lineage", "smoke-e2e", "--iteration", "2", "--json"], state, timeout=120)
+    assert r.returncode == 0, r.stderr
+    chain = json.loads(r.stdout)
+    assert [c["iteration"] for c in chain] == [2, 1, 0]
+    assert chain[0]["parent_checkpoint"] == chain[1]["checkpoint"]
+    assert chain[1]["parent_checkpoint"] == chain[2]["checkpoint"]
+    assert chain[0]["rollouts"].endswith("iter-0002/generate/rollouts.parquet")
+    shown = json.loads(_run(["show", "smoke-e2e", "--json"], state, timeout=120).stdout)
+    assert chain[0]["policy_sha256"] == shown["iterations"][1]["policy_sha256"]
