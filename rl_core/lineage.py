@@ -60,7 +60,9 @@ class Lineage:
             exp_id = exp.experiment_id
         else:
             artifacts = None
-            if uri.startswith("sqlite:"):
+            if cfg.store.uri.startswith("s3://"):
+                artifacts = f"{cfg.store.uri.rstrip('/')}/_mlflow"  # lineage artifacts beside the run's own
+            elif uri.startswith("sqlite:"):
                 artifacts = (state_dir() / "mlartifacts").as_uri()
             exp_id = client.create_experiment(name, artifact_location=artifacts)
         return cls(client, exp_id)

@@ -36,6 +36,7 @@ def configure_env() -> None:
         "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
         "DO_NOT_TRACK": "true",
         "MLFLOW_DISABLE_TELEMETRY": "true",
+        "MLFLOW_LOGGING_LEVEL": "WARNING",
         "VLLM_NO_USAGE_STATS": "1",
         "VLLM_LOGGING_LEVEL": "ERROR",
         "VLLM_CACHE_ROOT": str(s / "vllm-cache"),
