@@ -248,9 +248,3 @@ def sync_weights(engine: Any, ckpt_dir: str | Path, digest: str) -> bool:
     engine.load_weights(ckpt_dir)
     engine.loaded = digest
     return True
-
-
-def close_engines() -> None:
-    for eng in _ENGINES.values():
-        eng.close()
-    _ENGINES.clear()

@@ -143,12 +143,6 @@ class DeepSpeedTrainEngine:
         else:
             self.optimizer.load_state_dict(sd)
 
-    def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
-        self.engine.module.load_state_dict(state_dict, strict=False)
-        if self.cfg.zero_stage in (1, 2):
-            # ZeRO keeps fp32 master partitions of its own; refresh them from the new module weights.
-            self.optimizer._restore_from_bit16_weights()
-
 
 class TorchTrainEngine:
     """Reference implementation: plain AdamW on one process."""
@@ -180,9 +174,6 @@ class TorchTrainEngine:
 
     def load_optimizer_state(self, data: bytes) -> None:
         self.optimizer.load_state_dict(_from_bytes(data))
-
-    def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
-        self.module.load_state_dict(state_dict, strict=False)
 
 
 def make_train_engine(backend: str, model: Any, cfg: Any) -> DeepSpeedTrainEngine | TorchTrainEngine:
