@@ -175,7 +175,7 @@ def resume(
     store: Annotated[str | None, typer.Option(help="Store root (default: the configured one).")] = None,
 ) -> None:
     """Continue a crashed or stopped run from its last committed stage."""
-    from rl_core.config import ConfigError, config_from_dict, parse_overrides
+    from rl_core.config import ConfigError, apply_overrides, config_from_dict
     from rl_core.runs import RunError, config_diff, load_run
 
     st = _store_for(store)
@@ -183,19 +183,12 @@ def resume(
         record = load_run(st, run_id)
         cfg = config_from_dict(record["config"], f"{run_id}/run.json")
         if set_:
-            data = cfg.model_dump(mode="json")
-            for key, value in parse_overrides(set_):
-                node = data
-                *parents, leaf = key.split(".")
-                for p in parents:
-                    node = node[p]
-                node[leaf] = value
-            new = config_from_dict(data, "--set")
+            new = config_from_dict(apply_overrides(cfg.model_dump(mode="json"), set_), "--set")
             diff = config_diff(record["config"], new.model_dump(mode="json"))
             if diff and not force:
                 _fail("resuming with a changed config is refused (use --force):\n  " + "\n  ".join(diff))
             cfg = new
-    except (RunError, ConfigError, KeyError) as e:
+    except (RunError, ConfigError) as e:
         _fail(str(e))
     _launch(cfg, run_id, resume=True, curve=None)
 

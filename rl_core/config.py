@@ -210,6 +210,13 @@ def parse_overrides(overrides: list[str]) -> list[tuple[str, Any]]:
     return out
 
 
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``section.field=value`` strings to a config dict in place; unknown fields are refused."""
+    for key, value in parse_overrides(overrides):
+        _set_dotted(data, key, value)
+    return data
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
     """Read a YAML config (or the defaults), apply ``--set`` overrides, validate everything."""
     data: dict[str, Any] = {}
@@ -224,8 +231,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             raise ConfigError(f"config file {path} is not valid YAML: {e}") from e
         if not isinstance(data, dict):
             raise ConfigError(f"config file {path} must hold a mapping of sections")
-    for key, value in parse_overrides(overrides or []):
-        _set_dotted(data, key, value)
+    apply_overrides(data, overrides or [])
     return config_from_dict(data, source)
 
 

@@ -18,6 +18,15 @@ def state_dir() -> Path:
     return d
 
 
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def cache_dir(name: str) -> Path:
     """A cache shared by every run on this machine (compiled ops, downloaded checkpoints)."""
     base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rlfoundry" / name

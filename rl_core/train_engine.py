@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import io
 import os
-import socket
 from typing import Any, Protocol
 
 import torch
 
-from rl_core.paths import cache_dir
+from rl_core.paths import cache_dir, free_port
 
 
 class TrainEngine(Protocol):
@@ -37,12 +36,6 @@ class TrainEngine(Protocol):
     def load_optimizer_state(self, data: bytes) -> None: ...
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def init_distributed() -> None:
     """Join the launcher's process group, or make a world of one on 127.0.0.1 when run in-flow."""
     import torch.distributed as dist
@@ -54,7 +47,7 @@ def init_distributed() -> None:
             os.environ.setdefault(k, v)
     elif "RANK" not in os.environ:
         os.environ.update(
-            MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), RANK="0", LOCAL_RANK="0", WORLD_SIZE="1"
+            MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", LOCAL_RANK="0", WORLD_SIZE="1"
         )
     import deepspeed
 

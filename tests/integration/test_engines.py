@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +14,7 @@ import torch
 from rl_core.config import ModelSection
 from rl_core.losses import token_logprobs
 from rl_core.model import build_model, build_tokenizer, load_model, save_checkpoint, save_weights
+from rl_core.paths import free_port
 from rl_core.rollout import HFEngine, Request, SamplingSpec, VLLMEngine
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -120,9 +120,7 @@ def _dp_losses(tmp_path: Path, nproc: int, stage: int) -> list[float]:
         if k not in ("LD_PRELOAD", "LOCAL_WORLD_SIZE") and not k.startswith("VLLM")
     }
     env.update(OMP_NUM_THREADS="1", TQDM_DISABLE="1")
-    with socket.socket() as sock:  # torchrun hangs with --master_port=0: pick a free port
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()  # torchrun hangs with --master_port=0
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--master_addr=127.0.0.1",
            f"--master_port={port}", "-m", "rl_core.dp_check", "--zero-stage", str(stage), "--steps", "5", "--out", str(out)]  # fmt: skip
     r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)

@@ -85,3 +85,12 @@ def test_every_field_is_described():
 def test_config_hash_changes_with_content():
     assert config_hash(load_config()) == config_hash(load_config())
     assert config_hash(load_config()) != config_hash(load_config(None, ["train.lr=1e-5"]))
+
+
+def test_apply_overrides_refuses_unknown_fields():
+    from rl_core.config import apply_overrides
+
+    data = apply_overrides({"train": {"lr": 0.1}}, ["train.lr=0.2", "rollout.n=4"])
+    assert data == {"train": {"lr": 0.2}, "rollout": {"n": 4}}
+    with pytest.raises(ConfigError, match="unknown config field 'train.nope'"):
+        apply_overrides({}, ["train.nope=1"])
