@@ -34,10 +34,9 @@ def _fail(msg: str, code: int = 2) -> None:
 
 def _store_for(run_store: str | None) -> Any:
     from rl_core.config import load_config
-    from rl_core.context import store_root
-    from rl_core.store import Store
+    from rl_core.context import open_store
 
-    return Store(run_store or store_root(load_config()))
+    return open_store(load_config(), run_store)
 
 
 @contextlib.contextmanager
@@ -120,14 +119,15 @@ def _launch(cfg: Any, run_id: str | None, *, resume: bool, curve: Path | None) -
     from rl_core.context import get_context
     from rl_core.report import subscribe
     from rl_core.runs import RunError, create_run, new_run_id
+    from rl_core.store import StoreUnavailable
 
     rid = run_id or new_run_id()
     ctx = get_context(cfg, rid)
     if not resume:
         try:
             create_run(ctx)
-        except RunError as e:
-            _fail(str(e))
+        except (RunError, StoreUnavailable) as e:
+            _fail(str(e), 3 if isinstance(e, StoreUnavailable) else 2)
     typer.echo(f"run id: {rid}")
     typer.echo(f"artifacts: {ctx.store.run_uri(rid)}")
     from flows.server import ensure_api
@@ -147,6 +147,8 @@ def _launch(cfg: Any, run_id: str | None, *, resume: bool, curve: Path | None) -
     try:
         with prog.progress:
             result = experiment_flow(cfg, rid)
+    except StoreUnavailable as e:
+        _fail(f"{e}\nevery committed stage is kept; once the store answers again: rlfoundry resume {rid}", 3)
     finally:
         unsub()
         unsub2()

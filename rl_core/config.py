@@ -137,6 +137,15 @@ class StoreSection(_Section):
     uri: str = Field(
         "", description="Artifact store root: a path, file:// or s3:// URL. Empty = <state dir>/store."
     )
+    retries: int = Field(
+        6,
+        ge=1,
+        le=100,
+        description="Attempts per S3 call while the endpoint is unreachable (then the run fails).",
+    )
+    retry_max_wait_s: float = Field(
+        20.0, gt=0, description="Longest pause between S3 retries; pauses double from 0.5 s up to this."
+    )
 
 
 class TrackingSection(_Section):

@@ -20,6 +20,13 @@ def store_root(cfg: Config) -> str:
     return cfg.store.uri or str(state_dir() / "store")
 
 
+def open_store(cfg: Config, root: str | None = None) -> Store:
+    """The run's store (or ``root``) with the config's S3 retry policy."""
+    return Store(
+        root or store_root(cfg), retries=cfg.store.retries, retry_max_wait_s=cfg.store.retry_max_wait_s
+    )
+
+
 def base_id(cfg: Config) -> str:
     """Runs whose model, task, warm-up and seed agree share one warmed-up base model."""
     part = {k: cfg.model_dump(mode="json")[k] for k in ("model", "task", "warmup")}
@@ -31,7 +38,7 @@ class RunContext:
     def __init__(self, cfg: Config, run_id: str, store: Store | None = None):
         self.cfg = cfg
         self.run_id = run_id
-        self.store = store or Store(store_root(cfg))
+        self.store = store or open_store(cfg)
         self.config_hash = config_hash(cfg)
         self.base_id = base_id(cfg)
         self.base_hash = self.base_id.split("/")[1]

@@ -59,12 +59,22 @@ class S3Server:
     proc: subprocess.Popen
     endpoint: str
     data_dir: Path
+    ports: dict[str, int]
 
     @classmethod
-    def start(cls, data_dir: Path, *, access_key: str, secret_key: str, timeout_s: float = 60.0) -> S3Server:
+    def start(
+        cls,
+        data_dir: Path,
+        *,
+        access_key: str,
+        secret_key: str,
+        ports: dict[str, int] | None = None,
+        timeout_s: float = 60.0,
+    ) -> S3Server:
+        """Start weed on ``ports`` (master, volume, filer, s3) or fresh ones; data persists in ``data_dir``."""
         data_dir.mkdir(parents=True, exist_ok=True)
         taken: set[int] = set()
-        ports = {k: _free_port(taken) for k in ("master", "volume", "filer", "s3")}
+        ports = ports or {k: _free_port(taken) for k in ("master", "volume", "filer", "s3")}
         ident = data_dir / "s3-identities.json"
         ident.write_text(
             json.dumps(
@@ -83,7 +93,7 @@ class S3Server:
         cmd = [weed_binary(), "server", f"-dir={data_dir}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
                f"-master.port={ports['master']}", f"-volume.port={ports['volume']}", "-filer",
                f"-filer.port={ports['filer']}", "-s3", f"-s3.port={ports['s3']}", f"-s3.config={ident}",
-               "-master.volumeSizeLimitMB=64", "-volume.max=100"]  # fmt: skip
+               "-s3.port.iceberg=0", "-s3.port.lance=0", "-master.volumeSizeLimitMB=64", "-volume.max=100"]  # fmt: skip
         log = open(data_dir / "weed.log", "ab")  # noqa: SIM115 (lives as long as the server)
         proc = subprocess.Popen(
             cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
@@ -103,7 +113,13 @@ class S3Server:
         else:
             proc.kill()
             raise RuntimeError(f"S3 server not answering at {endpoint} after {timeout_s:.0f} s")
-        return cls(proc, endpoint, data_dir)
+        return cls(proc, endpoint, data_dir, ports)
+
+    def kill(self) -> None:
+        """Stop it abruptly (an outage), without a clean shutdown."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
 
     def stop(self) -> None:
         try:

@@ -1,5 +1,9 @@
 """Artifact store over fsspec: ``file://`` (or a plain path) by default, ``s3://bucket/prefix`` at scale.
 
+On s3:// every call is retried with exponential backoff while the endpoint is unreachable (connection
+refused, timeouts, 5xx); when the retries are spent a ``StoreUnavailable`` names the endpoint. Nothing is
+committed by a failed call, so ``rlfoundry resume`` continues once the server is back.
+
 A stage run owns ``<root>/<run id>/iter-<KKKK>/<stage>/``. Its ``_manifest.json`` is written last and
 atomically: it is the commit marker. Every artifact is recorded with its sha256 and verified on read, so a
 corrupt or half-written artifact is reported with its path and never consumed.
@@ -14,15 +18,18 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import fsspec
 import pandas as pd
+import tenacity
 
 from rl_core.faults import fault
 
@@ -31,6 +38,69 @@ MANIFEST = "_manifest.json"
 
 class ArtifactError(RuntimeError):
     """An artifact is missing, corrupt or unreadable; the message names its URI."""
+
+
+class StoreUnavailable(RuntimeError):
+    """The object store did not answer after every retry; the message names the endpoint."""
+
+
+T = TypeVar("T")
+log = logging.getLogger("rlfoundry.store")
+
+
+def transient(exc: BaseException) -> bool:
+    """A failure worth retrying: the endpoint is unreachable, timed out or answered 5xx."""
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, ConnectionError | TimeoutError):
+            return True
+        mod = type(e).__module__
+        name = type(e).__name__
+        if mod.startswith(("botocore", "aiohttp")) and (
+            "Connect" in name or "Timeout" in name or name in ("HTTPClientError", "ServerDisconnectedError")
+        ):
+            return True
+        status = getattr(e, "response", None)
+        if isinstance(status, dict) and status.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) >= 500:
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
+def s3_endpoint() -> str:
+    return (
+        os.environ.get("AWS_ENDPOINT_URL_S3")
+        or os.environ.get("AWS_ENDPOINT_URL")
+        or "the default AWS S3 endpoint"
+    )
+
+
+def with_retries(fn: Callable[[], T], *, what: str, attempts: int, max_wait_s: float) -> T:
+    """Call ``fn`` until it succeeds or ``attempts`` transient failures have passed (backoff 0.5 s doubling
+    up to ``max_wait_s``); then raise StoreUnavailable naming the endpoint. Other errors pass through."""
+    try:
+        for attempt in tenacity.Retrying(
+            stop=tenacity.stop_after_attempt(attempts),
+            wait=tenacity.wait_exponential(multiplier=0.5, max=max_wait_s),
+            retry=tenacity.retry_if_exception(transient),
+            before_sleep=lambda rs: log.warning(
+                "S3 endpoint %s: %s failed (attempt %d/%d), retrying",
+                s3_endpoint(),
+                what,
+                rs.attempt_number,
+                attempts,
+            ),
+        ):
+            with attempt:
+                return fn()
+    except tenacity.RetryError as e:
+        last = e.last_attempt.exception()
+        raise StoreUnavailable(
+            f"S3 endpoint {s3_endpoint()} unreachable: {what} failed {attempts} times ({type(last).__name__}: {last})"
+        ) from last
+    raise AssertionError("unreachable")
 
 
 @dataclass(frozen=True)
@@ -68,12 +138,24 @@ def dir_digest(file_hashes: dict[str, str]) -> str:
 class Store:
     """Read and write artifacts under one root URI."""
 
-    def __init__(self, root: str):
+    def __init__(self, root: str, *, retries: int = 6, retry_max_wait_s: float = 20.0):
         if "://" not in root:
             root = "file://" + str(Path(root).resolve())
         self.root = root.rstrip("/")
         self.protocol = root.split("://", 1)[0]
-        self.fs, _ = fsspec.core.url_to_fs(self.root)
+        self.retries, self.retry_max_wait_s = retries, retry_max_wait_s
+        options: dict[str, Any] = {}
+        if self.protocol == "s3":
+            # One attempt per call inside botocore/s3fs: the backoff is ours, so it is bounded and reported.
+            options = {
+                "config_kwargs": {"connect_timeout": 5, "read_timeout": 60, "retries": {"max_attempts": 1}}
+            }
+        self.fs, _ = fsspec.core.url_to_fs(self.root, **options)
+
+    def _io(self, what: str, fn: Callable[[], T]) -> T:
+        if self.is_local:
+            return fn()
+        return with_retries(fn, what=what, attempts=self.retries, max_wait_s=self.retry_max_wait_s)
 
     # -- naming -------------------------------------------------------------------------------------
     def run_uri(self, run_id: str) -> str:
@@ -91,7 +173,7 @@ class Store:
 
     # -- bytes ----------------------------------------------------------------------------------
     def exists(self, uri: str) -> bool:
-        return self.fs.exists(self._path(uri))
+        return self._io(f"stat {uri}", lambda: self.fs.exists(self._path(uri)))
 
     def write_bytes(self, uri: str, data: bytes) -> Ref:
         path = self._path(uri)
@@ -106,13 +188,13 @@ class Store:
                 f.write(data[len(data) // 2 :])
             os.replace(tmp, path)
         else:
-            self.fs.pipe_file(path, data)  # a single S3 PUT is atomic
+            self._io(f"write {uri}", lambda: self.fs.pipe_file(path, data))  # a single S3 PUT is atomic
         return Ref(uri, sha256_bytes(data))
 
     def read_bytes(self, ref: Ref | str) -> bytes:
         uri = ref.uri if isinstance(ref, Ref) else ref
         try:
-            data = self.fs.cat_file(self._path(uri))
+            data = self._io(f"read {uri}", lambda: self.fs.cat_file(self._path(uri)))
         except FileNotFoundError as e:
             raise ArtifactError(f"artifact missing: {uri}") from e
         if isinstance(ref, Ref) and sha256_bytes(data) != ref.sha256:
@@ -198,12 +280,13 @@ class Store:
 
     def list_runs(self) -> list[str]:
         base = self._path(self.root)
-        if not self.fs.exists(base):
+        if not self.exists(self.root):
             return []
-        return sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in self.fs.ls(base, detail=False))
+        names = self._io(f"list {self.root}", lambda: self.fs.ls(base, detail=False, refresh=True))
+        return sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in names)
 
     def clear(self, uri: str) -> None:
         """Remove a stage folder's leftovers from a crashed attempt."""
         path = self._path(uri)
-        if self.fs.exists(path):
-            self.fs.rm(path, recursive=True)
+        if self.exists(uri):
+            self._io(f"remove {uri}", lambda: self.fs.rm(path, recursive=True))

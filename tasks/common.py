@@ -10,6 +10,7 @@ from rl_core.config import Config
 from rl_core.context import RunContext, get_context
 from rl_core.lineage import Lineage
 from rl_core.stage import StageResult, run_stage
+from rl_core.store import with_retries
 
 
 @functools.cache
@@ -38,5 +39,13 @@ def stage(
     manifest = run_stage(ctx.store, owner, iteration, name, chash, inputs, lambda uri: body(ctx, uri))
     lin = lineage(cfg)
     if lin is not None and mlflow_run is not None:
-        lin.log_stage(mlflow_run, manifest)
+        if ctx.store.is_local:
+            lin.log_stage(mlflow_run, manifest)
+        else:  # MLflow artifacts live beside the store: the same retry policy, the same clear failure
+            with_retries(
+                lambda: lin.log_stage(mlflow_run, manifest),
+                what=f"MLflow artifact upload for {name}",
+                attempts=ctx.store.retries,
+                max_wait_s=ctx.store.retry_max_wait_s,
+            )
     return manifest

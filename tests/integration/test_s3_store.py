@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -68,34 +69,35 @@ def test_wrong_credentials_fail_clearly(s3, monkeypatch):
     s3fs.S3FileSystem.clear_instance_cache()
 
 
-@pytest.mark.slow
-def test_run_and_replay_on_s3(s3, tmp_path):
-    env = {**cli_env(tmp_path), **s3}
-    args = [
-        "run",
-        "configs/smoke.yaml",
-        "--run-id",
-        "s3run",
-        "--set",
-        "store.uri=s3://rlf-test/runs",
-        "--set",
-        "experiment.iterations=1",
-    ]
-    r = subprocess.run(
-        [sys.executable, "-m", "flows.cli", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+def _cli(args, env, timeout=900):
+    return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=timeout)  # fmt: skip
+
+
+def _hashes(env, run_id, store) -> list[str]:
+    show = _cli(["show", run_id, "--json", "--store", store], env, timeout=300)
+    assert show.returncode == 0, show.stderr[-2000:]
+    return [it["policy_sha256"] for it in json.loads(show.stdout)["iterations"]]
+
+
+@pytest.fixture(scope="module")
+def s3_run(s3, tmp_path_factory):
+    """The smoke experiment run whole on the S3 store: (env, completed process)."""
+    env = {**cli_env(tmp_path_factory.mktemp("s3run")), **s3}
+    r = _cli(["run", "configs/smoke.yaml", "--run-id", "s3run", "--set", "store.uri=s3://rlf-test/runs"], env)
     assert r.returncode == 0, r.stderr[-3000:]
+    return env, r
+
+
+@pytest.mark.slow
+def test_run_and_replay_on_s3(s3, s3_run, tmp_path):
+    env, r = s3_run
     assert SECRET not in r.stdout + r.stderr
     assert not (tmp_path / "store").exists()  # nothing went to the local default store
     show = subprocess.run([sys.executable, "-m", "flows.cli", "show", "s3run", "--json", "--store", "s3://rlf-test/runs"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
     data = json.loads(show.stdout)
-    assert data["iterations_committed"] == 1
+    assert data["iterations_committed"] == 2
     assert data["iterations"][0]["stages"]["train"]["artifacts"]["checkpoint"].startswith(
         "s3://rlf-test/runs/s3run/"
     )
@@ -108,3 +110,44 @@ def test_run_and_replay_on_s3(s3, tmp_path):
     s3fs.S3FileSystem.clear_instance_cache()
     record = s3fs.S3FileSystem().cat_file("rlf-test/runs/s3run/run.json").decode()
     assert SECRET not in record and KEY not in record
+
+
+@pytest.mark.slow
+def test_s3_outage_fails_clearly_then_resume_matches(s3, s3_run, tmp_path):
+    """Kill the S3 server mid-run: bounded retries, a failure naming the endpoint, nothing committed lost;
+    after a restart on the same ports and data, resume ends with the uninterrupted run's weights."""
+    import s3fs
+
+    srv = S3Server.start(tmp_path / "weed", access_key=KEY, secret_key=SECRET)
+    env = {**cli_env(tmp_path / "state"), **s3, "AWS_ENDPOINT_URL": srv.endpoint}
+    fs = s3fs.S3FileSystem(endpoint_url=srv.endpoint, key=KEY, secret=SECRET, skip_instance_cache=True)
+    fs.mkdir("outage")
+    args = ["run", "configs/smoke.yaml", "--run-id", "o1", "--set", "store.uri=s3://outage/runs",
+            "--set", "store.retries=3", "--set", "store.retry_max_wait_s=1"]  # fmt: skip
+    proc = subprocess.Popen([sys.executable, "-m", "flows.cli", *args], cwd=ROOT, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    try:
+        marker = "outage/runs/o1/iter-0001/generate/_manifest.json"
+        deadline = time.monotonic() + 600
+        while not fs.exists(marker):
+            assert proc.poll() is None, proc.stderr.read()[-3000:]
+            assert time.monotonic() < deadline
+            fs.invalidate_cache()
+            time.sleep(0.2)
+        srv.kill()
+        out, err = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+    assert proc.returncode == 3, err[-3000:]
+    assert f"S3 endpoint {srv.endpoint} unreachable" in err
+    assert "rlfoundry resume o1" in err
+    assert SECRET not in out + err
+    srv = S3Server.start(tmp_path / "weed", access_key=KEY, secret_key=SECRET, ports=srv.ports)
+    try:
+        r = _cli(["resume", "o1", "--store", "s3://outage/runs"], env)
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert SECRET not in r.stdout + r.stderr
+        resumed = _hashes(env, "o1", "s3://outage/runs")
+    finally:
+        srv.stop()
+    assert resumed == _hashes(s3_run[0], "s3run", "s3://rlf-test/runs")
