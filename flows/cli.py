@@ -22,6 +22,16 @@ app = typer.Typer(
     add_completion=False, no_args_is_help=True, help="RL post-training as resumable Prefect workflows."
 )
 
+
+@app.callback()
+def _use_stack(ctx: typer.Context) -> None:
+    """While ``rlfoundry up`` is running, every command uses its Prefect server and S3 endpoint."""
+    if ctx.invoked_subcommand not in ("up", "down"):
+        from rl_core.stack import apply_env
+
+        apply_env()
+
+
 SetOpt = Annotated[
     list[str] | None, typer.Option("--set", help="Override a config field: section.field=value (repeatable).")
 ]
@@ -133,7 +143,7 @@ def _launch(cfg: Any, run_id: str | None, *, resume: bool, curve: Path | None) -
     from flows.server import ensure_api
 
     ensure_api()
-    from flows.experiment import experiment_flow
+    from flows.experiment import experiment_flow, with_result_storage
     from rl_core.lineage import tracking_uri
 
     prog = _Progress(cfg.experiment.iterations)
@@ -146,7 +156,7 @@ def _launch(cfg: Any, run_id: str | None, *, resume: bool, curve: Path | None) -
     unsub2 = subscribe(prog)
     try:
         with prog.progress:
-            result = experiment_flow(cfg, rid)
+            result = with_result_storage(experiment_flow, ctx.store)(cfg, rid)
     except StoreUnavailable as e:
         _fail(f"{e}\nevery committed stage is kept; once the store answers again: rlfoundry resume {rid}", 3)
     finally:
@@ -163,8 +173,14 @@ def _launch(cfg: Any, run_id: str | None, *, resume: bool, curve: Path | None) -
     )
     typer.echo(f"artifacts: {ctx.store.run_uri(rid)}")
     typer.echo(f"inspect:   rlfoundry show {rid}")
-    uri = tracking_uri(cfg)
-    typer.echo(f"MLflow UI: .venv/bin/mlflow ui --backend-store-uri {uri} --host 127.0.0.1 --port 5000")
+    from rl_core.stack import status as stack_status
+
+    svc = stack_status().get("services", {})
+    if svc and all(x["alive"] for x in svc.values()):
+        typer.echo(f"MLflow UI: {svc['mlflow']['url']}   Prefect UI: {svc['prefect']['url']}/runs")
+    else:
+        uri = tracking_uri(cfg)
+        typer.echo(f"MLflow UI: .venv/bin/mlflow ui --backend-store-uri {uri} --host 127.0.0.1 --port 5000")
 
 
 @app.command()
@@ -323,6 +339,38 @@ def show(
         from rich.console import Console
 
         Console().print(render(data))
+
+
+@app.command()
+def up() -> None:
+    """Start the local stack on 127.0.0.1: S3 (SeaweedFS), Prefect server + UI, MLflow server + UI."""
+    from rl_core.stack import BUCKET, StackError, stack_dir
+    from rl_core.stack import up as start
+
+    try:
+        st = start()
+    except StackError as e:
+        _fail(str(e))
+    svc = st["services"]
+    typer.echo(
+        f"S3       {svc['s3']['url']}   bucket {BUCKET}; credentials from the environment or {stack_dir() / 'credentials.json'}"
+    )
+    typer.echo(f"Prefect  {svc['prefect']['url']}")
+    typer.echo(f"MLflow   {svc['mlflow']['url']}")
+    typer.echo(f"state    {stack_dir()}")
+    typer.echo(f"use it:  rlfoundry run configs/default.yaml --set store.uri=s3://{BUCKET}/runs")
+
+
+@app.command()
+def down() -> None:
+    """Stop exactly the processes that ``rlfoundry up`` started (their data stays in the state dir)."""
+    from rl_core.stack import down as stop
+
+    stopped = stop()
+    if not stopped:
+        typer.echo("the stack is not up")
+    for name, was in stopped.items():
+        typer.echo(f"{name:8} {'stopped' if was else 'was not running'}")
 
 
 def main() -> None:

@@ -24,6 +24,23 @@ from tasks.init_model import init_model
 from tasks.warmup import warmup
 
 
+def with_result_storage(fl: Any, store: Any) -> Any:
+    """``fl`` persisting its Prefect results beside the run's artifacts when the store is remote (S3).
+
+    The storage is a RemoteFileSystem block saved on the Prefect server; it holds only the s3:// path: s3fs
+    takes the endpoint and credentials from the environment, so none reach Prefect."""
+    if store.is_local:
+        return fl
+    import hashlib
+
+    from prefect.filesystems import RemoteFileSystem
+
+    basepath = f"{store.root}/_prefect"
+    name = "rlfoundry-results-" + hashlib.sha256(basepath.encode()).hexdigest()[:12]
+    RemoteFileSystem(basepath=basepath).save(name, overwrite=True)
+    return fl.with_options(result_storage=f"remote-file-system/{name}", persist_result=True)
+
+
 def summarize(iteration: int, manifests: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {"kind": "iteration", "iteration": iteration, "timings": {}}
     for name, m in manifests.items():
