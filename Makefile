@@ -7,7 +7,7 @@ STAMP   := $(VENV)/.installed
 
 export TQDM_DISABLE := 1
 
-.PHONY: demo test test-fast lint format bench clean-state venv
+.PHONY: demo test test-fast lint format bench clean-state venv system-deps
 
 venv: $(STAMP)
 
@@ -20,14 +20,26 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec || true
 	touch $(STAMP)
 
+# Debian packages the tests drive: Chromium (the Prefect UI test, through Playwright) and bubblewrap (the
+# sandbox). Installed with apt-get when missing (root here and in CI; sudo elsewhere).
+SYSTEM_PKGS := chromium:chromium bwrap:bubblewrap
+system-deps:
+	@missing=""; for pair in $(SYSTEM_PKGS); do cmd=$${pair%%:*}; pkg=$${pair#*:}; \
+	  command -v $$cmd >/dev/null || missing="$$missing $$pkg"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing >/dev/null; \
+	fi
+
 demo: $(STAMP)
 	$(BIN)/rlfoundry run configs/default.yaml --curve benchmarks/results/demo_curve.json
 	$(BIN)/python benchmarks/plot_curve.py benchmarks/results/demo_curve.json
 
-test: $(STAMP)
+test: $(STAMP) system-deps
 	$(BIN)/pytest -q
 
-test-fast: $(STAMP)
+test-fast: $(STAMP) system-deps
 	$(BIN)/pytest -q -m "not slow"
 
 lint: $(STAMP)

@@ -342,6 +342,47 @@ def show(
 
 
 @app.command()
+def serve(
+    config: Annotated[
+        Path, typer.Option(help="Experiment YAML whose values are the experiment form's defaults.")
+    ] = Path("configs/default.yaml"),
+    sweep_run: Annotated[
+        list[str] | None,
+        typer.Option("--sweep-run", help="Run for the evaluation sweep (repeatable; none = all)."),
+    ] = None,
+    sweep_cron: Annotated[str, typer.Option(help="Cron schedule of the evaluation sweep.")] = "*/30 * * * *",
+    store: Annotated[
+        str, typer.Option(help="Store root for the sweep and replay (default: the configured one).")
+    ] = "",
+    limit: Annotated[int, typer.Option(help="Flow runs executed at once (2 cores here: 1).")] = 1,
+) -> None:
+    """Register the experiment, evaluation-sweep and replay deployments and execute their runs (Ctrl-C stops)."""
+    from rl_core.config import ConfigError, load_config
+    from rl_core.paths import PROJECT_ROOT, configure_env
+
+    try:
+        cfg = load_config(config)
+    except ConfigError as e:
+        _fail(str(e))
+    configure_env()
+    api = os.environ.get("PREFECT_API_URL")
+    if not api:
+        _fail(
+            "no Prefect server to register with: start the local stack (rlfoundry up) or set PREFECT_API_URL"
+        )
+    os.chdir(PROJECT_ROOT)  # deployments' entrypoints are relative to the project root
+    from prefect import serve as prefect_serve
+
+    from flows.deployments import deployments
+
+    typer.echo(
+        f"Prefect API {api}: deployments experiment/experiment, evaluation-sweep/evaluation-sweep ({sweep_cron}), replay/replay"
+    )
+    prefect_serve(*deployments(cfg, sweep_runs=sweep_run or [], sweep_cron=sweep_cron, store=store), limit=limit,
+                  print_starting_message=False)  # fmt: skip
+
+
+@app.command()
 def up() -> None:
     """Start the local stack on 127.0.0.1: S3 (SeaweedFS), Prefect server + UI, MLflow server + UI."""
     from rl_core.stack import BUCKET, StackError, stack_dir

@@ -37,6 +37,7 @@ def start_server(
         **os.environ,
         "PREFECT_UI_ENABLED": "1" if ui else "0",
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_UI_API_URL": f"http://127.0.0.1:{port}/api",  # else the UI calls the default port 4200
     }
     env.pop("PREFECT_API_URL", None)
     log = log or state_dir() / "logs" / f"prefect-server-{port}.log"

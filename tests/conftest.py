@@ -33,7 +33,7 @@ def prefect_api(tmp_path_factory: pytest.TempPathFactory):
     from flows.server import free_port, start_server, wait_healthy
 
     port = free_port()
-    proc = start_server(port, log=home / "server.log")
+    proc = start_server(port, ui=True, log=home / "server.log")  # the UI for the browser test
     url = f"http://127.0.0.1:{port}/api"
     wait_healthy(url, proc)
     _API["url"] = url

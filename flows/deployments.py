@@ -1,0 +1,154 @@
+"""The flows that ``rlfoundry serve`` registers as Prefect deployments, for the Prefect UI and API.
+
+- ``experiment``: one parameter ``config`` typed by the pydantic Config, so the UI renders it as a form with
+  every field's default and description; ``run_id`` optional (a new id when empty; an existing run with the
+  same config is resumed).
+- ``evaluation-sweep`` (cron): evaluates every checkpoint of the chosen runs that has no evaluation yet. A
+  checkpoint the run already evaluated is reused; a new one is evaluated into ``<run>/sweep/iter-K/evaluate``
+  (commit-or-skip like every stage, so each checkpoint is evaluated once however often the sweep fires).
+- ``replay``: ``rlfoundry replay`` as a flow; the run fails when the replay differs.
+
+Each posts a Prefect artifact (a markdown table) to its flow run, so the result is readable in the UI.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from prefect import flow, get_run_logger
+from prefect.artifacts import create_markdown_artifact
+from pydantic import Field
+
+from rl_core.config import Config
+
+NOT_RUNS = {"_base", "_mlflow", "_prefect", "_replay"}
+
+
+@flow(name="experiment", validate_parameters=True)
+def experiment(config: Config, run_id: str = "") -> dict[str, Any]:
+    """Run an RL experiment end to end (init, warm-up, RL iterations, evaluation).
+
+    Args:
+        config: The experiment; every field is described and defaults to the served config file.
+        run_id: Run id; empty starts a new run. An existing id with the same config resumes it.
+    """
+    from flows.experiment import experiment_flow, with_result_storage
+    from rl_core.context import get_context
+    from rl_core.runs import RunError, config_diff, create_run, load_run, new_run_id
+
+    rid = run_id or new_run_id()
+    ctx = get_context(config, rid)
+    try:
+        create_run(ctx)
+    except RunError:
+        diff = config_diff(load_run(ctx.store, rid)["config"], config.model_dump(mode="json"))
+        if diff:
+            raise RunError(f"run {rid} exists with another config: " + "; ".join(diff)) from None
+        get_run_logger().info("run %s exists with this config: resuming it", rid)
+    result = with_result_storage(experiment_flow, ctx.store)(config, rid)
+    create_markdown_artifact(
+        f"run `{rid}`: held-out accuracy {result['base_accuracy']:.3f} (base) -> {result['final']['accuracy']:.3f}\n\n"
+        f"artifacts: `{ctx.store.run_uri(rid)}`",
+        key="experiment-result",
+    )
+    return {"run_id": rid, "base_accuracy": result["base_accuracy"], "final": result["final"]}
+
+
+def _store(store: str) -> Any:
+    from rl_core.config import load_config
+    from rl_core.context import open_store
+
+    return open_store(load_config(), store or None)
+
+
+@flow(name="evaluation-sweep")
+def evaluation_sweep(
+    run_ids: list[str] | None = None, store: str = ""
+) -> dict[str, dict[int, dict[str, Any]]]:
+    """Evaluate every checkpoint of the chosen runs that has not been evaluated yet.
+
+    Args:
+        run_ids: Runs to sweep; empty = every run in the store.
+        store: Store root; empty = the configured one.
+    """
+    from rl_core.context import RunContext
+    from rl_core.evaluate import evaluate_body
+    from rl_core.runs import run_config
+    from rl_core.stage import committed, run_stage
+
+    st = _store(store)
+    runs = run_ids or [r for r in st.list_runs() if r not in NOT_RUNS]
+    out: dict[str, dict[int, dict[str, Any]]] = {}
+    for rid in runs:
+        cfg = run_config(st, rid)
+        ctx = RunContext(cfg, rid, store=st)
+        out[rid] = {}
+        for k in range(1, cfg.experiment.iterations + 1):
+            tr = committed(st, rid, k, "train")
+            if tr is None:
+                break  # iterations commit in order: nothing newer
+            ckpt = tr["outputs"]["checkpoint"]
+            own = committed(st, rid, k, "evaluate")
+            if own is not None and own["inputs"]["policy"]["sha256"] == ckpt["sha256"]:
+                m, source = own, "run"
+            else:
+                m = run_stage(st, f"{rid}/sweep", k, "evaluate", ctx.config_hash, {"policy": ckpt},
+                              lambda uri, c=ctx, k=k, p=ckpt: evaluate_body(c, k, p, uri))  # fmt: skip
+                source = "sweep (reused)" if m.get("reused") else "sweep (new)"
+            out[rid][k] = {"accuracy": m["metrics"]["accuracy"], "source": source}
+    rows = [
+        f"| {r} | {k} | {v['accuracy']:.3f} | {v['source']} |"
+        for r, its in out.items()
+        for k, v in its.items()
+    ]
+    create_markdown_artifact(
+        "| run | iteration | accuracy | evaluated by |\n|---|---|---|---|\n" + "\n".join(rows),
+        key="evaluation-sweep",
+    )
+    return out
+
+
+@flow(name="replay")
+def replay_stage(
+    run_id: str,
+    iteration: Annotated[int, Field(ge=0)] = 1,
+    stage: Literal["generate", "execute_envs", "score_rewards", "train", "evaluate"] = "train",
+    store: str = "",
+) -> dict[str, Any]:
+    """Re-execute one stage from its stored inputs into a scratch prefix and compare with the stored outputs.
+
+    Args:
+        run_id: Run to replay from.
+        iteration: Iteration (0 = the base model's evaluation).
+        stage: Stage to replay.
+        store: Store root; empty = the configured one.
+    """
+    import json
+
+    from rl_core.replay import replay
+
+    report = replay(_store(store), run_id, iteration, stage)
+    create_markdown_artifact(
+        f"replay of `{run_id}` iteration {iteration} `{stage}`: **{'identical' if report['identical'] else 'DIFFERENT'}**"
+        f"\n\n```json\n{json.dumps(report['artifacts'], indent=1, default=str)}\n```",
+        key="replay",
+    )
+    if not report["identical"]:
+        raise RuntimeError(f"replay of {run_id} iteration {iteration} {stage} differs: {report['artifacts']}")
+    return report
+
+
+def deployments(config: Config, *, sweep_runs: list[str], sweep_cron: str, store: str) -> list[Any]:
+    """The three deployments, with the experiment form defaulting to ``config``."""
+    return [
+        experiment.to_deployment(
+            name="experiment", parameters={"config": config.model_dump(mode="json"), "run_id": ""},
+            description="An RL experiment: edit any config field in the form.",
+        ),
+        evaluation_sweep.to_deployment(
+            name="evaluation-sweep", cron=sweep_cron, parameters={"run_ids": sweep_runs, "store": store},
+            description="Evaluates new checkpoints of the chosen runs on a schedule.",
+        ),
+        replay_stage.to_deployment(name="replay", parameters={"store": store},
+                                   description="Replays one stage and diffs it with the stored outputs."),
+    ]  # fmt: skip

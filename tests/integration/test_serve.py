@@ -1,0 +1,163 @@
+"""`rlfoundry serve`: the experiment, evaluation-sweep and replay deployments, triggered through Prefect's API
+and, for the experiment, through the Prefect UI in headless Chromium."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from rl_core.config import load_config
+from tests.conftest import cli_env
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOYMENTS = ("experiment", "evaluation-sweep", "replay")
+CRON = "0 3 * * *"
+
+
+def _api(url, body=None):
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(
+        url, data, {"Content-Type": "application/json"}, method="GET" if data is None else "POST"
+    )
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return json.loads(r.read())
+
+
+def _wait(api, flow_run_id, timeout_s=900):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        fr = _api(f"{api}/flow_runs/{flow_run_id}")
+        if fr["state"]["type"] in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED"):
+            return fr
+        time.sleep(2)
+    raise AssertionError(f"flow run {flow_run_id} not finished after {timeout_s} s: {fr['state']}")
+
+
+def _artifact(api, flow_run_id, key):
+    arts = _api(
+        f"{api}/artifacts/filter",
+        {"artifacts": {"flow_run_id": {"any_": [flow_run_id]}, "key": {"any_": [key]}}},
+    )
+    assert arts, f"no {key} artifact on flow run {flow_run_id}"
+    return arts[0]["data"]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    state = tmp_path_factory.mktemp("serve")
+    env = cli_env(state)
+    api = env["PREFECT_API_URL"]
+    log = open(state / "serve.log", "wb")  # noqa: SIM115
+    proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "serve", "--config", "configs/smoke.yaml",
+                             "--sweep-cron", CRON], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 180
+        deps = {}
+        while len(deps) < len(DEPLOYMENTS):
+            assert proc.poll() is None, (state / "serve.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "deployments not registered in 180 s"
+            found = _api(f"{api}/deployments/filter", {"deployments": {"name": {"any_": list(DEPLOYMENTS)}}})
+            deps = {d["name"]: d for d in found}
+            time.sleep(1)
+        yield {"api": api, "deps": deps, "state": state, "env": env}
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+        log.close()
+
+
+def _run(served, name, parameters, run_name=None):
+    dep = served["deps"][name]
+    fr = _api(f"{served['api']}/deployments/{dep['id']}/create_flow_run",
+              {"parameters": parameters, **({"name": run_name} if run_name else {})})  # fmt: skip
+    return _wait(served["api"], fr["id"])
+
+
+@pytest.mark.slow
+def test_deployments_triggered_through_the_api(served):
+    api, deps, state = served["api"], served["deps"], served["state"]
+    # the experiment's parameters are the pydantic config: a form with defaults (the served file) and descriptions
+    exp = deps["experiment"]
+    schema = exp["parameter_openapi_schema"]
+    assert (
+        "RL iterations"
+        in schema["definitions"]["ExperimentSection"]["properties"]["iterations"]["description"]
+    )
+    assert "resumes" in schema["properties"]["run_id"]["description"]
+    assert exp["parameters"]["config"] == load_config("configs/smoke.yaml").model_dump(mode="json")
+    sweep = deps["evaluation-sweep"]
+    assert [s["schedule"]["cron"] for s in sweep["schedules"]] == [CRON]
+
+    # one changed field (evaluate only at the last iteration), so iteration 1's checkpoint has no evaluation
+    cfg = load_config("configs/smoke.yaml", ["eval.every=5"]).model_dump(mode="json")
+    fr = _run(served, "experiment", {"config": cfg, "run_id": "api1"})
+    assert fr["state"]["type"] == "COMPLETED", fr["state"]
+    assert "api1" in _artifact(api, fr["id"], "experiment-result")
+    store = state / "store" / "api1"
+    assert (store / "iter-0002" / "evaluate" / "_manifest.json").exists()
+    assert not (store / "iter-0001" / "evaluate").exists()
+
+    fr = _run(served, "evaluation-sweep", {"run_ids": ["api1"]})
+    assert fr["state"]["type"] == "COMPLETED", fr["state"]
+    table = _artifact(api, fr["id"], "evaluation-sweep")
+    assert "| api1 | 1 |" in table and "sweep (new)" in table  # the new checkpoint evaluated
+    assert "| api1 | 2 |" in table and "| run |" in table  # the one the run evaluated, reused
+    swept = store / "sweep" / "iter-0001" / "evaluate" / "_manifest.json"
+    first = swept.read_bytes()
+    fr = _run(served, "evaluation-sweep", {"run_ids": ["api1"]})  # nothing new: nothing re-evaluated
+    assert fr["state"]["type"] == "COMPLETED"
+    assert "sweep (reused)" in _artifact(api, fr["id"], "evaluation-sweep")
+    assert swept.read_bytes() == first
+
+    fr = _run(served, "replay", {"run_id": "api1", "iteration": 2, "stage": "train"})
+    assert fr["state"]["type"] == "COMPLETED", fr["state"]
+    assert "**identical**" in _artifact(api, fr["id"], "replay")
+    fr = _run(served, "replay", {"run_id": "api1", "iteration": 9, "stage": "train"})
+    assert fr["state"]["type"] == "FAILED"
+    assert "no committed train stage at iteration 9" in fr["state"]["message"]
+
+
+@pytest.mark.slow
+def test_experiment_started_from_the_prefect_ui(served):
+    """Headless Chromium (Debian's) opens the experiment's run form, changes one field, submits, and waits
+    until the UI shows the flow run completed."""
+    from playwright.sync_api import sync_playwright
+
+    ui = served["api"].removesuffix("/api")
+    dep = served["deps"]["experiment"]
+    name = f"ui-{secrets.token_hex(3)}"
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox"])
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        try:
+            page.goto(f"{ui}/deployments/deployment/{dep['id']}/run", wait_until="networkidle")
+            iterations = page.get_by_text("Number of RL iterations").locator("xpath=following::input[1]")
+            assert iterations.input_value() == "2"  # the served config's value
+            iterations.fill("1")
+            page.locator("input[type=text]").first.fill(name)  # the run name
+            page.get_by_role("button", name="Submit").click()
+            # the UI returns to the deployment's runs; open ours and watch its state until it completes
+            page.get_by_role("link", name=name).first.click(timeout=60_000)
+            page.wait_for_url("**/runs/flow-run/**", timeout=60_000, wait_until="commit")
+            page.get_by_text("Completed").first.wait_for(timeout=900_000)
+        finally:
+            page.screenshot(path=str(served["state"] / "ui.png"), full_page=True)
+            print("screenshot:", served["state"] / "ui.png", page.url)
+        browser.close()
+    runs = _api(f"{served['api']}/flow_runs/filter", {"flow_runs": {"name": {"any_": [name]}}})
+    assert len(runs) == 1
+    assert runs[0]["state"]["type"] == "COMPLETED"
+    assert runs[0]["parameters"]["config"]["experiment"]["iterations"] == 1
