@@ -23,6 +23,10 @@ app = typer.Typer(
 )
 
 
+sandbox_app = typer.Typer(no_args_is_help=True, help="Run untrusted code in the sandbox (envs/sandbox).")
+app.add_typer(sandbox_app, name="sandbox")
+
+
 @app.callback()
 def _use_stack(ctx: typer.Context) -> None:
     """While ``rlfoundry up`` is running, every command uses its Prefect server and S3 endpoint."""
@@ -412,6 +416,39 @@ def down() -> None:
         typer.echo("the stack is not up")
     for name, was in stopped.items():
         typer.echo(f"{name:8} {'stopped' if was else 'was not running'}")
+
+
+@sandbox_app.command("exec")
+def sandbox_exec(
+    file: Annotated[
+        Path, typer.Argument(help="Python program to run (as main.py in the sandbox's workdir).")
+    ],
+    timeout: Annotated[float, typer.Option("--timeout", help="Wall-clock limit, seconds.")] = 10.0,
+    memory_mb: Annotated[int, typer.Option("--memory-mb", help="Memory limit, MiB.")] = 512,
+    mode: Annotated[
+        str, typer.Option(help="strict (default) or rlimits (no per-run cgroup: weaker).")
+    ] = "strict",
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Run FILE in a fresh sandbox; prints exit_code, timed_out, stdout, stderr (64 KiB each at most), why it stopped."""
+    from envs.sandbox import Limits, Sandbox, SandboxUnavailable
+
+    try:
+        code = file.read_bytes()
+    except OSError as e:
+        _fail(f"cannot read {file}: {e}")
+    try:
+        result = Sandbox(mode).run({"main.py": code}, limits=Limits(timeout_s=timeout, memory_mb=memory_mb))  # type: ignore[arg-type]
+    except (SandboxUnavailable, ValueError) as e:
+        _fail(str(e))
+    if as_json:
+        typer.echo(json.dumps(result.to_dict(), indent=1))
+        return
+    sys.stdout.write(result.stdout)
+    sys.stderr.write(result.stderr)
+    typer.echo(
+        f"[exit {result.exit_code}, {result.duration_s:.2f}s, stopped: {result.stopped_reason}]", err=True
+    )
 
 
 def main() -> None:

@@ -1,0 +1,49 @@
+"""Sandbox for untrusted, model-written code.
+
+Each run executes ``argv`` (by default ``python3 main.py``) in a fresh bubblewrap container:
+
+- **Namespaces**: user, mount, pid, net, ipc, uts, cgroup (``--unshare-all``). The filesystem is a new root
+  holding only read-only ``/usr`` (with the ``/bin``, ``/lib``, ``/lib64`` links), a private ``/proc`` of the
+  sandbox's own pid namespace, a minimal ``/dev``, and the workdir ``/work``: a tmpfs capped at
+  ``disk_mb``, holding the run's files, written from memory (never a host path). The root is remounted
+  read-only. The network namespace has only a down loopback.
+- **Identity**: the process runs as uid 65534 inside and, outside, as a uid of its own (``UID_BASE`` + slot),
+  never root: it cannot signal, trace or read anything of another uid, and per-uid limits count only it.
+- **seccomp**: a filter (libseccomp) refuses with EPERM ptrace, mount/umount, namespace creation
+  (unshare, setns, clone with namespace flags), kernel keyrings, bpf, perf_event_open, userfaultfd,
+  io_uring, kernel modules, kexec, reboot, swap, clock changes, process_vm_readv/writev, kcmp,
+  open_by_handle_at, and sockets of any family but AF_UNIX.
+- **Limits**: rlimits (address space = ``memory_mb``, CPU seconds, file size = ``disk_mb``, 256 open files,
+  ``max_procs`` processes, no core dumps), a per-run cgroup (pids.max and the memory limit, v1 or v2) and
+  a wall-clock timeout after which the whole process tree is killed (process group, cgroup, pid namespace).
+- **Environment**: cleared; bubblewrap itself is started with an empty environment too, so ``/proc/1/environ``
+  inside holds nothing of the host.
+- **Output**: stdout and stderr are read concurrently and kept up to ``output_bytes`` each; a program that
+  writes more than ``OUTPUT_KILL_FACTOR`` times that is stopped ("output_limit").
+- **Leftovers**: when the run ends, every process left in its cgroup is killed, the cgroup removed, and the
+  tmpfs disappears with the mount namespace.
+
+What it does **not** protect against: kernel vulnerabilities (the code shares the host kernel: a kernel
+exploit escapes; use gVisor or a VM for hostile workloads at scale), side channels (timing, cache, CPU
+frequency), denial of service through shared resources it is allowed to use (CPU time up to the limits,
+memory bandwidth), and anything mounted into the sandbox on purpose (``/usr`` is readable: the installed
+programs and libraries are visible). Without cgroup access the per-run memory and pids limits fall back to
+rlimits only; without user namespaces bubblewrap cannot run at all. In either case ``Sandbox`` refuses with
+``SandboxUnavailable`` unless the config names the weaker mode explicitly (``mode="rlimits"``: no cgroup;
+``mode="no-namespaces"`` is *not* offered: there is no mode that runs code without bubblewrap).
+
+    from envs.sandbox import Sandbox, Limits
+    sb = Sandbox()
+    r = sb.run({"main.py": "print(6 * 7)"}, limits=Limits(timeout_s=5))
+    r.exit_code, r.stdout          # 0, "42\\n"
+"""
+
+from envs.sandbox.core import (
+    Limits,
+    Sandbox,
+    SandboxResult,
+    SandboxUnavailable,
+    check_available,
+)
+
+__all__ = ["Limits", "Sandbox", "SandboxResult", "SandboxUnavailable", "check_available"]

@@ -1,0 +1,453 @@
+"""The sandbox's mechanics: bubblewrap command line, seccomp program, cgroup, rlimits, per-slot uid, output caps.
+
+See the package docstring for what it protects against. One ``Sandbox.run`` is one fresh container.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import functools
+import math
+import os
+import random
+import resource
+import secrets
+import selectors
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+Mode = Literal["strict", "rlimits"]
+UID_BASE = 61000  # outside uid of slot i is UID_BASE + i: one uid per concurrent run
+SLOTS = 1024
+OUTPUT_KILL_FACTOR = 16
+PYTHON = "/usr/bin/python3"
+_INSIDE_UID = 65534
+
+
+class SandboxUnavailable(RuntimeError):
+    """A mechanism the sandbox needs is missing here; the message says which and what to do."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Resource limits of one run."""
+
+    timeout_s: float = 10.0
+    memory_mb: int = 512
+    cpu_s: float | None = None  # default: the timeout
+    max_procs: int = 32
+    disk_mb: int = 64
+    output_bytes: int = 64 * 1024
+
+    def __post_init__(self) -> None:
+        for name in ("timeout_s", "memory_mb", "max_procs", "disk_mb", "output_bytes"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"sandbox limit {name} must be > 0, got {getattr(self, name)!r}")
+
+
+@dataclass
+class SandboxResult:
+    """What happened to one run. ``stopped_reason``: None (it exited by itself), "timeout", "memory",
+    "cpu", "output_limit", or "signal:<NAME>"."""
+
+    exit_code: int | None
+    timed_out: bool
+    stdout: str
+    stderr: str
+    stdout_truncated: bool
+    stderr_truncated: bool
+    stopped_reason: str | None
+    duration_s: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# -- seccomp --------------------------------------------------------------------------------------------
+_DENIED = [
+    "ptrace", "process_vm_readv", "process_vm_writev", "kcmp", "mount", "umount2", "pivot_root", "chroot",
+    "unshare", "setns", "keyctl", "add_key", "request_key", "bpf", "perf_event_open", "userfaultfd",
+    "io_uring_setup", "io_uring_enter", "io_uring_register", "init_module", "finit_module", "delete_module",
+    "kexec_load", "kexec_file_load", "reboot", "swapon", "swapoff", "acct", "settimeofday", "clock_settime",
+    "clock_adjtime", "adjtimex", "open_by_handle_at", "name_to_handle_at", "syslog", "quotactl",
+    "lookup_dcookie", "fanotify_init", "move_mount", "open_tree", "fsopen", "fsmount", "fspick",
+    "mount_setattr", "personality", "vhangup", "iopl", "ioperm",
+]  # fmt: skip
+_CLONE_NS = (
+    0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000 | 0x00000080
+)
+_AF_UNIX = 1
+
+
+@functools.cache
+def seccomp_program() -> bytes:
+    """The compiled BPF program (built once per process)."""
+    try:
+        import pyseccomp as sc
+    except (ImportError, OSError) as e:
+        raise SandboxUnavailable(
+            f"libseccomp is not usable ({e}): install the pyseccomp package and libseccomp2"
+        ) from e
+    f = sc.SyscallFilter(sc.ALLOW)
+    for name in _DENIED:
+        with contextlib.suppress(Exception):  # a syscall this kernel/arch lacks
+            f.add_rule(sc.ERRNO(errno.EPERM), name)
+    f.add_rule(sc.ERRNO(errno.EAFNOSUPPORT), "socket", sc.Arg(0, sc.NE, _AF_UNIX))
+    f.add_rule(sc.ERRNO(errno.EPERM), "clone", sc.Arg(0, sc.MASKED_EQ, _CLONE_NS, _CLONE_NS))
+    # clone3 passes flags in a struct seccomp cannot read: refuse it, libc falls back to clone.
+    f.add_rule(sc.ERRNO(errno.ENOSYS), "clone3")
+    with tempfile.TemporaryFile() as tmp:
+        f.export_bpf(tmp)
+        tmp.seek(0)
+        return tmp.read()
+
+
+# -- cgroups --------------------------------------------------------------------------------------------
+_CG = Path("/sys/fs/cgroup")
+
+
+class Cgroup:
+    """A per-run cgroup with pids and memory limits (cgroup v2, or v1's pids and memory hierarchies)."""
+
+    def __init__(self, name: str, pids_max: int, memory_bytes: int):
+        self.dirs: list[Path] = []
+        try:
+            if _cgroup_v2():
+                parent = _CG / "rlfoundry-sandbox"
+                parent.mkdir(exist_ok=True)
+                _write(_CG / "cgroup.subtree_control", "+pids +memory")
+                _write(parent / "cgroup.subtree_control", "+pids +memory")
+                d = parent / name
+                d.mkdir()
+                self.dirs = [d]
+                _write(d / "pids.max", str(pids_max))
+                _write(d / "memory.max", str(memory_bytes))
+                with contextlib.suppress(OSError):
+                    _write(d / "memory.swap.max", "0")
+            else:
+                for ctrl in ("pids", "memory"):
+                    parent = _CG / ctrl / "rlfoundry-sandbox"
+                    parent.mkdir(exist_ok=True)
+                    d = parent / name
+                    d.mkdir()
+                    self.dirs.append(d)
+                _write(self.dirs[0] / "pids.max", str(pids_max))
+                _write(self.dirs[1] / "memory.limit_in_bytes", str(memory_bytes))
+                with contextlib.suppress(OSError):
+                    _write(self.dirs[1] / "memory.memsw.limit_in_bytes", str(memory_bytes))
+        except OSError:
+            self.remove()
+            raise
+
+    def join_fds(self) -> list[int]:
+        """Open cgroup.procs files; the child writes "0" to each before exec to join."""
+        return [os.open(d / "cgroup.procs", os.O_WRONLY) for d in self.dirs]
+
+    def pids(self) -> set[int]:
+        out: set[int] = set()
+        for d in self.dirs:
+            with contextlib.suppress(OSError):
+                out |= {int(x) for x in (d / "cgroup.procs").read_text().split()}
+        return out
+
+    def kill_all(self) -> None:
+        if self.dirs and (self.dirs[0] / "cgroup.kill").exists():
+            with contextlib.suppress(OSError):
+                _write(self.dirs[0] / "cgroup.kill", "1")
+        for _ in range(50):
+            pids = self.pids()
+            if not pids:
+                return
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.01)
+
+    def oom_killed(self) -> bool:
+        for d in self.dirs:
+            for name in ("memory.events", "memory.oom_control"):
+                with contextlib.suppress(OSError):
+                    for line in (d / name).read_text().splitlines():
+                        key, _, val = line.partition(" ")
+                        if key == "oom_kill" and int(val) > 0:
+                            return True
+        return False
+
+    def remove(self) -> None:
+        for d in self.dirs:
+            for _ in range(100):
+                try:
+                    d.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.01)
+
+
+def _write(path: Path, value: str) -> None:
+    with open(path, "w") as f:
+        f.write(value)
+
+
+@functools.cache
+def _cgroup_v2() -> bool:
+    ctrl = _CG / "cgroup.controllers"
+    return ctrl.exists() and {"pids", "memory"} <= set(ctrl.read_text().split())
+
+
+# -- slots ------------------------------------------------------------------------------------------------
+class _Slot:
+    """An exclusive slot (flock on a file) across every process of this machine: its own outside uid."""
+
+    def __init__(self) -> None:
+        d = Path(tempfile.gettempdir()) / f"rlfoundry-sandbox-slots-{os.geteuid()}"
+        d.mkdir(mode=0o700, exist_ok=True)
+        if d.stat().st_uid != os.geteuid() or d.stat().st_mode & 0o077:
+            raise SandboxUnavailable(f"{d} is not private to this user: refusing to use it for slot locks")
+        start = random.randrange(SLOTS)
+        for k in range(SLOTS):
+            i = (start + k) % SLOTS
+            fd = os.open(d / f"{i}.lock", os.O_CREAT | os.O_RDWR, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            self.index, self.fd = i, fd
+            return
+        raise RuntimeError(f"all {SLOTS} sandbox slots are busy")
+
+    def release(self) -> None:
+        os.close(self.fd)
+
+
+# -- the run ------------------------------------------------------------------------------------------
+def _memfd(name: str, data: bytes) -> int:
+    fd = os.memfd_create(name, 0)
+    os.write(fd, data)
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
+def _check_name(name: str) -> str:
+    parts = Path(name).parts
+    if not name or name.startswith("/") or "\0" in name or ".." in parts or not parts:
+        raise ValueError(f"sandbox file name {name!r} must be a relative path inside the workdir")
+    return "/".join(parts)
+
+
+def bwrap_command(files: dict[str, int], argv: list[str], disk_mb: int, seccomp_fd: int) -> list[str]:
+    cmd = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--clearenv",
+           "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin", "--setenv", "HOME", "/work",
+           "--setenv", "TMPDIR", "/work", "--setenv", "LANG", "C.UTF-8", "--setenv", "PYTHONDONTWRITEBYTECODE", "1",
+           "--uid", str(_INSIDE_UID), "--gid", str(_INSIDE_UID), "--hostname", "sandbox",
+           "--ro-bind", "/usr", "/usr", "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64",
+           "--symlink", "usr/bin", "/bin", "--symlink", "usr/sbin", "/sbin",
+           "--proc", "/proc", "--dev", "/dev", "--remount-ro", "/dev", "--size", str(disk_mb * 1024 * 1024), "--tmpfs", "/work"]  # fmt: skip
+    made: set[str] = set()
+    for name, fd in files.items():
+        parent = ""
+        for part in name.split("/")[:-1]:
+            parent = f"{parent}/{part}"
+            if parent not in made:
+                cmd += ["--dir", f"/work{parent}"]
+                made.add(parent)
+        cmd += ["--file", str(fd), f"/work/{name}"]
+    cmd += ["--remount-ro", "/", "--chdir", "/work", "--seccomp", str(seccomp_fd), "--", *argv]
+    return cmd
+
+
+class Sandbox:
+    """Runs untrusted programs; safe to share across threads of one process (each run is independent)."""
+
+    def __init__(self, mode: Mode = "strict"):
+        check_available(mode)
+        self.mode = mode
+
+    def run(
+        self,
+        files: Mapping[str, str | bytes],
+        argv: list[str] | None = None,
+        *,
+        stdin: bytes = b"",
+        limits: Limits | None = None,
+    ) -> SandboxResult:
+        """Run ``argv`` (default ``python3 main.py``) in /work holding ``files``."""
+        lim = limits or Limits()
+        argv = argv or [PYTHON, "-E", "-s", "main.py"]
+        named = {_check_name(n): (c.encode() if isinstance(c, str) else c) for n, c in files.items()}
+        total = sum(len(c) for c in named.values())
+        if total > lim.disk_mb * 1024 * 1024:
+            raise ValueError(f"sandbox files total {total} bytes, more than disk_mb={lim.disk_mb}")
+        slot = _Slot()
+        fds: list[int] = []
+        cg: Cgroup | None = None
+        try:
+            file_fds = {n: _memfd(n, c) for n, c in named.items()}
+            fds += file_fds.values()
+            sfd = _memfd("seccomp", seccomp_program())
+            in_fd = _memfd("stdin", stdin)
+            fds += [sfd, in_fd]
+            if self.mode == "strict":
+                cg = Cgroup(
+                    f"run-{slot.index}-{secrets.token_hex(4)}", lim.max_procs + 2, lim.memory_mb << 20
+                )
+            join = cg.join_fds() if cg else []
+            fds += join
+            uid = UID_BASE + slot.index
+            cpu = max(1, math.ceil(lim.cpu_s if lim.cpu_s is not None else lim.timeout_s))
+            limits_: list[tuple[int, int | tuple[int, int]]] = [
+                (resource.RLIMIT_AS, lim.memory_mb << 20),
+                (resource.RLIMIT_CPU, (cpu, cpu + 1)),  # SIGXCPU at the soft limit, SIGKILL a second later
+                (resource.RLIMIT_FSIZE, lim.disk_mb << 20),
+                (resource.RLIMIT_NOFILE, 256),
+                (resource.RLIMIT_NPROC, lim.max_procs + 2),  # + bwrap's two processes
+                (resource.RLIMIT_CORE, 0),
+            ]
+            root = os.geteuid() == 0
+
+            def child() -> None:  # between fork and exec: only syscalls
+                for fd in join:
+                    os.write(fd, b"0")
+                for res, val in limits_:
+                    resource.setrlimit(res, val if isinstance(val, tuple) else (val, val))
+                if root:
+                    os.setgroups([])
+                    os.setresgid(uid, uid, uid)
+                    os.setresuid(uid, uid, uid)
+
+            cmd = bwrap_command(file_fds, argv, lim.disk_mb, sfd)
+            return _execute(cmd, in_fd, [*file_fds.values(), sfd], child, lim, cg)
+        finally:
+            for fd in fds:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            if cg is not None:
+                cg.kill_all()
+                cg.remove()
+            slot.release()
+
+
+def _execute(
+    cmd: list[str], stdin_fd: int, pass_fds: list[int], child: Any, lim: Limits, cg: Cgroup | None
+) -> SandboxResult:
+    t0 = time.monotonic()
+    proc = subprocess.Popen(
+        cmd, stdin=stdin_fd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=pass_fds,
+        env={}, start_new_session=True, preexec_fn=child, close_fds=True,
+    )  # fmt: skip
+    bufs = {proc.stdout: bytearray(), proc.stderr: bytearray()}
+    seen = dict.fromkeys(bufs, 0)
+    sel = selectors.DefaultSelector()
+    for f in bufs:
+        sel.register(f, selectors.EVENT_READ)
+    deadline = t0 + lim.timeout_s
+    reason: str | None = None
+    while sel.get_map():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            reason = "timeout"
+            break
+        for key, _ in sel.select(timeout=min(left, 0.5)):
+            chunk = os.read(key.fd, 65536)
+            if not chunk:
+                sel.unregister(key.fileobj)
+                continue
+            f = key.fileobj
+            seen[f] += len(chunk)
+            room = lim.output_bytes - len(bufs[f])
+            if room > 0:
+                bufs[f] += chunk[:room]
+        if sum(seen.values()) > OUTPUT_KILL_FACTOR * lim.output_bytes:
+            reason = "output_limit"
+            break
+    sel.close()
+    if reason is None:
+        try:
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            reason = "timeout"
+    if reason is not None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        if cg is not None:
+            cg.kill_all()
+        proc.wait()
+    for f in bufs:
+        f.close()
+    code = proc.returncode
+    err = bytes(bufs[proc.stderr])
+    if reason is None:
+        if cg is not None and cg.oom_killed():
+            reason = "memory"
+        elif code == 128 + signal.SIGXCPU or (
+            code == 128 + signal.SIGKILL and lim.cpu_s is not None and time.monotonic() - t0 >= lim.cpu_s
+        ):
+            reason = "cpu"
+        elif b"MemoryError" in err[-2000:]:
+            reason = "memory"
+        elif code is not None and code > 128:
+            reason = (
+                f"signal:{signal.Signals(code - 128).name}" if code - 128 in signal.valid_signals() else None
+            )
+    out = bytes(bufs[proc.stdout])
+    return SandboxResult(
+        exit_code=None if reason in ("timeout", "output_limit") else code,
+        timed_out=reason == "timeout",
+        stdout=out.decode("utf-8", "replace"),
+        stderr=err.decode("utf-8", "replace"),
+        stdout_truncated=seen[proc.stdout] > len(out),
+        stderr_truncated=seen[proc.stderr] > len(err),
+        stopped_reason=reason,
+        duration_s=round(time.monotonic() - t0, 4),
+    )
+
+
+@functools.cache
+def check_available(mode: Mode = "strict") -> None:
+    """Raise SandboxUnavailable naming the missing mechanism, or return when ``mode`` can run here."""
+    if mode not in ("strict", "rlimits"):
+        raise SandboxUnavailable(f"unknown sandbox mode {mode!r}: strict or rlimits")
+    if shutil.which("bwrap") is None:
+        raise SandboxUnavailable(
+            "bubblewrap (bwrap) is not installed: apt-get install bubblewrap (make test does)"
+        )
+    if not Path(PYTHON).exists():
+        raise SandboxUnavailable(
+            f"{PYTHON} is missing: the sandbox runs the system's Python (apt-get install python3)"
+        )
+    seccomp_program()
+    if mode == "strict":
+        try:
+            Cgroup(f"probe-{os.getpid()}-{secrets.token_hex(3)}", 4, 64 << 20).remove()
+        except OSError as e:
+            raise SandboxUnavailable(
+                f"cannot create a per-run cgroup under {_CG} ({e}); without it memory and process limits are "
+                "rlimits only. Set sandbox.mode=rlimits to accept that weaker isolation."
+            ) from e
+    sfd = _memfd("seccomp", seccomp_program())
+    try:
+        r = subprocess.run(
+            bwrap_command({}, ["/usr/bin/true"], 1, sfd), pass_fds=[sfd], env={}, capture_output=True, timeout=30,
+            preexec_fn=(lambda: (os.setgroups([]), os.setresgid(UID_BASE, UID_BASE, UID_BASE),
+                                 os.setresuid(UID_BASE, UID_BASE, UID_BASE))) if os.geteuid() == 0 else None,
+        )  # fmt: skip
+    finally:
+        os.close(sfd)
+    if r.returncode != 0:
+        raise SandboxUnavailable(
+            "bubblewrap cannot create its namespaces here (user namespaces disabled, or a container whose seccomp "
+            f"profile forbids them): {r.stderr.decode(errors='replace').strip()}. The sandbox refuses to run code "
+            "without them; in Kubernetes give the pod a seccomp profile allowing user namespaces, or a gVisor/Kata "
+            "runtime class."
+        )
