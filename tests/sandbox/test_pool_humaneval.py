@@ -1,0 +1,112 @@
+"""The sandbox pool (order, bounded resources, nothing left behind) and the HumanEval verifier."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+from envs.humaneval import canonical_completions, problems, score
+from envs.sandbox import Limits
+from envs.sandbox.pool import SandboxPool
+from tests.sandbox.test_sandbox_adversarial import _slot_processes
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_pool_keeps_input_order_and_isolates_failures():
+    jobs = [{"files": {"main.py": f"print({i} * 3)"}} for i in range(40)]
+    jobs[7] = {"files": {"main.py": "while True: pass"}, "limits": Limits(timeout_s=1)}
+    jobs[9] = {"files": {"main.py": "raise SystemExit(4)"}}
+    with SandboxPool(2) as pool:
+        res = pool.map(jobs, Limits(timeout_s=10))
+    assert res[7].timed_out and res[9].exit_code == 4
+    assert [r.stdout for i, r in enumerate(res) if i not in (7, 9)] == [
+        f"{i * 3}\n" for i in range(40) if i not in (7, 9)
+    ]
+
+
+@pytest.mark.slow
+def test_ten_thousand_executions_leave_nothing_behind():
+    cg = Path("/sys/fs/cgroup")
+    before_cg = set(cg.glob("**/rlfoundry-sandbox/run-*"))
+    me = psutil.Process()
+    fds_before = me.num_fds()
+    tmp_before = set(Path("/tmp").iterdir())
+    with SandboxPool(2) as pool:
+        first = pool.map([{"files": {"main.py": "print(1)"}}] * 200)
+        rss0 = sum(c.memory_info().rss for c in me.children())
+        res = pool.map([{"files": {"main.py": f"print({i})"}} for i in range(10_000)])
+        rss1 = sum(c.memory_info().rss for c in me.children())
+    assert all(r.exit_code == 0 for r in first + res)
+    assert [r.stdout for r in res[:3]] == ["0\n", "1\n", "2\n"]
+    assert rss1 - rss0 < 50 * 1024 * 1024, f"pool workers grew by {(rss1 - rss0) >> 20} MiB over 10,000 runs"
+    assert _slot_processes() == []
+    assert set(cg.glob("**/rlfoundry-sandbox/run-*")) <= before_cg
+    assert me.num_fds() <= fds_before + 2
+    new_tmp = {p for p in set(Path("/tmp").iterdir()) - tmp_before if not p.name.startswith("pytest")}
+    assert new_tmp <= {p for p in new_tmp if p.name.startswith("rlfoundry-sandbox-slots")}
+
+
+@pytest.fixture(scope="module")
+def canonical():
+    return score(canonical_completions())
+
+
+def test_humaneval_canonical_solutions_all_pass(canonical):
+    assert len(canonical["results"]) == 164
+    assert canonical["pass_rate"] == 1.0
+    assert [r["task_id"] for r in canonical["results"]] == list(problems())
+
+
+def test_humaneval_results_in_input_order_and_failures_flagged():
+    ref = problems()
+    cases = {
+        "HumanEval/0": ("    return True\n", False, "assertion_failed"),
+        "HumanEval/1": ("    return [\n", False, "syntax_error"),
+        "HumanEval/2": ("    while True:\n        pass\n", False, "timeout"),
+        "HumanEval/3": ("    import sys\n    sys.exit(0)\n", False, None),
+        "HumanEval/4": (ref["HumanEval/4"]["canonical_solution"], True, None),
+        "HumanEval/5": ("    pass\nimport sys\nsys.exit(0)\n", False, "exited_before_tests"),
+        "HumanEval/6": ("    pass\nimport os\nprint('ok')\nos._exit(0)\n", False, "exited_before_tests"),
+        "HumanEval/7": ("    pass\nx = bytearray(4 * 1024**3)\n", False, "memory"),
+        "HumanEval/999": ("    return 1\n", False, "unknown_task"),
+    }
+    samples = [{"task_id": t, "completion": c} for t, (c, _, _) in cases.items()]
+    random.Random(0).shuffle(samples)
+    out = score(samples)
+    assert [r["task_id"] for r in out["results"]] == [s["task_id"] for s in samples]
+    for r in out["results"]:
+        _, passed, flag = cases[r["task_id"]]
+        assert r["passed"] is passed and r["reward"] == float(passed), r
+        if flag:
+            assert flag in r["flags"], r
+    assert out["pass_rate"] == pytest.approx(1 / 9)
+
+
+def test_cli_score_humaneval(tmp_path):
+    f = tmp_path / "samples.jsonl"
+    ref = problems()
+    f.write_text("\n".join(json.dumps(s) for s in [
+        {"task_id": "HumanEval/0", "completion": ref["HumanEval/0"]["canonical_solution"]},
+        {"task_id": "HumanEval/0", "completion": "    return True\n"},
+    ]) + "\n")  # fmt: skip
+    env = {**os.environ}
+    r = subprocess.run([sys.executable, "-m", "flows.cli", "score", "humaneval", "--completions", str(f), "--json"],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert [x["passed"] for x in out["results"]] == [True, False]
+    assert set(out["results"][0]) == {"task_id", "reward", "passed", "flags"}
+    assert out["pass_rate"] == 0.5
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"task_id": "HumanEval/0"}\nnot json\n')
+    r = subprocess.run([sys.executable, "-m", "flows.cli", "score", "humaneval", "--completions", str(bad)],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert r.returncode == 2 and "bad.jsonl:1" in r.stderr and "completion" in r.stderr
