@@ -38,7 +38,13 @@ def policy_engine(ctx: RunContext, ckpt: dict[str, Any]) -> Any:
 def sample_table(
     ctx: RunContext, ckpt: dict[str, Any], tasks: list[dict[str, Any]], spec: SamplingSpec, seeds: list[int]
 ) -> pd.DataFrame:
-    """``spec.n`` completions for each task, one row per completion, token ids as the engine produced them."""
+    """``spec.n`` episodes for each task, one row per episode, token ids as the engine produced them.
+
+    Single-turn environments: one engine call. Multi-turn ones (``env.max_turns > 1``): the engine and the
+    environment alternate; each observation's tokens are appended after the model's turn with loss_mask 0
+    and logprob 0, so the stored sequence is exactly what the engine was conditioned on (never re-tokenized)."""
+    if getattr(ctx.env, "max_turns", 1) > 1:
+        return _multi_turn_table(ctx, ckpt, tasks, spec, seeds)
     tok = load_tokenizer(ctx.local_checkpoint(ckpt))
     envs = [ctx.env for _ in tasks]
     prompts = [env.reset(t, s) for env, t, s in zip(envs, tasks, seeds, strict=True)]
@@ -65,6 +71,85 @@ def sample_table(
                 }  # fmt: skip
             )
     return pd.DataFrame(rows, columns=ROLLOUT_COLUMNS)
+
+
+def _multi_turn_table(
+    ctx: RunContext, ckpt: dict[str, Any], tasks: list[dict[str, Any]], spec: SamplingSpec, seeds: list[int]
+) -> pd.DataFrame:
+    from envs.base import make_env
+
+    tok = load_tokenizer(ctx.local_checkpoint(ckpt))
+    engine = policy_engine(ctx, ckpt)
+    limit = ctx.max_model_len()
+    max_turns = ctx.env.max_turns
+    prompts, prompt_ids = [], []
+    for t, s in zip(tasks, seeds, strict=True):
+        prompts.append(make_env(ctx.cfg.task.env).reset(t, s))
+        prompt_ids.append(tok(prompts[-1], add_special_tokens=False)["input_ids"])
+    # Turn 1: n samples per prompt from the prompt's seed (as single-turn); later turns: one request per episode.
+    first = engine.generate([Request(ids, s) for ids, s in zip(prompt_ids, seeds, strict=True)], spec)
+    eps: list[dict[str, Any]] = []
+    for i, comps in enumerate(first):
+        for k, c in enumerate(comps):
+            env = make_env(ctx.cfg.task.env)
+            env.reset(tasks[i], seeds[i])
+            eps.append({"i": i, "k": k, "env": env, "ids": list(c.token_ids), "lp": list(c.logprobs),
+                        "mask": [1] * len(c.token_ids), "last": c, "turns": 1, "done": False, "outcome": {},
+                        "actions": [], "observations": []})  # fmt: skip
+    for turn in range(1, max_turns + 1):
+        active = []
+        for e in eps:
+            if e["done"]:
+                continue
+            action = tok.decode(e["last"].token_ids, skip_special_tokens=True)
+            res = e["env"].step(action)
+            e["actions"].append(action)
+            e["outcome"] = res.outcome
+            if res.done or turn == max_turns:
+                e["done"] = True
+                if not res.done:
+                    e["outcome"] = {**res.outcome, "truncated": True}
+                continue
+            obs = tok(res.observation or "", add_special_tokens=False)["input_ids"]
+            room = limit - len(prompt_ids[e["i"]]) - len(e["ids"]) - len(obs)
+            if room < 2:  # no room for the observation and another turn: the episode ends here
+                e["done"], e["outcome"] = True, {**res.outcome, "truncated": True}
+                continue
+            e["observations"].append(res.observation or "")
+            e["ids"] += obs
+            e["lp"] += [0.0] * len(obs)
+            e["mask"] += [0] * len(obs)
+            active.append((e, room))
+        if not active:
+            break
+        reqs = [
+            Request(prompt_ids[e["i"]] + e["ids"], derive_seed(seeds[e["i"]], e["k"], "turn", turn))
+            for e, _ in active
+        ]
+        budget = min(spec.max_tokens, min(r for _, r in active) - 1)
+        outs = engine.generate(
+            reqs, SamplingSpec(n=1, temperature=spec.temperature, top_p=spec.top_p, max_tokens=budget)
+        )
+        for (e, _), comps in zip(active, outs, strict=True):
+            c = comps[0]
+            e["ids"] += c.token_ids
+            e["lp"] += c.logprobs
+            e["mask"] += [1] * len(c.token_ids)
+            e["last"], e["turns"] = c, e["turns"] + 1
+    rows = []
+    for e in eps:
+        i = e["i"]
+        rows.append(
+            {
+                "prompt_index": i, "sample_index": e["k"], "task_id": tasks[i]["task_id"], "prompt": prompts[i],
+                "answer": tasks[i]["answer"], "seed": seeds[i], "prompt_ids": prompt_ids[i],
+                "completion_ids": e["ids"], "logprobs": e["lp"], "loss_mask": e["mask"],
+                "completion_text": tok.decode(e["ids"], skip_special_tokens=False),
+                "finish_reason": e["last"].finish_reason, "turns": e["turns"], "actions": e["actions"],
+                "observations": e["observations"],
+            }
+        )  # fmt: skip
+    return pd.DataFrame(rows, columns=[*ROLLOUT_COLUMNS, "turns", "actions", "observations"])
 
 
 def generate_body(ctx: RunContext, iteration: int, policy: dict[str, Any], uri: str) -> StageResult:
@@ -94,15 +179,41 @@ def generate_body(ctx: RunContext, iteration: int, policy: dict[str, Any], uri: 
 
 
 def env_outcomes(ctx: RunContext, df: pd.DataFrame) -> pd.DataFrame:
+    """Each row's outcome from a fresh environment. Multi-turn rows are replayed from their stored actions, and
+    every observation the environment gives is checked against the one the model saw: a difference (a
+    non-hermetic environment) is flagged in ``replay_mismatch``."""
+    from envs.base import make_env
+
     tasks = {t["task_id"]: t for t in ctx.train_tasks + ctx.heldout_tasks}
+    multi = "actions" in df.columns
     rows = []
     for r in df.itertuples(index=False):
-        env = ctx.env
+        env = make_env(ctx.cfg.task.env) if multi else ctx.env
         env.reset(tasks[r.task_id], int(r.seed))
-        res = env.step(r.completion_text)
-        rows.append(
-            {"prompt_index": r.prompt_index, "sample_index": r.sample_index, "done": res.done, **res.outcome}
-        )
+        if not multi:
+            res = env.step(r.completion_text)
+            rows.append(
+                {
+                    "prompt_index": r.prompt_index,
+                    "sample_index": r.sample_index,
+                    "done": res.done,
+                    **res.outcome,
+                }
+            )
+            continue
+        mismatch, res = False, None
+        seen = list(r.observations)
+        for j, action in enumerate(r.actions):
+            res = env.step(str(action))
+            if j < len(seen) and (res.observation or "") != seen[j]:
+                mismatch = True
+            if res.done:
+                break
+        outcome = dict(res.outcome) if res else {}
+        if res is not None and not res.done:
+            outcome["truncated"] = True
+        rows.append({"prompt_index": r.prompt_index, "sample_index": r.sample_index, "done": bool(res and res.done),
+                     "turns": int(r.turns), "replay_mismatch": mismatch, **outcome})  # fmt: skip
     return pd.DataFrame(rows)
 
 

@@ -89,8 +89,10 @@ def load_model(ckpt_dir: str | Path) -> Any:
 
 
 def load_tokenizer(ckpt_dir: str | Path) -> Any:
-    from transformers import AutoTokenizer
+    from transformers import PreTrainedTokenizerFast
 
-    tok = AutoTokenizer.from_pretrained(str(ckpt_dir))
+    # Not AutoTokenizer: for a qwen2 config it builds Qwen2's tokenizer, whose byte-level pre-tokenizer replaces
+    # ours and silently drops spaces and newlines that our vocabulary spells as plain characters.
+    tok = PreTrainedTokenizerFast.from_pretrained(str(ckpt_dir))
     tok.padding_side = "left"
     return tok

@@ -91,6 +91,11 @@ class VLLMEngine:
                 # Sampling logprobs after temperature: the same distribution the trainer recomputes.
                 logprobs_mode="processed_logprobs",
                 enable_prefix_caching=True,
+                # Never split a prompt's prefill across steps: vLLM then rewinds the request's generator, which
+                # CPU generators cannot do ("CPU Generator does not use offset"), e.g. with long multi-turn prompts.
+                enable_chunked_prefill=False,
+                max_num_seqs=256,
+                max_num_batched_tokens=max(8192, 256 * max_model_len),
             )
 
     def generate(self, requests: list[Request], spec: SamplingSpec) -> list[list[Completion]]:

@@ -19,7 +19,10 @@ from rl_core.stage import StageResult, entry
 
 def init_body(ctx: RunContext, uri: str) -> StageResult:
     cfg = ctx.cfg
-    texts = [t["prompt"] for t in ctx.train_tasks] + [t["answer"] for t in ctx.train_tasks]
+    if hasattr(ctx.env, "corpus"):  # environments with their own vocabulary (tool calls, observations)
+        texts = ctx.env.corpus(ctx.train_tasks)
+    else:
+        texts = [t["prompt"] for t in ctx.train_tasks] + [t["answer"] for t in ctx.train_tasks]
     tok = build_tokenizer(texts, cfg.model.vocab_size)
     seed = derive_seed(cfg.experiment.seed, 0, "init")
     model = build_model(cfg.model, tok, seed)
@@ -64,6 +67,34 @@ def _sft_batch(
     return ids, attn, labels
 
 
+def _segment_batch(
+    tok: Any, env: Any, tasks: list[dict[str, Any]], flawed: list[bool]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Multi-turn demonstrations: model turns (each closed by EOS) carry labels, prompt and observations don't,
+    exactly as the RL stage masks them."""
+    seqs, labs = [], []
+    for t, bad in zip(tasks, flawed, strict=True):
+        ids: list[int] = []
+        lab: list[int] = []
+        for text, is_model in env.demonstration(t, bad):
+            piece = tok(text, add_special_tokens=False)["input_ids"] + (
+                [tok.eos_token_id] if is_model else []
+            )
+            ids += piece
+            lab += piece if is_model else [-100] * len(piece)
+        seqs.append(ids)
+        labs.append(lab)
+    width = max(len(x) for x in seqs)
+    ids_t = torch.full((len(seqs), width), tok.pad_token_id)
+    attn = torch.zeros_like(ids_t)
+    labels = torch.full_like(ids_t, -100)
+    for i, (x, lab) in enumerate(zip(seqs, labs, strict=True)):
+        ids_t[i, : len(x)] = torch.tensor(x)
+        attn[i, : len(x)] = 1
+        labels[i, : len(x)] = torch.tensor(lab)
+    return ids_t, attn, labels
+
+
 def warmup_body(ctx: RunContext, init_manifest: dict[str, Any], uri: str) -> StageResult:
     cfg = ctx.cfg.warmup
     src = ctx.local_checkpoint(init_manifest["outputs"]["checkpoint"])
@@ -77,7 +108,11 @@ def warmup_body(ctx: RunContext, init_manifest: dict[str, Any], uri: str) -> Sta
     for step in range(cfg.steps):
         idx = torch.randint(len(pool), (cfg.batch_size,), generator=gen).tolist()
         flawed = (torch.rand(cfg.batch_size, generator=gen) < cfg.teacher_error_rate).tolist()
-        ids, attn, labels = _sft_batch(tok, [pool[i] for i in idx], flawed)
+        chosen = [pool[i] for i in idx]
+        if hasattr(ctx.env, "demonstration"):
+            ids, attn, labels = _segment_batch(tok, ctx.env, chosen, flawed)
+        else:
+            ids, attn, labels = _sft_batch(tok, chosen, flawed)
         lr = cfg.lr * min(1.0, (step + 1) / max(1, cfg.steps // 10))
         for g in opt.param_groups:
             g["lr"] = lr

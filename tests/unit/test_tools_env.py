@@ -1,0 +1,104 @@
+"""The tool-use environment: calculator, call parsing (never a crash), multi-turn episodes, determinism."""
+
+from __future__ import annotations
+
+import random
+import string
+
+import pandas as pd
+import pytest
+import torch
+
+from envs.base import make_env
+from envs.tools import CalcError, ToolUseEnv, calculate
+from rl_core.config import TaskSection
+from rl_core.ppo import make_batch
+
+
+def test_calculator_is_a_parser_not_eval():
+    assert calculate("12*34+5") == 413 and calculate("(1+2)*-3") == -9 and calculate(" 7 ") == 7
+    for bad in [
+        "__import__('os').system('true')",
+        "1/0",
+        "2**100",
+        "",
+        "1+",
+        "(1",
+        "9" * 70,
+        "99999999*99999999",
+    ]:
+        with pytest.raises(CalcError):
+            calculate(bad)
+
+
+def _task():
+    return {"task_id": "t", "prompt": "Q:12*34+5\n", "answer": "413", "a": 12, "b": 34, "c": 5, "sign": "+"}
+
+
+def test_episode_needs_several_turns_and_scores_the_answer():
+    env = make_env("tooluse")
+    assert env.reset(_task(), 0) == "Q:12*34+5\n"
+    r = env.step("calc(12*34)")
+    assert (r.observation, r.done) == ("=408\n", False)
+    r = env.step("calc(408+5)")
+    assert (r.observation, r.done) == ("=413\n", False)
+    r = env.step("ans(413)")
+    assert r.done and r.outcome["correct"] and r.outcome["calls"] == 2 and r.outcome["well_formed"]
+    env.reset(_task(), 0)
+    env.step("calc(12*34)")
+    assert env.step("ans(408)").outcome["correct"] is False  # the flawed teacher's shortcut is wrong
+
+
+def test_malformed_calls_get_error_observations_never_exceptions():
+    env = ToolUseEnv()
+    rng = random.Random(0)
+    alphabet = string.printable + "()calcpyans"
+    for _ in range(500):
+        env.reset(_task(), 0)
+        action = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 30)))
+        for a in (action, f"calc({action})", f"ans({action})"):
+            r = env.step(a)
+            assert r.done or r.observation.startswith(("=", "error:")), (a, r)
+    env.reset(_task(), 0)
+    r = env.step("calc(1+)")
+    assert r.observation.startswith("error:") and not r.done and r.outcome["errors"] == 1
+
+
+def test_python_tool_runs_in_the_sandbox():
+    env = ToolUseEnv()
+    env.reset(_task(), 0)
+    assert env.step("py(print(12*34))").observation == "=408\n"
+    r = env.step("py(open('/etc/passwd').read())")
+    assert r.observation.startswith("error:") and "root" not in r.observation
+
+
+def test_same_actions_same_observations():
+    actions = ["calc(12*34)", "nonsense", "calc(408+5)", "ans(413)"]
+
+    def play():
+        env = make_env("tooluse")
+        env.reset(_task(), 7)
+        return [(r.observation, r.done, r.outcome) for r in (env.step(a) for a in actions)]
+
+    assert play() == play()
+
+
+def test_tasks_are_deterministic_and_splits_disjoint():
+    cfg = TaskSection(env="tooluse", train_size=300, heldout_size=50)
+    env = ToolUseEnv()
+    a, b = env.tasks("train", cfg, 0), env.tasks("train", cfg, 0)
+    assert a == b and len(a) == 300
+    held = env.tasks("heldout", cfg, 0)
+    assert not {t["prompt"] for t in a} & {t["prompt"] for t in held}
+    assert all(str(t["a"] * t["b"] + (t["c"] if t["sign"] == "+" else -t["c"])) == t["answer"] for t in a)
+
+
+def test_observation_tokens_carry_no_loss():
+    # prompt 3 tokens; completion: 2 model tokens, 2 observation tokens, 1 model token
+    df = pd.DataFrame({"prompt_ids": [[5, 6, 7]], "completion_ids": [[10, 11, 20, 21, 12]],
+                       "logprobs": [[-0.5, -0.25, 0.0, 0.0, -1.0]], "loss_mask": [[1, 1, 0, 0, 1]],
+                       "advantage": [1.0]})  # fmt: skip
+    b = make_batch(df, pad_id=0)
+    # target positions 2..6 hold the completion tokens; observation targets (positions 4, 5) are masked out
+    assert b.loss_mask[0].tolist() == [0, 0, 1, 1, 0, 0, 1]
+    assert torch.equal(b.rollout_logp[0], torch.tensor([0, 0, -0.5, -0.25, 0, 0, -1.0]))
