@@ -46,25 +46,32 @@ def teacher_answer(answer: str) -> str:
     return str(int(answer) + 1)
 
 
+def _pad(
+    seqs: list[list[int]], labs: list[list[int]], pad_id: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded input ids, attention mask and labels (-100 where no loss)."""
+    width = max(len(x) for x in seqs)
+    ids = torch.full((len(seqs), width), pad_id)
+    attn = torch.zeros_like(ids)
+    labels = torch.full_like(ids, -100)
+    for i, (x, lab) in enumerate(zip(seqs, labs, strict=True)):
+        ids[i, : len(x)] = torch.tensor(x)
+        attn[i, : len(x)] = 1
+        labels[i, : len(x)] = torch.tensor(lab)
+    return ids, attn, labels
+
+
 def _sft_batch(
     tok: Any, tasks: list[dict[str, Any]], flawed: list[bool] | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    seqs, starts = [], []
+    seqs, labs = [], []
     for i, t in enumerate(tasks):
         p = tok(t["prompt"], add_special_tokens=False)["input_ids"]
         ans = teacher_answer(t["answer"]) if flawed and flawed[i] else t["answer"]
         a = tok(ans, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
         seqs.append(p + a)
-        starts.append(len(p))
-    width = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), width), tok.pad_token_id)
-    attn = torch.zeros_like(ids)
-    labels = torch.full_like(ids, -100)
-    for i, (s, st) in enumerate(zip(seqs, starts, strict=True)):
-        ids[i, : len(s)] = torch.tensor(s)
-        attn[i, : len(s)] = 1
-        labels[i, st : len(s)] = torch.tensor(s[st:])
-    return ids, attn, labels
+        labs.append([-100] * len(p) + a)
+    return _pad(seqs, labs, tok.pad_token_id)
 
 
 def _segment_batch(
@@ -84,15 +91,7 @@ def _segment_batch(
             lab += piece if is_model else [-100] * len(piece)
         seqs.append(ids)
         labs.append(lab)
-    width = max(len(x) for x in seqs)
-    ids_t = torch.full((len(seqs), width), tok.pad_token_id)
-    attn = torch.zeros_like(ids_t)
-    labels = torch.full_like(ids_t, -100)
-    for i, (x, lab) in enumerate(zip(seqs, labs, strict=True)):
-        ids_t[i, : len(x)] = torch.tensor(x)
-        attn[i, : len(x)] = 1
-        labels[i, : len(x)] = torch.tensor(lab)
-    return ids_t, attn, labels
+    return _pad(seqs, labs, tok.pad_token_id)
 
 
 def warmup_body(ctx: RunContext, init_manifest: dict[str, Any], uri: str) -> StageResult:
