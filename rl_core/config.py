@@ -51,6 +51,17 @@ class TaskSection(_Section):
         10_000, ge=10, description="Number of training problems (disjoint from held-out)."
     )
     heldout_size: int = Field(256, ge=10, description="Number of held-out evaluation problems.")
+    executor: Literal["inline", "process", "ray"] = Field(
+        "process",
+        description="Where execute_envs runs episodes: inline, a local process pool, or Ray (fleets).",
+    )
+    env_workers: int = Field(
+        2, ge=1, le=4096, description="Processes (or Ray tasks at once) for environments."
+    )
+    ray_address: str = Field(
+        "",
+        description="Ray cluster address for executor=ray (e.g. ray://head:10001); empty = a local cluster.",
+    )
 
 
 class WarmupSection(_Section):

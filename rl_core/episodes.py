@@ -17,6 +17,7 @@ import pandas as pd
 from rl_core.context import RunContext
 from rl_core.losses import group_advantages
 from rl_core.model import load_tokenizer
+from rl_core.paths import PROJECT_ROOT
 from rl_core.rollout import Request, SamplingSpec, get_engine, sync_weights
 from rl_core.seeding import derive_seed
 from rl_core.stage import StageResult, entry, ref_of
@@ -178,43 +179,90 @@ def generate_body(ctx: RunContext, iteration: int, policy: dict[str, Any], uri: 
     )
 
 
-def env_outcomes(ctx: RunContext, df: pd.DataFrame) -> pd.DataFrame:
-    """Each row's outcome from a fresh environment. Multi-turn rows are replayed from their stored actions, and
-    every observation the environment gives is checked against the one the model saw: a difference (a
-    non-hermetic environment) is flagged in ``replay_mismatch``."""
+def outcomes_for(
+    env_name: str, rows: list[dict[str, Any]], tasks: dict[str, dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """Each row's outcome from a fresh environment (pure: runs in any worker process or Ray task).
+
+    Multi-turn rows are replayed from their stored actions, and every observation the environment gives is
+    checked against the one the model saw: a difference (a non-hermetic environment) sets ``replay_mismatch``."""
     from envs.base import make_env
 
-    tasks = {t["task_id"]: t for t in ctx.train_tasks + ctx.heldout_tasks}
-    multi = "actions" in df.columns
-    rows = []
-    for r in df.itertuples(index=False):
-        env = make_env(ctx.cfg.task.env) if multi else ctx.env
-        env.reset(tasks[r.task_id], int(r.seed))
-        if not multi:
-            res = env.step(r.completion_text)
-            rows.append(
-                {
-                    "prompt_index": r.prompt_index,
-                    "sample_index": r.sample_index,
-                    "done": res.done,
-                    **res.outcome,
-                }
-            )
+    out = []
+    for r in rows:
+        env = make_env(env_name)
+        env.reset(tasks[r["task_id"]], int(r["seed"]))
+        key = {"prompt_index": int(r["prompt_index"]), "sample_index": int(r["sample_index"])}
+        if "actions" not in r:
+            res = env.step(r["completion_text"])
+            out.append({**key, "done": res.done, **res.outcome})
             continue
         mismatch, res = False, None
-        seen = list(r.observations)
-        for j, action in enumerate(r.actions):
+        seen = list(r["observations"])
+        for j, action in enumerate(r["actions"]):
             res = env.step(str(action))
             if j < len(seen) and (res.observation or "") != seen[j]:
                 mismatch = True
             if res.done:
                 break
-        outcome = dict(res.outcome) if res else {}
-        if res is not None and not res.done:
-            outcome["truncated"] = True
-        rows.append({"prompt_index": r.prompt_index, "sample_index": r.sample_index, "done": bool(res and res.done),
-                     "turns": int(r.turns), "replay_mismatch": mismatch, **outcome})  # fmt: skip
-    return pd.DataFrame(rows)
+        outcome = {**(res.outcome if res else {}), "truncated": not (res and res.done)}
+        out.append({**key, "done": bool(res and res.done), "turns": int(r["turns"]), "replay_mismatch": mismatch,
+                    **outcome})  # fmt: skip
+    return out
+
+
+_POOLS: dict[int, Any] = {}
+
+
+def _process_pool(workers: int) -> Any:
+    """A process pool held for the life of this process (spawned: safe beside the rollout engine's threads)."""
+    if workers not in _POOLS:
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor
+
+        _POOLS[workers] = ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"))
+    return _POOLS[workers]
+
+
+def _ray_map(address: str, workers: int, env_name: str, chunks: list[list[dict[str, Any]]],
+             tasks: dict[str, dict[str, Any]]) -> list[list[dict[str, Any]]]:  # fmt: skip
+    import ray
+
+    if not ray.is_initialized():
+        if address:
+            ray.init(address=address, log_to_driver=False)
+        else:  # a local single-node cluster on 127.0.0.1
+            ray.init(num_cpus=workers, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False,
+                     runtime_env={"env_vars": {"PYTHONPATH": str(PROJECT_ROOT)}})  # fmt: skip
+    remote = ray.remote(num_cpus=1)(outcomes_for)
+    tasks_ref = ray.put(tasks)
+    return ray.get([remote.remote(env_name, c, tasks_ref) for c in chunks])
+
+
+def env_outcomes(ctx: RunContext, df: pd.DataFrame) -> pd.DataFrame:
+    """Outcomes of every row, in row order, computed by ``task.executor``: inline, a local process pool, or Ray."""
+    tc = ctx.cfg.task
+    cols = [c for c in ("prompt_index", "sample_index", "task_id", "seed", "completion_text", "actions",
+                        "observations", "turns") if c in df.columns]  # fmt: skip
+    rows = df[cols].to_dict("records")
+    for r in rows:
+        for c in ("actions", "observations"):
+            if c in r:
+                r[c] = [str(x) for x in r[c]]
+    tasks = {t["task_id"]: t for t in ctx.train_tasks + ctx.heldout_tasks}
+    needed = {r["task_id"] for r in rows}
+    tasks = {k: v for k, v in tasks.items() if k in needed}
+    if tc.executor == "inline" or len(rows) < 2:
+        return pd.DataFrame(outcomes_for(tc.env, rows, tasks))
+    n_chunks = max(1, min(len(rows), tc.env_workers * 4))
+    size = -(-len(rows) // n_chunks)
+    chunks = [rows[i : i + size] for i in range(0, len(rows), size)]
+    if tc.executor == "ray":
+        parts = _ray_map(tc.ray_address, tc.env_workers, tc.env, chunks, tasks)
+    else:
+        pool = _process_pool(tc.env_workers)
+        parts = list(pool.map(outcomes_for, [tc.env] * len(chunks), chunks, [tasks] * len(chunks)))
+    return pd.DataFrame([o for part in parts for o in part])
 
 
 def execute_envs_body(ctx: RunContext, rollouts: dict[str, Any], uri: str) -> StageResult:

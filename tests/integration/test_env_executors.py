@@ -1,0 +1,73 @@
+"""execute_envs scales out: the same outcomes, in the same order, inline, from a process pool, and from Ray
+tasks on a local Ray cluster.
+
+Ray's servers listen on every interface of the node whatever node IP they are given, so the Ray cluster of this
+test runs inside a network namespace of its own (``unshare --net``, loopback only): nothing of it is reachable
+from outside the test."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pandas.testing as pdt
+import pytest
+
+from rl_core.config import load_config
+from rl_core.context import RunContext
+from rl_core.episodes import env_outcomes
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _rows(ctx: RunContext, multi: bool) -> pd.DataFrame:
+    rows = []
+    for i, t in enumerate(ctx.train_tasks[:40]):
+        for k in range(3):
+            r = {"prompt_index": i, "sample_index": k, "task_id": t["task_id"], "seed": 100 + i,
+                 "completion_text": t["answer"] if k == 0 else str(int(t["answer"]) + k) if k == 1 else "x"}  # fmt: skip
+            if multi:
+                p = t["a"] * t["b"]
+                r["actions"] = [
+                    f"calc({t['a']}*{t['b']})",
+                    f"calc({p}{t['sign']}{t['c']})",
+                    f"ans({t['answer']})",
+                ][: k + 1]
+                r["observations"] = [f"={p}\n", f"={t['answer']}\n"][:k]
+                r["turns"] = k + 1
+            rows.append(r)
+    return pd.DataFrame(rows)
+
+
+def outcomes(config: str, executor: str) -> pd.DataFrame:
+    cfg = load_config(config, ["task.train_size=400", "task.heldout_size=16", f"task.executor={executor}"])
+    ctx = RunContext(cfg, "exec-test")
+    return env_outcomes(ctx, _rows(ctx, multi=cfg.task.env == "tooluse"))
+
+
+def ray_outcomes_in_netns(config: str, out: Path) -> None:
+    """Run in a private network namespace: a local Ray cluster, then the outcomes to ``out`` (parquet)."""
+    import ray
+
+    outcomes(config, "ray").to_parquet(out)
+    assert ray.nodes()[0]["NodeManagerAddress"] == "127.0.0.1"
+    assert len(ray.nodes()) == 1 and ray.nodes()[0]["Alive"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config", ["configs/smoke.yaml", "configs/tooluse.yaml"])
+def test_inline_process_pool_and_ray_agree(config, state_dir, tmp_path):
+    inline = outcomes(config, "inline")
+    assert len(inline) == 120 and inline["correct"].sum() >= 40
+    if "replay_mismatch" in inline:
+        assert not inline["replay_mismatch"].any()
+    pdt.assert_frame_equal(inline, outcomes(config, "process"))
+    out = tmp_path / "ray.parquet"
+    code = f"from tests.integration.test_env_executors import ray_outcomes_in_netns as f; f({config!r}, {str(out)!r})"
+    r = subprocess.run(["unshare", "--net", "--", "sh", "-c", 'ip link set lo up && exec "$0" -c "$1"',
+                        sys.executable, code], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                       env={**__import__("os").environ, "RAY_USAGE_STATS_ENABLED": "0"})  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    pdt.assert_frame_equal(inline, pd.read_parquet(out))
