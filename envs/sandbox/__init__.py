@@ -29,8 +29,9 @@ frequency), denial of service through shared resources it is allowed to use (CPU
 memory bandwidth), and anything mounted into the sandbox on purpose (``/usr`` is readable: the installed
 programs and libraries are visible). Without cgroup access the per-run memory and pids limits fall back to
 rlimits only; without user namespaces bubblewrap cannot run at all. In either case ``Sandbox`` refuses with
-``SandboxUnavailable`` unless the config names the weaker mode explicitly (``mode="rlimits"``: no cgroup;
-``mode="no-namespaces"`` is *not* offered: there is no mode that runs code without bubblewrap).
+``SandboxUnavailable`` unless the weaker mode is named explicitly: ``Sandbox(mode="rlimits")``,
+``rlfoundry sandbox exec --mode rlimits``, or ``RLFOUNDRY_SANDBOX_MODE=rlimits`` for the environments (no per-run
+cgroup; rlimits, namespaces, seccomp and the timeout stay). There is no mode that runs code without bubblewrap.
 
     from envs.sandbox import Sandbox, Limits
     sb = Sandbox()

@@ -33,6 +33,14 @@ PYTHON = "/usr/bin/python3"
 _INSIDE_UID = 65534
 
 
+def configured_mode() -> Mode:
+    """The mode environments use: ``$RLFOUNDRY_SANDBOX_MODE`` (strict unless it names the weaker one)."""
+    mode = os.environ.get("RLFOUNDRY_SANDBOX_MODE", "strict")
+    if mode not in ("strict", "rlimits"):
+        raise SandboxUnavailable(f"RLFOUNDRY_SANDBOX_MODE={mode!r}: must be strict or rlimits")
+    return mode  # type: ignore[return-value]
+
+
 class SandboxUnavailable(RuntimeError):
     """A mechanism the sandbox needs is missing here; the message says which and what to do."""
 
