@@ -76,7 +76,7 @@ def register(name: str) -> Callable[[Callable[[], Env]], Callable[[], Env]]:
 
 
 def make_env(name: str) -> Env:
-    from envs import arithmetic, humaneval, tools  # noqa: F401  (they register themselves)
+    from envs import arithmetic, computer, humaneval, tools  # noqa: F401  (they register themselves)
 
     if name not in _REGISTRY:
         raise KeyError(f"unknown environment {name!r}; registered: {', '.join(sorted(_REGISTRY))}")
@@ -84,6 +84,6 @@ def make_env(name: str) -> Env:
 
 
 def registered() -> list[str]:
-    from envs import arithmetic, humaneval, tools  # noqa: F401
+    from envs import arithmetic, computer, humaneval, tools  # noqa: F401
 
     return sorted(_REGISTRY)
