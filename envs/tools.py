@@ -106,10 +106,12 @@ def calculate(expr: str) -> int:
 
 @functools.cache
 def _sandbox() -> Any:
-    from envs.sandbox import Sandbox
+    """One sandbox worker process for this process's py calls (a long-lived caller must not run sandboxes
+    itself: see ``Sandbox(dedicated=...)``)."""
     from envs.sandbox.core import configured_mode
+    from envs.sandbox.pool import SandboxPool
 
-    return Sandbox(configured_mode())
+    return SandboxPool(1, configured_mode())
 
 
 def run_python(code: str) -> str:
@@ -117,9 +119,9 @@ def run_python(code: str) -> str:
     from envs.sandbox import Limits, SandboxUnavailable
 
     try:
-        r = _sandbox().run(
-            {"main.py": code}, limits=Limits(timeout_s=2, memory_mb=128, output_bytes=256, disk_mb=1)
-        )
+        r = _sandbox().map(
+            [{"files": {"main.py": code}}], Limits(timeout_s=2, memory_mb=128, output_bytes=256, disk_mb=1)
+        )[0]
     except SandboxUnavailable:
         return "error: python tool unavailable\n"
     if r.stopped_reason:

@@ -440,7 +440,8 @@ def sandbox_exec(
     except OSError as e:
         _fail(f"cannot read {file}: {e}")
     try:
-        result = Sandbox(mode).run({"main.py": code}, limits=Limits(timeout_s=timeout, memory_mb=memory_mb))  # type: ignore[arg-type]
+        sandbox = Sandbox(mode, dedicated=True)  # type: ignore[arg-type]  (this process only runs it)
+        result = sandbox.run({"main.py": code}, limits=Limits(timeout_s=timeout, memory_mb=memory_mb))
     except (SandboxUnavailable, ValueError) as e:
         _fail(str(e))
     if as_json:

@@ -24,7 +24,7 @@ _SANDBOX: Sandbox | None = None
 
 def _init(mode: Mode) -> None:
     global _SANDBOX
-    _SANDBOX = Sandbox(mode)
+    _SANDBOX = Sandbox(mode, dedicated=True)
 
 
 def _one(job: Mapping[str, Any], limits: Limits) -> SandboxResult:

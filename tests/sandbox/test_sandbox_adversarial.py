@@ -15,19 +15,22 @@ from pathlib import Path
 
 import pytest
 
-from envs.sandbox import Limits, Sandbox, SandboxUnavailable, check_available
+from envs.sandbox import Limits, SandboxUnavailable, check_available
 from envs.sandbox.core import SLOTS, UID_BASE
+from envs.sandbox.pool import SandboxPool
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def sb() -> Sandbox:
-    return Sandbox()
+def sb():
+    """One dedicated sandbox worker process (as the pool runs them)."""
+    with SandboxPool(1) as pool:
+        yield pool
 
 
 def run(sb, code: str, **limits):
-    return sb.run({"main.py": textwrap.dedent(code)}, limits=Limits(**limits) if limits else None)
+    return sb.map([{"files": {"main.py": textwrap.dedent(code)}}], Limits(**limits) if limits else None)[0]
 
 
 def _slot_processes(wait_s: float = 3.0) -> list[int]:
@@ -305,7 +308,7 @@ def test_symlink_tricks(sb, tmp_path):
     assert r.stdout.strip() == "[]"
     for bad in ("../escape.py", "/etc/x", "a/../../b", ""):
         with pytest.raises(ValueError, match="relative path"):
-            sb.run({bad: "print(1)"})
+            sb.map([{"files": {bad: "print(1)"}}])
 
 
 def test_huge_output_is_capped(sb):
@@ -341,7 +344,10 @@ def test_no_process_left_behind(sb):
     time.sleep(0.3)
     assert _slot_processes() == []
     after = set(Path("/sys/fs/cgroup").rglob("rlfoundry-sandbox/run-*"))
-    assert after <= before  # its cgroup is gone
+    assert after <= before  # no per-run cgroup left
+    for worker in Path("/sys/fs/cgroup").rglob("rlfoundry-sandbox/worker-*"):
+        procs = (worker / "cgroup.procs").read_text().split()
+        assert len(procs) <= 1, f"{worker} still holds {procs}: only the worker itself may remain"
 
 
 def test_seccomp_refuses_kernel_attack_surface(sb):
