@@ -4,7 +4,7 @@ Each run executes ``argv`` (by default ``python3 main.py``) in a fresh bubblewra
 
 - **Namespaces**: user, mount, pid, net, ipc, uts, cgroup (``--unshare-all``). The filesystem is a new root
   holding only read-only ``/usr`` (with the ``/bin``, ``/lib``, ``/lib64`` links), a private ``/proc`` of the
-  sandbox's own pid namespace, a minimal ``/dev``, and the workdir ``/work``: a tmpfs capped at
+  sandbox's own pid namespace, four device nodes in ``/dev`` (null, zero, random, urandom), and the workdir ``/work``: a tmpfs capped at
   ``disk_mb``, holding the run's files, written from memory (never a host path). The root is remounted
   read-only. The network namespace has only a down loopback.
 - **Identity**: the process runs as uid 65534 inside and, outside, as a uid of its own (``UID_BASE`` + slot),

@@ -33,6 +33,10 @@ OUTPUT_KILL_FACTOR = 16
 PYTHON = "/usr/bin/python3"
 _INSIDE_UID = 65534
 _PR_SET_CHILD_SUBREAPER = 36
+# Four device nodes bound into the (read-only) root instead of a whole --dev tmpfs, which costs ~3 ms a run.
+_DEVICES = [
+    a for d in ("null", "zero", "random", "urandom") for a in ("--dev-bind", f"/dev/{d}", f"/dev/{d}")
+]
 
 
 def configured_mode() -> Mode:
@@ -292,7 +296,7 @@ def bwrap_command(files: dict[str, int], argv: list[str], disk_mb: int, seccomp_
            "--uid", str(_INSIDE_UID), "--gid", str(_INSIDE_UID), "--hostname", "sandbox",
            "--ro-bind", "/usr", "/usr", "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64",
            "--symlink", "usr/bin", "/bin", "--symlink", "usr/sbin", "/sbin",
-           "--proc", "/proc", "--dev", "/dev", "--remount-ro", "/dev", "--size", str(disk_mb * 1024 * 1024), "--tmpfs", "/work"]  # fmt: skip
+           "--proc", "/proc", *_DEVICES, "--size", str(disk_mb * 1024 * 1024), "--tmpfs", "/work"]  # fmt: skip
     made: set[str] = set()
     for name, fd in files.items():
         parent = ""
