@@ -12,6 +12,7 @@ forks from a small process, which keeps the per-run fork cheap and safe.
 from __future__ import annotations
 
 import multiprocessing as mp
+import multiprocessing.util as mp_util
 import os
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ProcessPoolExecutor
@@ -42,6 +43,9 @@ class SandboxPool:
         self.workers = workers or os.cpu_count() or 1
         self._ex = ProcessPoolExecutor(self.workers, mp_context=mp.get_context("spawn"), initializer=_init,
                                        initargs=(mode,))  # fmt: skip
+        # Closed at exit before multiprocessing joins a process's children: a pool held by a pool worker (the
+        # tool environment's py calls inside an env worker) would otherwise keep its parent from exiting.
+        mp_util.Finalize(self, self.close, exitpriority=100)  # before the queues' own finalizers (10)
 
     def map(self, jobs: Iterable[Mapping[str, Any]], limits: Limits | None = None) -> list[SandboxResult]:
         """Run each job (``files``, optional ``argv``, ``stdin``, ``limits``); results in input order."""

@@ -7,6 +7,7 @@ import os
 import random
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import psutil
@@ -116,3 +117,22 @@ def test_cli_score_humaneval(tmp_path):
     r = subprocess.run([sys.executable, "-m", "flows.cli", "score", "humaneval", "--completions", str(bad)],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
     assert r.returncode == 2 and "bad.jsonl:1" in r.stderr and "completion" in r.stderr
+
+
+def _py_tool_job(i: int) -> str:
+    from envs.tools import run_python
+
+    return run_python(f"print({i} * 7)")
+
+
+def test_pool_held_by_a_pool_worker_lets_it_exit():
+    """The tool env's py calls keep a sandbox pool inside an env worker process: shutting the env pool down
+    must not hang on that nested pool (it did: its queue was closed before its shutdown sentinel was sent)."""
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    t0 = time.monotonic()
+    with ProcessPoolExecutor(2, mp_context=mp.get_context("spawn")) as ex:
+        out = list(ex.map(_py_tool_job, range(4)))
+    assert out == [f"={i * 7}\n" for i in range(4)]
+    assert time.monotonic() - t0 < 120
