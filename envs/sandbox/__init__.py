@@ -20,8 +20,10 @@ Each run executes ``argv`` (by default ``python3 main.py``) in a fresh bubblewra
   inside holds nothing of the host.
 - **Output**: stdout and stderr are read concurrently and kept up to ``output_bytes`` each; a program that
   writes more than ``OUTPUT_KILL_FACTOR`` times that is stopped ("output_limit").
-- **Leftovers**: when the run ends, every process left in its cgroup is killed, the cgroup removed, and the
-  tmpfs disappears with the mount namespace.
+- **Leftovers**: when the run ends, every process left in its cgroup is killed, the cgroup removed (or, in a
+  dedicated worker, emptied), and the tmpfs disappears with the mount namespace. Dedicated sandbox processes
+  (the pool's workers) are child subreapers and reap bubblewrap's briefly orphaned pid-1 process after every
+  run; long-lived callers should run sandboxes through ``SandboxPool`` rather than ``Sandbox`` directly.
 
 What it does **not** protect against: kernel vulnerabilities (the code shares the host kernel: a kernel
 exploit escapes; use gVisor or a VM for hostile workloads at scale), side channels (timing, cache, CPU
