@@ -220,7 +220,11 @@ def _process_pool(workers: int) -> Any:
         import multiprocessing as mp
         from concurrent.futures import ProcessPoolExecutor
 
-        _POOLS[workers] = ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"))
+        from envs.sandbox.pool import exit_with_parent
+
+        _POOLS[workers] = ProcessPoolExecutor(
+            workers, mp_context=mp.get_context("spawn"), initializer=exit_with_parent
+        )
     return _POOLS[workers]
 
 

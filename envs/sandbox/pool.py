@@ -23,9 +23,29 @@ from envs.sandbox.core import Limits, Mode, Sandbox, SandboxResult, check_availa
 _SANDBOX: Sandbox | None = None
 
 
+def exit_with_parent(on_exit: Any = None) -> None:
+    """In a pool worker: exit as soon as the process that started it is gone (even if it was SIGKILLed), so no
+    worker outlives a crashed run holding its pipes. Polls the parent pid from a daemon thread (unlike
+    PR_SET_PDEATHSIG, this does not fire when merely the spawning *thread* ends)."""
+    import threading
+    import time
+
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        if on_exit is not None:
+            on_exit()
+        os._exit(1)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
+
+
 def _init(mode: Mode) -> None:
     global _SANDBOX
     _SANDBOX = Sandbox(mode, dedicated=True)
+    exit_with_parent(_SANDBOX.close)
 
 
 def _one(job: Mapping[str, Any], limits: Limits) -> SandboxResult:
