@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import machine  # noqa: E402
 from envs.sandbox import Limits  # noqa: E402
-from envs.sandbox.core import PYTHON, SLOTS, UID_BASE  # noqa: E402
+from envs.sandbox.core import PYTHON, slot_processes  # noqa: E402
 from envs.sandbox.pool import SandboxPool  # noqa: E402
 
 
@@ -74,18 +74,8 @@ def sandboxed(progs: list[str], workers: int) -> float:
 
 
 def leftovers() -> dict[str, int]:
-    procs = 0
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                status = (d / "status").read_text()
-            except OSError:
-                continue
-            uid = int(status.split("\nUid:")[1].split()[0])
-            if UID_BASE <= uid < UID_BASE + SLOTS and status.split("\nState:")[1].split()[0] != "Z":
-                procs += 1
     cgroups = len(list(Path("/sys/fs/cgroup").glob("**/rlfoundry-sandbox/run-*")))
-    return {"processes": procs, "cgroups": cgroups}
+    return {"processes": len(slot_processes()), "cgroups": cgroups}
 
 
 def main() -> None:

@@ -13,19 +13,14 @@ True
 
 from __future__ import annotations
 
-import hashlib
 import random
 import re
 from typing import Any
 
-from envs.base import StepResult, register
+from envs.base import StepResult, is_heldout, register
 
 _OPS = {"add": ("+", lambda a, b: a + b), "sub": ("-", lambda a, b: a - b), "mul": ("*", lambda a, b: a * b)}
 _ANSWER = re.compile(r"^\s*(-?\d+)\s*$")
-
-
-def _is_heldout(text: str) -> bool:
-    return hashlib.sha256(text.encode()).digest()[0] < 26  # ~10% of the problem space
 
 
 def _operand(rng: random.Random, digits: int) -> int:
@@ -62,7 +57,7 @@ def make_tasks(split: str, task_cfg: Any, seed: int) -> list[dict[str, Any]]:
         a, b = _operand(rng, d), _operand(rng, d)
         sym, fn = _OPS[op]
         prompt = f"{a}{sym}{b}="
-        if prompt in seen or _is_heldout(prompt) != (split == "heldout"):
+        if prompt in seen or is_heldout(prompt) != (split == "heldout"):
             continue
         seen.add(prompt)
         out.append(

@@ -13,6 +13,8 @@ observation (the prompt), then the generate stage alternates engine calls and ``
 
 from __future__ import annotations
 
+import hashlib
+import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -62,6 +64,35 @@ class Env(Protocol):
     def step(self, action: str) -> StepResult:
         """Apply the model's action (its completion text)."""
         ...
+
+
+def draw_tasks(
+    name: str, split: str, task_cfg: Any, seed: int, draw: Callable[[random.Random], dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """Distinct tasks of one split from a seeded generator: ``draw(rng)`` makes one task (with "prompt"); a
+    prompt belongs to the held-out split by a hash of its text (``is_heldout``), so the splits are disjoint."""
+    if split not in ("train", "heldout"):
+        raise ValueError(f"split must be 'train' or 'heldout', got {split!r}")
+    want = task_cfg.train_size if split == "train" else task_cfg.heldout_size
+    rng = random.Random(f"{name}:{seed}:{split}")
+    out: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for _ in range(want * 50):
+        if len(out) == want:
+            break
+        task = draw(rng)
+        if task["prompt"] in seen or is_heldout(task["prompt"]) != (split == "heldout"):
+            continue
+        seen.add(task["prompt"])
+        out.append({"task_id": f"{split}-{len(out)}", **task})
+    if len(out) < want:
+        raise ValueError(f"task.{split}_size={want}: only {len(out)} distinct {name} tasks drawn")
+    return out
+
+
+def is_heldout(text: str) -> bool:
+    """~10% of a problem space, chosen by a hash of the problem's text."""
+    return hashlib.sha256(text.encode()).digest()[0] < 26
 
 
 _REGISTRY: dict[str, Callable[[], Env]] = {}

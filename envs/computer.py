@@ -19,13 +19,12 @@ read from the final state: submitted, and every requested field holds its value 
 
 from __future__ import annotations
 
-import hashlib
 import io
 import random
 import re
 from typing import Any
 
-from envs.base import StepResult, register
+from envs.base import StepResult, draw_tasks, register
 
 FIELDS = ["name", "city", "color", "pet", "food"]
 VALUES = {
@@ -49,27 +48,13 @@ class ComputerEnv:
 
     # -- tasks ------------------------------------------------------------------------------------------
     def tasks(self, split: str, task_cfg: Any, seed: int) -> list[dict[str, Any]]:
-        if split not in ("train", "heldout"):
-            raise ValueError(f"split must be 'train' or 'heldout', got {split!r}")
-        want = task_cfg.train_size if split == "train" else task_cfg.heldout_size
-        rng = random.Random(f"computer:{seed}:{split}")
-        out, seen = [], set()
-        for _ in range(want * 50):
-            if len(out) == want:
-                break
+        def draw(rng: random.Random) -> dict[str, Any]:
             f1, f2 = sorted(rng.sample(range(len(FIELDS)), 2))
             goal = {FIELDS[f1]: rng.choice(VALUES[FIELDS[f1]]), FIELDS[f2]: rng.choice(VALUES[FIELDS[f2]])}
             prompt = "task: " + " ".join(f"{k}={v}" for k, v in goal.items()) + " then submit\n"
-            held = hashlib.sha256(prompt.encode()).digest()[0] < 26
-            if prompt in seen or held != (split == "heldout"):
-                continue
-            seen.add(prompt)
-            out.append(
-                {"task_id": f"{split}-{len(out)}", "prompt": prompt, "answer": "submitted", "goal": goal}
-            )
-        if len(out) < want:
-            raise ValueError(f"task.{split}_size={want}: only {len(out)} distinct form tasks drawn")
-        return out
+            return {"prompt": prompt, "answer": "submitted", "goal": goal}
+
+        return draw_tasks("computer", split, task_cfg, seed, draw)
 
     # -- state ------------------------------------------------------------------------------------------
     def reset(self, task: dict[str, Any], seed: int) -> str:

@@ -25,8 +25,7 @@ import random
 import re
 from typing import Any
 
-from envs.arithmetic import _is_heldout
-from envs.base import StepResult, register
+from envs.base import StepResult, draw_tasks, register
 
 _CALL = re.compile(r"^\s*(calc|py|ans)\((.*)\)\s*$", re.S)
 _TOKEN = re.compile(r"\s*(\d+|[-+*()])")
@@ -143,26 +142,20 @@ class ToolUseEnv:
         self._errors = 0
 
     def tasks(self, split: str, task_cfg: Any, seed: int) -> list[dict[str, Any]]:
-        if split not in ("train", "heldout"):
-            raise ValueError(f"split must be 'train' or 'heldout', got {split!r}")
-        want = task_cfg.train_size if split == "train" else task_cfg.heldout_size
-        rng = random.Random(f"tooluse:{seed}:{split}")
-        out, seen = [], set()
-        for _ in range(want * 50):
-            if len(out) == want:
-                break
+        def draw(rng: random.Random) -> dict[str, Any]:
             a, b, c = rng.randint(10, 99), rng.randint(10, 99), rng.randint(1, 99)
             sign = rng.choice("+-")
-            prompt = f"Q:{a}*{b}{sign}{c}\n"
-            if prompt in seen or _is_heldout(prompt) != (split == "heldout"):
-                continue
-            seen.add(prompt)
             ans = a * b + c if sign == "+" else a * b - c
-            out.append({"task_id": f"{split}-{len(out)}", "prompt": prompt, "answer": str(ans), "a": a, "b": b,
-                        "c": c, "sign": sign})  # fmt: skip
-        if len(out) < want:
-            raise ValueError(f"task.{split}_size={want}: only {len(out)} distinct tool-use problems drawn")
-        return out
+            return {
+                "prompt": f"Q:{a}*{b}{sign}{c}\n",
+                "answer": str(ans),
+                "a": a,
+                "b": b,
+                "c": c,
+                "sign": sign,
+            }
+
+        return draw_tasks("tooluse", split, task_cfg, seed, draw)
 
     def reset(self, task: dict[str, Any], seed: int) -> str:
         self._task, self._calls, self._errors = task, 0, 0

@@ -406,6 +406,21 @@ class Sandbox:
             slot.release()
 
 
+def slot_processes() -> list[int]:
+    """Live (non-zombie) processes of this machine running as any sandbox slot uid: after a run, none."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                status = (d / "status").read_text()
+            except OSError:
+                continue
+            uid = int(status.split("\nUid:")[1].split()[0])
+            if UID_BASE <= uid < UID_BASE + SLOTS and status.split("\nState:")[1].split()[0] != "Z":
+                out.append(int(d.name))
+    return out
+
+
 def _reap() -> None:
     """Collect every exited child (orphans included, as a subreaper)."""
     while True:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from envs.sandbox import Limits, SandboxUnavailable, check_available
-from envs.sandbox.core import SLOTS, UID_BASE
+from envs.sandbox.core import slot_processes
 from envs.sandbox.pool import SandboxPool
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,24 +34,11 @@ def run(sb, code: str, **limits):
 
 
 def _slot_processes(wait_s: float = 3.0) -> list[int]:
-    """Live (non-zombie) host processes running as any sandbox slot uid, after up to ``wait_s`` for the
-    kernel to finish killing them."""
+    """``slot_processes()`` after up to ``wait_s`` for the kernel to finish killing them."""
     deadline = time.monotonic() + wait_s
-    while True:
-        out = []
-        for d in Path("/proc").iterdir():
-            if d.name.isdigit():
-                try:
-                    status = (d / "status").read_text()
-                except OSError:
-                    continue
-                uid = int(status.split("\nUid:")[1].split()[0])
-                state = status.split("\nState:")[1].split()[0]
-                if UID_BASE <= uid < UID_BASE + SLOTS and state != "Z":
-                    out.append(int(d.name))
-        if not out or time.monotonic() > deadline:
-            return out
+    while (out := slot_processes()) and time.monotonic() < deadline:
         time.sleep(0.1)
+    return out
 
 
 def test_runs_code_and_reports(sb):
