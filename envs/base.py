@@ -69,8 +69,9 @@ class Env(Protocol):
 def draw_tasks(
     name: str, split: str, task_cfg: Any, seed: int, draw: Callable[[random.Random], dict[str, Any]]
 ) -> list[dict[str, Any]]:
-    """Distinct tasks of one split from a seeded generator: ``draw(rng)`` makes one task (with "prompt"); a
-    prompt belongs to the held-out split by a hash of its text (``is_heldout``), so the splits are disjoint."""
+    """Distinct tasks of one split from a seeded generator: ``draw(rng)`` makes one task (with "prompt", and a
+    "key" when the prompt alone does not identify it, e.g. an image task); a task belongs to the held-out split
+    by a hash of its key (``is_heldout``), so the splits are disjoint."""
     if split not in ("train", "heldout"):
         raise ValueError(f"split must be 'train' or 'heldout', got {split!r}")
     want = task_cfg.train_size if split == "train" else task_cfg.heldout_size
@@ -81,9 +82,10 @@ def draw_tasks(
         if len(out) == want:
             break
         task = draw(rng)
-        if task["prompt"] in seen or is_heldout(task["prompt"]) != (split == "heldout"):
+        key = task.get("key", task["prompt"])
+        if key in seen or is_heldout(key) != (split == "heldout"):
             continue
-        seen.add(task["prompt"])
+        seen.add(key)
         out.append({"task_id": f"{split}-{len(out)}", **task})
     if len(out) < want:
         raise ValueError(f"task.{split}_size={want}: only {len(out)} distinct {name} tasks drawn")
@@ -107,7 +109,7 @@ def register(name: str) -> Callable[[Callable[[], Env]], Callable[[], Env]]:
 
 
 def make_env(name: str) -> Env:
-    from envs import arithmetic, computer, humaneval, tools  # noqa: F401  (they register themselves)
+    from envs import arithmetic, computer, humaneval, shapes, tools  # noqa: F401  (they register themselves)
 
     if name not in _REGISTRY:
         raise KeyError(f"unknown environment {name!r}; registered: {', '.join(sorted(_REGISTRY))}")
@@ -115,6 +117,6 @@ def make_env(name: str) -> Env:
 
 
 def registered() -> list[str]:
-    from envs import arithmetic, computer, humaneval, tools  # noqa: F401
+    from envs import arithmetic, computer, humaneval, shapes, tools  # noqa: F401
 
     return sorted(_REGISTRY)

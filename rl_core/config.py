@@ -37,6 +37,15 @@ class ModelSection(_Section):
         64, ge=32, le=65536, description="Target size of the BPE tokenizer trained on task text."
     )
     max_position: int = Field(64, ge=16, description="Longest sequence (prompt + completion) in tokens.")
+    vision_hidden_size: int = Field(
+        64, ge=32, le=4096, description="Width of the vision tower (multimodal environments only)."
+    )
+    vision_layers: int = Field(
+        2, ge=1, le=64, description="Vision tower blocks (multimodal environments only)."
+    )
+    patch_size: int = Field(
+        8, ge=1, le=64, description="Image patch side in pixels; each patch is one image token."
+    )
 
 
 class TaskSection(_Section):

@@ -21,6 +21,7 @@ from rl_core.paths import PROJECT_ROOT
 from rl_core.rollout import Request, SamplingSpec, get_engine, sync_weights
 from rl_core.seeding import derive_seed
 from rl_core.stage import StageResult, entry, ref_of
+from rl_core.vision import image_prefix
 
 ROLLOUT_COLUMNS = [
     "prompt_index", "sample_index", "task_id", "prompt", "answer", "seed",
@@ -46,12 +47,19 @@ def sample_table(
     and logprob 0, so the stored sequence is exactly what the engine was conditioned on (never re-tokenized)."""
     if getattr(ctx.env, "max_turns", 1) > 1:
         return _multi_turn_table(ctx, ckpt, tasks, spec, seeds)
-    tok = load_tokenizer(ctx.local_checkpoint(ckpt))
+    local = ctx.local_checkpoint(ckpt)
+    tok = load_tokenizer(local)
     envs = [ctx.env for _ in tasks]
     prompts = [env.reset(t, s) for env, t, s in zip(envs, tasks, seeds, strict=True)]
     prompt_ids = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
+    images: list[tuple[bytes, ...]] = [() for _ in tasks]
+    if getattr(ctx.env, "multimodal", False):
+        prefix = image_prefix(local)
+        prompt_ids = [prefix + ids for ids in prompt_ids]
+        images = [(ctx.env.image(t),) for t in tasks]
     engine = policy_engine(ctx, ckpt)
-    outs = engine.generate([Request(ids, s) for ids, s in zip(prompt_ids, seeds, strict=True)], spec)
+    reqs = [Request(ids, s, im) for ids, s, im in zip(prompt_ids, seeds, images, strict=True)]
+    outs = engine.generate(reqs, spec)
     rows = []
     for i, (task, ids, comps) in enumerate(zip(tasks, prompt_ids, outs, strict=True)):
         for k, c in enumerate(comps):
@@ -71,7 +79,9 @@ def sample_table(
                     "finish_reason": c.finish_reason,
                 }  # fmt: skip
             )
-    return pd.DataFrame(rows, columns=ROLLOUT_COLUMNS)
+            if images[i]:
+                rows[-1]["image"] = images[i][0]
+    return pd.DataFrame(rows, columns=ROLLOUT_COLUMNS + (["image"] if any(images) else []))
 
 
 def _multi_turn_table(
@@ -79,6 +89,8 @@ def _multi_turn_table(
 ) -> pd.DataFrame:
     from envs.base import make_env
 
+    if getattr(ctx.env, "multimodal", False):
+        raise ValueError(f"environment {ctx.env.name!r}: multi-turn episodes with images are not supported")
     tok = load_tokenizer(ctx.local_checkpoint(ckpt))
     engine = policy_engine(ctx, ckpt)
     limit = ctx.max_model_len()

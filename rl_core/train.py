@@ -56,7 +56,12 @@ def train_body(ctx: RunContext, iteration: int, inputs: dict[str, dict[str, Any]
     engine = _engine_for(ctx, policy, inputs.get("optimizer"))
     pad = load_tokenizer(ctx.local_checkpoint(policy)).pad_token_id
     batch = make_batch(
-        df, pad_id=pad, temperature=cfg.rollout.temperature, max_tokens=cfg.rollout.max_tokens, seed=seed
+        df,
+        pad_id=pad,
+        temperature=cfg.rollout.temperature,
+        max_tokens=cfg.rollout.max_tokens,
+        seed=seed,
+        ckpt_dir=ctx.local_checkpoint(policy),
     )
     if "reference" in inputs and cfg.train.kl_coef > 0:
         batch.ref_logp, _ = sequence_logprobs(

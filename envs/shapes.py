@@ -1,0 +1,108 @@
+"""Multimodal counting: a procedurally drawn picture of shapes and a question about it.
+
+A scene is a 4x4 grid of 8x8-pixel cells (a 32x32 RGB image); 1-6 cells hold a filled square or circle in red,
+green or blue. The question asks how many shapes of one colour, of one kind, or in all: ``count red`` ->
+``2``. The answer is only in the picture (the text names just the question), so a model must look to score.
+The image is rendered from the task's scene (``render``), so the same task gives the same pixels on any
+machine; rollouts also store it as PNG. Single-turn; the verifier takes a bare integer.
+
+    env = ShapesEnv()
+    prompt = env.reset(task, seed=0)   # "count red\\n"
+    png = env.image(task)              # PNG bytes, 32x32
+    env.step("2").outcome["correct"]
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import random
+from typing import Any
+
+from envs.arithmetic import parse_answer
+from envs.base import StepResult, draw_tasks, register
+
+COLORS = {"red": (220, 30, 30), "green": (30, 160, 30), "blue": (30, 30, 220)}
+KINDS = ("square", "circle")
+QUESTIONS = (*COLORS, *KINDS, "all")
+GRID, CELL = 4, 8
+IMAGE_SIZE = GRID * CELL
+MAX_SHAPES = 6
+
+
+def count(scene: list[list[Any]], question: str) -> int:
+    """How many shapes of the scene match ``question`` (a colour, a kind, or "all")."""
+    if question not in QUESTIONS:
+        raise ValueError(f"unknown question {question!r}; one of {', '.join(QUESTIONS)}")
+    return sum(1 for _cell, color, kind in scene if question in ("all", color, kind))
+
+
+def render(scene: list[list[Any]]) -> Any:
+    """The scene as a 32x32 RGB PIL image on white."""
+    from PIL import Image, ImageDraw
+
+    img = Image.new("RGB", (IMAGE_SIZE, IMAGE_SIZE), (255, 255, 255))
+    draw = ImageDraw.Draw(img)
+    for cell, color, kind in scene:
+        x, y = (cell % GRID) * CELL, (cell // GRID) * CELL
+        box = [x + 1, y + 1, x + CELL - 2, y + CELL - 2]
+        if kind == "square":
+            draw.rectangle(box, fill=COLORS[color])
+        else:
+            draw.ellipse(box, fill=COLORS[color])
+    return img
+
+
+def png(scene: list[list[Any]]) -> bytes:
+    buf = io.BytesIO()
+    render(scene).save(buf, format="PNG", optimize=False)
+    return buf.getvalue()
+
+
+@register("shapes")
+class ShapesEnv:
+    name = "shapes"
+    multimodal = True
+    image_size = IMAGE_SIZE
+
+    def __init__(self) -> None:
+        self._task: dict[str, Any] | None = None
+
+    def tasks(self, split: str, task_cfg: Any, seed: int) -> list[dict[str, Any]]:
+        def draw(rng: random.Random) -> dict[str, Any]:
+            n = rng.randint(1, MAX_SHAPES)
+            cells = sorted(rng.sample(range(GRID * GRID), n))
+            scene = [[c, rng.choice(list(COLORS)), rng.choice(KINDS)] for c in cells]
+            question = rng.choice(QUESTIONS)
+            return {
+                "prompt": f"count {question}\n",
+                "answer": str(count(scene, question)),
+                "op": question,
+                "scene": scene,
+                # Many scenes share a prompt: the split and de-duplication key is the whole task.
+                "key": json.dumps([question, scene]),
+            }
+
+        return draw_tasks("shapes", split, task_cfg, seed, draw)
+
+    def image(self, task: dict[str, Any]) -> bytes:
+        """The task's picture as PNG bytes (deterministic)."""
+        return png(task["scene"])
+
+    def corpus(self, tasks: list[dict[str, Any]]) -> list[str]:
+        return [t["prompt"] for t in tasks] + [str(i) for i in range(MAX_SHAPES + 1)]
+
+    def reset(self, task: dict[str, Any], seed: int) -> str:
+        self._task = task
+        return task["prompt"]
+
+    def step(self, action: str) -> StepResult:
+        if self._task is None:
+            raise RuntimeError("step() before reset()")
+        value = parse_answer(action)
+        outcome = {
+            "parsed": "" if value is None else str(value),
+            "well_formed": value is not None,
+            "correct": value is not None and str(value) == self._task["answer"],
+        }
+        return StepResult(observation=None, done=True, outcome=outcome)
