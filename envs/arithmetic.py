@@ -20,7 +20,8 @@ from typing import Any
 from envs.base import StepResult, is_heldout, register
 
 _OPS = {"add": ("+", lambda a, b: a + b), "sub": ("-", lambda a, b: a - b), "mul": ("*", lambda a, b: a * b)}
-_ANSWER = re.compile(r"^\s*(-?\d+)\s*$")
+# At most 64 digits: a longer "number" is not an answer (and int() of 4300+ digits raises).
+_ANSWER = re.compile(r"^\s*(-?\d{1,64})\s*$")
 
 
 def _operand(rng: random.Random, digits: int) -> int:

@@ -89,8 +89,11 @@ def make_batch(
 def _logits(
     module: Any, ids: torch.Tensor, attn: torch.Tensor, pixels: torch.Tensor | None = None
 ) -> torch.Tensor:
+    from rl_core.vision import suppress, unsampleable_ids
+
     extra = {} if pixels is None else {"pixel_values": pixels}
-    return module(input_ids=ids, attention_mask=attn, use_cache=False, **extra).logits[:, :-1]
+    logits = module(input_ids=ids, attention_mask=attn, use_cache=False, **extra).logits[:, :-1]
+    return suppress(logits, unsampleable_ids(module))
 
 
 def _pixels(batch: Batch, rows: Any, device: Any) -> torch.Tensor | None:

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 from rl_core.faults import fault
 from rl_core.paths import state_dir
+from rl_core.vision import suppress, unsampleable_ids
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,13 @@ class VLLMEngine:
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
         from vllm import LLM
 
+        from rl_core.vision import _config
+
+        cfg = _config(str(ckpt_dir))
+        vocab = cfg.get("text_config", cfg)["vocab_size"]
+        never = {cfg["image_token_index"]} if "image_token_index" in cfg else set()
+        # What the trainer's logits allow (see rl_core.vision.suppress): never the image placeholder.
+        self.allowed = [i for i in range(vocab) if i not in never]
         with _captured_stderr():
             self.llm = LLM(
                 model=str(ckpt_dir),
@@ -112,8 +120,10 @@ class VLLMEngine:
 
                 prompt["multi_modal_data"] = {"image": [decode_image(b) for b in r.images]}
             prompts.append(prompt)
+        allowed = self.allowed if any(r.images for r in requests) else None
         params = [
             SamplingParams(
+                allowed_token_ids=allowed,
                 n=spec.n,
                 temperature=spec.temperature,
                 top_p=spec.top_p,
@@ -154,6 +164,7 @@ class HFEngine:
         self.tokenizer = load_tokenizer(ckpt_dir)
         self.model = load_model(ckpt_dir).eval()
         self.eos = self.tokenizer.eos_token_id
+        self.never = unsampleable_ids(self.model)
 
     def generate(self, requests: list[Request], spec: SamplingSpec) -> list[list[Completion]]:
         import torch
@@ -195,7 +206,7 @@ class HFEngine:
                     **({"pixel_values": pixels} if pixels is not None and past is None else {}),
                 )
                 past = o.past_key_values
-                logits = o.logits[:, -1, :].float()
+                logits = suppress(o.logits[:, -1, :].float(), self.never)
                 nxt = []
                 for i, g in enumerate(gens):
                     if spec.temperature == 0:

@@ -82,6 +82,27 @@ def save_processor(out_dir: str | Path, tokenizer: Any, image_size: int, patch_s
     proc.save_pretrained(str(out_dir))
 
 
+NEVER = -1e9  # a logit no sampler picks; finite, so entropies and masked ratios stay finite
+
+
+def unsampleable_ids(module: Any) -> list[int]:
+    """Tokens a policy must never generate: the image placeholder (a completion holding one would be read as
+    an image slot on the next forward pass)."""
+    cfg = getattr(getattr(module, "module", module), "config", None)
+    idx = getattr(cfg, "image_token_index", None) if cfg is not None else None
+    return [] if idx is None else [int(idx)]
+
+
+def suppress(logits: Any, ids: list[int]) -> Any:
+    """``logits`` with the ``ids`` columns set to ``NEVER`` (out of place: safe under autograd). The rollout
+    engine and the trainer both apply it, so sampling and training see the same distribution."""
+    if not ids:
+        return logits
+    import torch
+
+    return logits.index_fill(-1, torch.tensor(ids, device=logits.device), NEVER)
+
+
 def is_vlm(ckpt_dir: str | Path) -> bool:
     return _config(str(ckpt_dir)).get("model_type") == "llava"
 
