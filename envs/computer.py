@@ -129,7 +129,7 @@ class ComputerEnv:
             self.top = max(0, min(last_top, self.top + (1 if arg == "down" else -1)))
         elif verb == "click":
             els = self._elements()
-            if not arg.isdigit() or not 1 <= int(arg) <= len(els):
+            if not re.fullmatch(r"[0-9]{1,3}", arg) or not 1 <= int(arg) <= len(els):
                 return self._error(f"no element {arg[:8]} on screen")
             el = els[int(arg) - 1]
             if el == "submit":

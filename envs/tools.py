@@ -180,7 +180,7 @@ class ToolUseEnv:
             return StepResult("error: expected calc(...), py(...) or ans(...)\n", False, self._outcome(None))
         tool, arg = m.group(1), m.group(2).strip()
         if tool == "ans":
-            ok = re.fullmatch(r"-?\d+", arg) is not None
+            ok = re.fullmatch(r"-?[0-9]{1,64}", arg) is not None
             if not ok:
                 self._errors += 1
                 return StepResult("error: ans needs an integer\n", False, self._outcome(None))

@@ -55,6 +55,8 @@ def test_bad_actions_are_error_observations():
     env.reset(TASK, 0)
     assert env.step("type(ada)").observation.startswith("error: nothing focused")
     assert env.step("click(9)").observation.startswith("error: no element")
+    for bad in ("click(" + "9" * 5000 + ")", "click(\u00b2)", "click(-1)", "click(1.0)"):
+        assert env.step(bad).observation.startswith("error: no element"), bad
 
 
 def test_demonstrations_succeed_unless_flawed_and_are_deterministic():

@@ -59,6 +59,10 @@ def test_malformed_calls_get_error_observations_never_exceptions():
         for a in (action, f"calc({action})", f"ans({action})"):
             r = env.step(a)
             assert r.done or r.observation.startswith(("=", "error:")), (a, r)
+    for a in ("ans(" + "9" * 5000 + ")", "ans(\u00b2)", "calc(" + "9" * 5000 + ")", "ans(-)"):
+        env.reset(_task(), 0)
+        r = env.step(a)
+        assert r.observation.startswith("error:") and not r.done, a
     env.reset(_task(), 0)
     r = env.step("calc(1+)")
     assert r.observation.startswith("error:") and not r.done and r.outcome["errors"] == 1
