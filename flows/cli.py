@@ -260,12 +260,15 @@ def rollouts(
     k: Annotated[int, typer.Option("-k", help="How many best, worst and random samples.")] = 3,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
     store: Annotated[str | None, typer.Option(help="Store root (default: the configured one).")] = None,
+    images: Annotated[
+        Path | None, typer.Option(help="Write multimodal samples' images here as PNG files.")
+    ] = None,
 ) -> None:
     """Best, worst and random samples of an iteration: prompt, completion, reward components, env outcome."""
     from rl_core.inspect_run import samples
 
     try:
-        data = samples(_store_for(store), run_id, iteration, k)
+        data = samples(_store_for(store), run_id, iteration, k, image_dir=images)
     except FileNotFoundError as e:
         _fail(str(e))
     if as_json:
@@ -280,6 +283,7 @@ def rollouts(
             c
             for c in (
                 "prompt",
+                "image",
                 "completion_text",
                 "answer",
                 "reward",

@@ -7,6 +7,7 @@ lineage(store, run_id, iteration=3)        # checkpoint <- rollouts, rewards, pa
 from __future__ import annotations
 
 import random
+from pathlib import Path
 from typing import Any
 
 from rl_core.stage import ref_of
@@ -20,8 +21,13 @@ def _manifest(store: Store, run_id: str, iteration: int, stage: str) -> dict[str
     return m
 
 
-def samples(store: Store, run_id: str, iteration: int, k: int = 3) -> dict[str, list[dict[str, Any]]]:
-    """The ``k`` best, ``k`` worst and ``k`` random completions of an iteration (by reward)."""
+def samples(
+    store: Store, run_id: str, iteration: int, k: int = 3, image_dir: str | Path | None = None
+) -> dict[str, list[dict[str, Any]]]:
+    """The ``k`` best, ``k`` worst and ``k`` random completions of an iteration (by reward).
+
+    Multimodal rollouts carry the prompt's image: it is written to ``image_dir`` as PNG (the row then names the
+    file), or summarised as ``<image: N bytes>``."""
     gen = _manifest(store, run_id, iteration, "generate")
     df = store.read_table(ref_of(gen["outputs"]["rollouts"]))
     env_m = store.read_manifest(store.stage_uri(run_id, iteration, "execute_envs"))
@@ -47,16 +53,25 @@ def samples(store: Store, run_id: str, iteration: int, k: int = 3) -> dict[str, 
     rng = random.Random(f"{run_id}:{iteration}")
     picks = sorted(rng.sample(range(len(view)), min(k, len(view))))
 
-    def rows(frame: Any) -> list[dict[str, Any]]:
-        return [
-            {c: (v.item() if hasattr(v, "item") else v) for c, v in r.items()}
-            for r in frame.to_dict("records")
-        ]
+    def rows(frame: Any, name: str) -> list[dict[str, Any]]:
+        out = []
+        for r in frame.to_dict("records"):
+            row = {c: (v.item() if hasattr(v, "item") else v) for c, v in r.items()}
+            if isinstance(row.get("image"), bytes | bytearray):
+                data = bytes(row["image"])
+                row["image"] = f"<image: {len(data)} bytes>"
+                if image_dir is not None:
+                    f = Path(image_dir) / f"{name}-{row['prompt_index']}-{row['sample_index']}.png"
+                    f.parent.mkdir(parents=True, exist_ok=True)
+                    f.write_bytes(data)
+                    row["image"] = str(f)
+            out.append(row)
+        return out
 
     return {
-        "best": rows(ordered.head(k)),
-        "worst": rows(ordered.tail(k)[::-1]),
-        "random": rows(view.iloc[picks]),
+        "best": rows(ordered.head(k), "best"),
+        "worst": rows(ordered.tail(k)[::-1], "worst"),
+        "random": rows(view.iloc[picks], "random"),
     }
 
 

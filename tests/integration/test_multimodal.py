@@ -48,6 +48,14 @@ def test_shapes_run_stores_images_and_replays(tmp_path):
     assert train["logprob_mismatch_max"] < 1e-4  # the trainer saw the same pixels as the engine
     evals = json.loads((it / "evaluate" / "_manifest.json").read_text())["metrics"]
     assert {"accuracy_all", "accuracy_red", "pass@4"} <= set(evals)
-    rep = _cli(["replay", "mm", "--iteration", "1", "--stage", "generate", "--json"], tmp_path, timeout=600)
+    shown = _cli(["rollouts", "mm", "--iteration", "1", "-k", "2", "--json", "--images", str(tmp_path / "png")],
+                 tmp_path, timeout=300)  # fmt: skip
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    for row in json.loads(shown.stdout)["best"]:
+        png = Path(row["image"]).read_bytes()
+        assert png == env.image(tasks[row["task_id"]])
+        rep = _cli(
+            ["replay", "mm", "--iteration", "1", "--stage", "generate", "--json"], tmp_path, timeout=600
+        )
     assert rep.returncode == 0, rep.stdout[-2000:] + rep.stderr[-2000:]
     assert json.loads(rep.stdout)["identical"] is True
