@@ -21,6 +21,14 @@ def test_every_shipped_config_loads(path: Path):
     assert "rlfoundry run" in path.read_text(), "each config names the command that runs it"
     assert cfg.experiment.iterations >= 1
 
+    # its environment can draw the task sets it asks for (a config that cannot start is caught here)
+    from envs.base import make_env
+
+    env = make_env(cfg.task.env)
+    for split, size in (("train", cfg.task.train_size), ("heldout", cfg.task.heldout_size)):
+        assert len(env.tasks(split, cfg.task, cfg.experiment.seed)) == size
+    assert cfg.warmup.examples <= cfg.task.train_size or cfg.warmup.steps == 0
+
 
 def test_set_overrides_any_field():
     cfg = load_config(
