@@ -42,9 +42,9 @@ def exit_with_parent(on_exit: Any = None) -> None:
     threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
 
 
-def _init(mode: Mode) -> None:
+def _init(mode: Mode, reuse: bool = True) -> None:
     global _SANDBOX
-    _SANDBOX = Sandbox(mode, dedicated=True)
+    _SANDBOX = Sandbox(mode, dedicated=True, reuse=reuse)
     exit_with_parent(_SANDBOX.close)
 
 
@@ -58,11 +58,13 @@ def _one(job: Mapping[str, Any], limits: Limits) -> SandboxResult:
 class SandboxPool:
     """``workers`` sandboxes at a time; ``map`` returns results in input order."""
 
-    def __init__(self, workers: int | None = None, mode: Mode = "strict"):
+    def __init__(self, workers: int | None = None, mode: Mode = "strict", *, reuse: bool = True):
+        """``reuse`` (strict mode): each worker keeps one container and runs every job as a fresh process in
+        an emptied /work inside it (see ``envs/sandbox/zygote.py``); False: a new container per job."""
         check_available(mode)  # refuse here, in the caller, with the reason
         self.workers = workers or os.cpu_count() or 1
         self._ex = ProcessPoolExecutor(self.workers, mp_context=mp.get_context("spawn"), initializer=_init,
-                                       initargs=(mode,))  # fmt: skip
+                                       initargs=(mode, reuse))  # fmt: skip
         # Closed at exit before multiprocessing joins a process's children: a pool held by a pool worker (the
         # tool environment's py calls inside an env worker) would otherwise keep its parent from exiting.
         mp_util.Finalize(self, self.close, exitpriority=100)  # before the queues' own finalizers (10)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import json
 import os
@@ -33,10 +34,11 @@ def run(sb, code: str, **limits):
     return sb.map([{"files": {"main.py": textwrap.dedent(code)}}], Limits(**limits) if limits else None)[0]
 
 
-def _slot_processes(wait_s: float = 3.0) -> list[int]:
-    """``slot_processes()`` after up to ``wait_s`` for the kernel to finish killing them."""
+def _slot_processes(wait_s: float = 3.0, before: set[int] | None = None) -> list[int]:
+    """``slot_processes()`` not in ``before`` (a pool's own containers), after up to ``wait_s`` for the kernel
+    to finish killing them."""
     deadline = time.monotonic() + wait_s
-    while (out := slot_processes()) and time.monotonic() < deadline:
+    while (out := sorted(set(slot_processes()) - (before or set()))) and time.monotonic() < deadline:
         time.sleep(0.1)
     return out
 
@@ -77,9 +79,10 @@ def test_cannot_read_files_outside_workdir(sb, tmp_path):
     assert r.exit_code == 0, r.stderr
     assert r.stdout.splitlines()[0] == "[]"
     assert "TOP-SECRET" not in r.stdout
-    assert r.stdout.splitlines()[1] == repr(
-        sorted(["bin", "dev", "lib", "lib64", "proc", "sbin", "usr", "work"])
-    )
+    # the root holds the system's /usr (read-only) and the workdir; a pool worker's container also holds the
+    # sandbox's own supervisor script (/.sandbox/zygote.py, read-only)
+    root = set(ast.literal_eval(r.stdout.splitlines()[1])) - {".sandbox"}
+    assert root == {"bin", "dev", "lib", "lib64", "proc", "sbin", "usr", "work"}
 
 
 def test_cannot_write_outside_workdir(sb):
@@ -150,6 +153,8 @@ def test_no_network_not_even_loopback(sb):
 
 
 def test_fork_bomb_is_contained(sb):
+    run(sb, "pass")
+    container = set(slot_processes())  # the worker's container (bubblewrap and the supervisor)
     t0 = time.monotonic()
     r = run(sb, """
         import os
@@ -161,7 +166,7 @@ def test_fork_bomb_is_contained(sb):
     """, timeout_s=4)  # fmt: skip
     assert time.monotonic() - t0 < 15
     assert r.timed_out and r.stopped_reason == "timeout"
-    assert _slot_processes() == []
+    assert _slot_processes(before=container) == []
     assert subprocess.run(["true"]).returncode == 0  # the host can still start processes
 
 
@@ -219,6 +224,8 @@ def test_cannot_signal_host_processes(sb):
             import os, signal
             hits = []
             for pid in [{victim.pid}, {os.getpid()}, 1, 2, 3] + list(range(4, 400)):
+                if pid in (os.getpid(), os.getppid()):  # itself and its supervisor (tested on their own)
+                    continue
                 try:
                     os.kill(pid, signal.SIGKILL if pid > 2 else 0)
                     hits.append(pid)
@@ -229,7 +236,7 @@ def test_cannot_signal_host_processes(sb):
         )
         time.sleep(0.2)
         assert victim.poll() is None, "a host process was killed from inside the sandbox"
-        hits = eval(r.stdout.strip())  # only the sandbox's own pid-namespace processes answer
+        hits = ast.literal_eval(r.stdout.strip())  # only the sandbox's own pid-namespace processes answer
         assert victim.pid not in hits or victim.pid < 4
         assert os.getpid() not in hits or os.getpid() < 4
     finally:
@@ -310,6 +317,10 @@ def test_huge_output_is_capped(sb):
 
 
 def test_no_process_left_behind(sb):
+    run(sb, "pass")
+    container = set(slot_processes())
+    workers = {w: set((w / "cgroup.procs").read_text().split())
+               for w in Path("/sys/fs/cgroup").rglob("rlfoundry-sandbox/worker-*")}  # fmt: skip
     before = (
         set(Path("/sys/fs/cgroup").rglob("rlfoundry-sandbox/run-*"))
         if Path("/sys/fs/cgroup").exists()
@@ -329,12 +340,12 @@ def test_no_process_left_behind(sb):
     )
     assert r.exit_code == 0 and "parent exits" in r.stdout
     time.sleep(0.3)
-    assert _slot_processes() == []
+    assert _slot_processes(before=container) == []
     after = set(Path("/sys/fs/cgroup").rglob("rlfoundry-sandbox/run-*"))
     assert after <= before  # no per-run cgroup left
-    for worker in Path("/sys/fs/cgroup").rglob("rlfoundry-sandbox/worker-*"):
-        procs = (worker / "cgroup.procs").read_text().split()
-        assert len(procs) <= 1, f"{worker} still holds {procs}: only the worker itself may remain"
+    for worker, procs in workers.items():
+        left = set((worker / "cgroup.procs").read_text().split()) - procs
+        assert not left, f"{worker} still holds {left}: only the worker and its container may remain"
 
 
 def test_seccomp_refuses_kernel_attack_surface(sb):
@@ -388,3 +399,56 @@ def test_cli_sandbox_exec(tmp_path):
                        cwd=ROOT, capture_output=True, text=True, timeout=120)  # fmt: skip
     out = json.loads(r.stdout)
     assert out["timed_out"] is True and out["stopped_reason"] == "timeout"
+
+
+# -- the pool's long-lived containers (Sandbox(reuse=True)): runs must not see or touch each other ----------
+def test_a_run_sees_nothing_of_the_previous_one(sb):
+    r = run(sb, """
+        import os, subprocess
+        os.makedirs('d/e', exist_ok=True)
+        open('d/e/left.txt', 'w').write('secret of run 1')
+        os.symlink('/work/d', 'link')
+        os.chmod('d/e', 0)  # a directory its own owner cannot list
+        subprocess.Popen(['sleep', '300'])
+        print('done')
+    """)  # fmt: skip
+    assert r.exit_code == 0, r.stderr
+    r = run(sb, """
+        import os
+        print(sorted(os.listdir('.')))
+        print([p for p in os.listdir('/proc') if p.isdigit() and 'sleep' in open(f'/proc/{p}/cmdline').read()])
+    """)  # fmt: skip
+    assert r.exit_code == 0, r.stderr
+    assert r.stdout.splitlines() == ["['main.py']", "[]"]
+
+
+def test_a_run_cannot_read_or_steer_its_supervisor(sb):
+    r = run(sb, """
+        import os, resource
+        sup = os.getppid()
+        out = {}
+        for what in ('mem', 'environ', 'fd/3', 'fd/0', 'maps', 'root/work'):
+            try:
+                with open(f'/proc/{sup}/{what}', 'rb') as f:
+                    f.read(1)
+                out[what] = 'READ'
+            except OSError as e:
+                out[what] = type(e).__name__
+        try:
+            resource.setrlimit(resource.RLIMIT_AS, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+            out['raise_limit'] = 'RAISED'
+        except (ValueError, OSError):
+            out['raise_limit'] = 'refused'
+        print(out)
+    """)  # fmt: skip
+    assert r.exit_code == 0, r.stderr
+    assert "READ" not in r.stdout and "RAISED" not in r.stdout, r.stdout
+
+
+@pytest.mark.parametrize("attack", ["os.kill(os.getppid(), 9)", "os.kill(os.getppid(), signal.SIGSTOP)",
+                                    "os.kill(-1, 9)", "os.chmod('/work', 0)"])  # fmt: skip
+def test_a_run_that_breaks_its_container_does_not_break_the_next(sb, attack):
+    r = run(sb, f"import os, signal\n{attack}\nprint('after')", timeout_s=3)
+    assert r.exit_code != 0 or r.stopped_reason is not None or "after" in r.stdout
+    nxt = run(sb, "import os; print(sorted(os.listdir('.')), 6 * 7)")
+    assert (nxt.exit_code, nxt.stdout) == (0, "['main.py'] 42\n"), nxt
