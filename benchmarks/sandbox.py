@@ -3,8 +3,9 @@
     .venv/bin/python benchmarks/sandbox.py --json
 
 For each worker count, the same programs run (a) bare: `/usr/bin/python3 -E -s file.py` from a thread pool of
-that size, files written beforehand, and (b) through `SandboxPool` (bubblewrap + seccomp + rlimits + cgroup +
-timeout per run). Both are timed after a warm-up. Then every HumanEval canonical solution is scored in the
+that size, files written beforehand, (b) through `SandboxPool` (each worker's long-lived container runs every
+job as a fresh interpreter in an emptied workdir, with its rlimits, cgroup limits and timeout), and (c) through
+`SandboxPool(reuse=False)` (a new bubblewrap container per job). Both are timed after a warm-up. Then every HumanEval canonical solution is scored in the
 sandbox (time and pass rate), and leftovers are counted: processes of sandbox uids, cgroups, slot files.
 
 The last line is one JSON object; ``ratio`` = sandbox / bare executions per second at workers = CPU count.
@@ -61,9 +62,9 @@ def bare(progs: list[str], workers: int, tmp: Path) -> float:
     return len(files) / dt
 
 
-def sandboxed(progs: list[str], workers: int) -> float:
+def sandboxed(progs: list[str], workers: int, reuse: bool = True) -> float:
     jobs = [{"files": {"main.py": p}} for p in progs]
-    with SandboxPool(workers) as pool:
+    with SandboxPool(workers, reuse=reuse) as pool:
         pool.map(jobs[:8], Limits(timeout_s=30))  # warm-up (spawns the workers)
         t0 = time.perf_counter()
         res = pool.map(jobs, Limits(timeout_s=30))
@@ -90,15 +91,19 @@ def main() -> None:
         for w in args.workers:
             b = bare(progs, w, Path(tmp))
             s = sandboxed(progs, w)
+            f = sandboxed(progs, w, reuse=False)
             rows.append(
                 {
                     "workers": w,
                     "bare_exec_s": round(b, 1),
                     "sandbox_exec_s": round(s, 1),
                     "ratio": round(s / b, 3),
+                    "fresh_container_exec_s": round(f, 1),
+                    "fresh_container_ratio": round(f / b, 3),
                 }
             )
-            print(f"workers {w}: bare {b:.1f}/s  sandbox {s:.1f}/s  ratio {s / b:.2f}", file=sys.stderr)
+            print(f"workers {w}: bare {b:.1f}/s  sandbox {s:.1f}/s  ratio {s / b:.2f}  "
+                  f"(a container per run: {f:.1f}/s, {f / b:.2f})", file=sys.stderr)  # fmt: skip
     from envs.humaneval import canonical_completions, score
 
     t0 = time.perf_counter()

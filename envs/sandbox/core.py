@@ -74,7 +74,7 @@ class Limits:
 @dataclass
 class SandboxResult:
     """What happened to one run. ``stopped_reason``: None (it exited by itself), "timeout", "memory",
-    "cpu", "output_limit", or "signal:<NAME>"."""
+    "cpu", "output_limit", "signal:<NAME>", or "sandbox_error" (it killed its container's supervisor)."""
 
     exit_code: int | None
     timed_out: bool
