@@ -37,7 +37,11 @@ def with_result_storage(fl: Any, store: Any) -> Any:
 
     basepath = f"{store.root}/_prefect"
     name = "rlfoundry-results-" + hashlib.sha256(basepath.encode()).hexdigest()[:12]
-    RemoteFileSystem(basepath=basepath).save(name, overwrite=True)
+    # botocore's standard retry mode with the store's attempt count (exponential backoff, capped at 20 s), in
+    # place of its default, which spent ~20 s on every write once the endpoint was gone.
+    retries = {"mode": "standard", "total_max_attempts": store.retries}
+    settings = {"config_kwargs": {"connect_timeout": 5, "read_timeout": 60, "retries": retries}}
+    RemoteFileSystem(basepath=basepath, settings=settings).save(name, overwrite=True)
     return fl.with_options(result_storage=f"remote-file-system/{name}", persist_result=True)
 
 

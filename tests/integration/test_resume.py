@@ -16,19 +16,21 @@ ROOT = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-m", "flows.cli"]
 SMOKE = ["configs/smoke.yaml"]
 
-# (fault point, iteration): inside a stage, half-way through writing an artifact, between stages, during sync
+# (fault point, iteration, engine): inside a stage, half-way through writing an artifact, between stages, during
+# a weight sync. vLLM where the point involves it (weight sync, a committed generate); the fast-starting HF
+# engine elsewhere: resume does not depend on the engine, and the suite stays short.
 KILL_POINTS = [
-    ("generate:start", 1),
-    ("write", 1),
-    ("execute_envs:outputs", 1),
-    ("score_rewards:committed", 1),
-    ("train:outputs", 1),
-    ("evaluate:start", 1),
-    ("sync", 2),
-    ("generate:committed", 2),
-    ("train:start", 2),
-    ("write", 2),
-    ("evaluate:outputs", 2),
+    ("generate:start", 1, "hf"),
+    ("write", 1, "vllm"),
+    ("execute_envs:outputs", 1, "hf"),
+    ("score_rewards:committed", 1, "hf"),
+    ("train:outputs", 1, "hf"),
+    ("evaluate:start", 1, "hf"),
+    ("sync", 2, "vllm"),
+    ("generate:committed", 2, "vllm"),
+    ("train:start", 2, "hf"),
+    ("write", 2, "hf"),
+    ("evaluate:outputs", 2, "hf"),
 ]
 
 
@@ -46,20 +48,33 @@ def _final(state, run_id) -> dict:
     return json.loads(r.stdout)
 
 
+_REFERENCES: dict[str, tuple[list[str], dict]] = {}
+
+
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    state = tmp_path_factory.mktemp("ref")
-    r = _cli(["run", *SMOKE, "--run-id", "ref"], state)
-    assert r.returncode == 0, r.stderr[-3000:]
-    data = _final(state, "ref")
-    return [it["policy_sha256"] for it in data["iterations"]], data
+    """The uninterrupted run's per-iteration weights and metrics, per rollout engine (run on first use)."""
+
+    def get(engine: str) -> tuple[list[str], dict]:
+        if engine not in _REFERENCES:
+            state = tmp_path_factory.mktemp(f"ref-{engine}")
+            r = _cli(["run", *SMOKE, "--run-id", "ref", "--set", f"rollout.engine={engine}"], state)
+            assert r.returncode == 0, r.stderr[-3000:]
+            data = _final(state, "ref")
+            _REFERENCES[engine] = [it["policy_sha256"] for it in data["iterations"]], data
+        return _REFERENCES[engine]
+
+    return get
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("point,iteration", KILL_POINTS, ids=[f"{p}@{i}" for p, i in KILL_POINTS])
-def test_killed_run_resumes_to_identical_weights(reference, tmp_path, point, iteration):
-    hashes, ref_data = reference
-    killed = _cli(["run", *SMOKE, "--run-id", "r"], tmp_path, fault=f"{point}@{iteration}")
+@pytest.mark.parametrize(
+    "point,iteration,engine", KILL_POINTS, ids=[f"{p}@{i}-{e}" for p, i, e in KILL_POINTS]
+)
+def test_killed_run_resumes_to_identical_weights(reference, tmp_path, point, iteration, engine):
+    hashes, ref_data = reference(engine)
+    killed = _cli(["run", *SMOKE, "--run-id", "r", "--set", f"rollout.engine={engine}"], tmp_path,
+                  fault=f"{point}@{iteration}")  # fmt: skip
     assert killed.returncode == -signal.SIGKILL, (killed.returncode, killed.stderr[-2000:])
     before = _final(tmp_path, "r")
     done = [
@@ -78,8 +93,10 @@ def test_killed_run_resumes_to_identical_weights(reference, tmp_path, point, ite
 
 
 @pytest.mark.slow
-def test_resume_with_changed_config_is_refused_unless_forced(reference, tmp_path):
-    killed = _cli(["run", *SMOKE, "--run-id", "c"], tmp_path, fault="train:start@1")
+def test_resume_with_changed_config_is_refused_unless_forced(tmp_path):
+    killed = _cli(
+        ["run", *SMOKE, "--run-id", "c", "--set", "rollout.engine=hf"], tmp_path, fault="train:start@1"
+    )
     assert killed.returncode == -signal.SIGKILL
     r = _cli(["resume", "c", "--set", "train.lr=0.5"], tmp_path, timeout=120)
     assert r.returncode == 2 and "train.lr: 0.0001 -> 0.5" in r.stderr

@@ -82,9 +82,11 @@ def _hashes(env, run_id, store) -> list[str]:
 
 @pytest.fixture(scope="module")
 def s3_run(s3, tmp_path_factory):
-    """The smoke experiment run whole on the S3 store: (env, completed process)."""
+    """The smoke experiment run whole on the S3 store: (env, completed process). HF engine: the store is what
+    is tested here, and it starts in a second instead of vLLM's ~20 s (a vLLM run on S3: test_stack.py)."""
     env = {**cli_env(tmp_path_factory.mktemp("s3run")), **s3}
-    r = _cli(["run", "configs/smoke.yaml", "--run-id", "s3run", "--set", "store.uri=s3://rlf-test/runs"], env)
+    r = _cli(["run", "configs/smoke.yaml", "--run-id", "s3run", "--set", "store.uri=s3://rlf-test/runs",
+              "--set", "rollout.engine=hf"], env)  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
     return env, r
 
@@ -123,7 +125,7 @@ def test_s3_outage_fails_clearly_then_resume_matches(s3, s3_run, tmp_path):
     fs = s3fs.S3FileSystem(endpoint_url=srv.endpoint, key=KEY, secret=SECRET, skip_instance_cache=True)
     fs.mkdir("outage")
     args = ["run", "configs/smoke.yaml", "--run-id", "o1", "--set", "store.uri=s3://outage/runs",
-            "--set", "store.retries=3", "--set", "store.retry_max_wait_s=1"]  # fmt: skip
+            "--set", "store.retries=3", "--set", "store.retry_max_wait_s=1", "--set", "rollout.engine=hf"]  # fmt: skip
     proc = subprocess.Popen([sys.executable, "-m", "flows.cli", *args], cwd=ROOT, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
     try:
