@@ -241,6 +241,15 @@ class Cgroup:
                     time.sleep(0.001)
 
 
+def _sweep_dead_workers() -> None:
+    """Remove the (empty) cgroups of pool workers that died without cleaning up (SIGKILLed)."""
+    for d in list(_CG.glob("rlfoundry-sandbox/worker-*")) + list(_CG.glob("*/rlfoundry-sandbox/worker-*")):
+        pid = d.name.split("-")[1]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            with contextlib.suppress(OSError):  # not empty (still in use): leave it
+                d.rmdir()
+
+
 def _write(path: Path, value: str) -> None:
     with open(path, "w") as f:
         f.write(value)
@@ -294,7 +303,11 @@ def _check_name(name: str) -> str:
 
 
 def bwrap_command(
-    files: dict[str, int], argv: list[str], disk_mb: int, seccomp_fd: int, system: dict[str, int] | None = None
+    files: dict[str, int],
+    argv: list[str],
+    disk_mb: int,
+    seccomp_fd: int,
+    system: dict[str, int] | None = None,
 ) -> list[str]:
     """``files``: memfds placed in /work; ``system``: memfds placed at absolute paths (read-only after setup)."""
     cmd = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--clearenv",
@@ -341,6 +354,7 @@ class Sandbox:
         if dedicated:
             ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
         if dedicated and mode == "strict":
+            _sweep_dead_workers()
             self._own = Cgroup(f"worker-{os.getpid()}-{secrets.token_hex(4)}", 64, 1 << 40)
             for fd in self._own.join_fds():
                 os.write(fd, str(os.getpid()).encode())
@@ -421,8 +435,9 @@ class Sandbox:
                 _reap()
             slot.release()
 
-
-    def _run_reused(self, named: dict[str, bytes], argv: list[str], stdin: bytes, lim: Limits) -> SandboxResult:
+    def _run_reused(
+        self, named: dict[str, bytes], argv: list[str], stdin: bytes, lim: Limits
+    ) -> SandboxResult:
         assert self._own is not None
         try:
             for _ in range(2):  # a container that could not set the run up is replaced once
@@ -613,7 +628,9 @@ class _Container:
         self.keep = self.cg.pids()
         self.alive = True
 
-    def run(self, named: dict[str, bytes], argv: list[str], stdin: bytes, lim: Limits) -> SandboxResult | None:
+    def run(
+        self, named: dict[str, bytes], argv: list[str], stdin: bytes, lim: Limits
+    ) -> SandboxResult | None:
         """One run; None when the supervisor could not set it up (the caller restarts the container)."""
         cg = self.cg
         cg.set_limits(lim.max_procs + 2 + len(self.keep), cg.memory_usage() + (lim.memory_mb << 20))

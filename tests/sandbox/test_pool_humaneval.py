@@ -43,12 +43,20 @@ def test_ten_thousand_executions_leave_nothing_behind():
     tmp_before = set(Path("/tmp").iterdir())
     with SandboxPool(2) as pool:
         first = pool.map([{"files": {"main.py": "print(1)"}}] * 200)
-        rss0 = sum(c.memory_info().rss for c in me.children())
+        # workers and their containers (bubblewrap, the supervisor): everything that lives across runs
+        kept0 = {c.pid for c in me.children(recursive=True)}
+        rss0 = sum(c.memory_info().rss for c in me.children(recursive=True))
         res = pool.map([{"files": {"main.py": f"print({i})"}} for i in range(10_000)])
-        rss1 = sum(c.memory_info().rss for c in me.children())
+        kept1 = {c.pid for c in me.children(recursive=True)}
+        rss1 = sum(c.memory_info().rss for c in me.children(recursive=True))
+        cgroup_mem = [int(p.read_text()) for name in ("memory.current", "memory.usage_in_bytes")  # v2, v1
+                      for w in me.children() for p in cg.glob(f"**/rlfoundry-sandbox/worker-{w.pid}-*/{name}")]  # fmt: skip
     assert all(r.exit_code == 0 for r in first + res)
     assert [r.stdout for r in res[:3]] == ["0\n", "1\n", "2\n"]
+    assert kept1 == kept0, "a pool process or container was replaced or added during plain runs"
     assert rss1 - rss0 < 50 * 1024 * 1024, f"pool workers grew by {(rss1 - rss0) >> 20} MiB over 10,000 runs"
+    # the emptied workdirs hold nothing: each worker cgroup's memory (processes + tmpfs) stays small
+    assert len(cgroup_mem) == 2 and all(m < 256 * 1024 * 1024 for m in cgroup_mem), cgroup_mem
     assert _slot_processes() == []
     assert set(cg.glob("**/rlfoundry-sandbox/run-*")) <= before_cg
     assert me.num_fds() <= fds_before + 2
@@ -136,3 +144,29 @@ def test_pool_held_by_a_pool_worker_lets_it_exit():
         out = list(ex.map(_py_tool_job, range(4)))
     assert out == [f"={i * 7}\n" for i in range(4)]
     assert time.monotonic() - t0 < 120
+
+
+def test_a_killed_workers_cgroup_is_swept_by_the_next_pool():
+    cg = Path("/sys/fs/cgroup")
+    me = psutil.Process()
+    others = {c.pid for c in me.children()}
+    pool = SandboxPool(1)
+    try:
+        assert pool.map([{"files": {"main.py": "print(1)"}}])[0].stdout == "1\n"
+        (worker,) = [
+            c for c in me.children() if c.pid not in others and "spawn_main" in " ".join(c.cmdline())
+        ]
+        dirs = list(cg.glob(f"**/rlfoundry-sandbox/worker-{worker.pid}-*"))
+        assert dirs, "the worker has a cgroup of its own"
+        for p in worker.children(recursive=True) + [worker]:  # as a crash would: nothing cleans up
+            p.kill()
+        psutil.wait_procs([worker], timeout=10)
+        deadline = time.monotonic() + 10
+        while any((d / "cgroup.procs").read_text().split() for d in dirs) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert all(d.exists() for d in dirs)
+    finally:
+        pool.close()  # the executor is broken now (its worker died): shutting it down must still work
+    with SandboxPool(1) as fresh:
+        assert fresh.map([{"files": {"main.py": "print(2)"}}])[0].stdout == "2\n"
+    assert not any(d.exists() for d in dirs)
