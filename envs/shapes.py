@@ -19,8 +19,8 @@ import json
 import random
 from typing import Any
 
-from envs.arithmetic import parse_answer
-from envs.base import StepResult, draw_tasks, register
+from envs.arithmetic import ArithmeticEnv
+from envs.base import draw_tasks, register
 
 COLORS = {"red": (220, 30, 30), "green": (30, 160, 30), "blue": (30, 30, 220)}
 KINDS = ("square", "circle")
@@ -60,13 +60,12 @@ def png(scene: list[list[Any]]) -> bytes:
 
 
 @register("shapes")
-class ShapesEnv:
+class ShapesEnv(ArithmeticEnv):
+    """Episodes and the verifier (a bare integer) are arithmetic's; the tasks and their pictures are new."""
+
     name = "shapes"
     multimodal = True
     image_size = IMAGE_SIZE
-
-    def __init__(self) -> None:
-        self._task: dict[str, Any] | None = None
 
     def tasks(self, split: str, task_cfg: Any, seed: int) -> list[dict[str, Any]]:
         def draw(rng: random.Random) -> dict[str, Any]:
@@ -91,18 +90,3 @@ class ShapesEnv:
 
     def corpus(self, tasks: list[dict[str, Any]]) -> list[str]:
         return [t["prompt"] for t in tasks] + [str(i) for i in range(MAX_SHAPES + 1)]
-
-    def reset(self, task: dict[str, Any], seed: int) -> str:
-        self._task = task
-        return task["prompt"]
-
-    def step(self, action: str) -> StepResult:
-        if self._task is None:
-            raise RuntimeError("step() before reset()")
-        value = parse_answer(action)
-        outcome = {
-            "parsed": "" if value is None else str(value),
-            "well_formed": value is not None,
-            "correct": value is not None and str(value) == self._task["answer"],
-        }
-        return StepResult(observation=None, done=True, outcome=outcome)

@@ -18,6 +18,7 @@ import pandas as pd
 import torch
 
 from rl_core.losses import clipped_pg_loss, entropy_from_logits, token_logprobs
+from rl_core.vision import suppress, unsampleable_ids
 
 
 @dataclass
@@ -89,8 +90,6 @@ def make_batch(
 def _logits(
     module: Any, ids: torch.Tensor, attn: torch.Tensor, pixels: torch.Tensor | None = None
 ) -> torch.Tensor:
-    from rl_core.vision import suppress, unsampleable_ids
-
     extra = {} if pixels is None else {"pixel_values": pixels}
     logits = module(input_ids=ids, attention_mask=attn, use_cache=False, **extra).logits[:, :-1]
     return suppress(logits, unsampleable_ids(module))

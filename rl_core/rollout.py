@@ -83,13 +83,10 @@ class VLLMEngine:
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
         from vllm import LLM
 
-        from rl_core.vision import _config
+        from rl_core.vision import allowed_token_ids
 
-        cfg = _config(str(ckpt_dir))
-        vocab = cfg.get("text_config", cfg)["vocab_size"]
-        never = {cfg["image_token_index"]} if "image_token_index" in cfg else set()
-        # What the trainer's logits allow (see rl_core.vision.suppress): never the image placeholder.
-        self.allowed = [i for i in range(vocab) if i not in never]
+        # What the trainer's logits allow (rl_core.vision.suppress): never the image placeholder.
+        self.allowed = allowed_token_ids(ckpt_dir)
         with _captured_stderr():
             self.llm = LLM(
                 model=str(ckpt_dir),
@@ -120,10 +117,9 @@ class VLLMEngine:
 
                 prompt["multi_modal_data"] = {"image": [decode_image(b) for b in r.images]}
             prompts.append(prompt)
-        allowed = self.allowed if any(r.images for r in requests) else None
         params = [
             SamplingParams(
-                allowed_token_ids=allowed,
+                allowed_token_ids=self.allowed,
                 n=spec.n,
                 temperature=spec.temperature,
                 top_p=spec.top_p,

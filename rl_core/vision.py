@@ -125,6 +125,15 @@ def image_prefix(ckpt_dir: str | Path) -> list[int]:
     return [int(cfg["image_token_index"])] * int(cfg["image_seq_length"])
 
 
+def allowed_token_ids(ckpt_dir: str | Path) -> list[int] | None:
+    """For an engine that takes an allow-list (vLLM): every token but the unsampleable ones, or None (all)."""
+    cfg = _config(str(ckpt_dir))
+    if "image_token_index" not in cfg:
+        return None
+    vocab = int(cfg["text_config"]["vocab_size"])
+    return [i for i in range(vocab) if i != int(cfg["image_token_index"])]
+
+
 def decode_image(data: bytes, where: str = "image") -> Any:
     """PNG/JPEG bytes -> an RGB PIL image; a clear error naming ``where`` if they are not an image."""
     from PIL import Image, UnidentifiedImageError

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -52,3 +53,9 @@ def cli_env(state: Path) -> dict[str, str]:
     if "url" in _API:
         env["PREFECT_API_URL"] = _API["url"]
     return env
+
+
+def run_cli(args: list[str], state: Path, timeout: float = 900) -> subprocess.CompletedProcess:
+    """``rlfoundry ARGS`` in a subprocess writing under ``state`` (see ``cli_env``), output captured."""
+    return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=ROOT, env=cli_env(state),
+                          capture_output=True, text=True, timeout=timeout)  # fmt: skip

@@ -673,10 +673,7 @@ class _Container:
             elif status[0] != 0:
                 self.alive = False  # it could not empty /work or write the files
                 return None
-            code = None
-            if status is not None:
-                code = status[1] >> 8 if os.WIFEXITED(status[1]) else 128 + os.WTERMSIG(status[1])
-            return _verdict(code, reason, out, lim, cg, ooms, t0)
+            return _verdict(None if status is None else status[1], reason, out, lim, cg, ooms, t0)
         finally:
             os.close(out_r)
             os.close(err_r)

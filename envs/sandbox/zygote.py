@@ -4,8 +4,8 @@ The worker starts one container (every namespace, read-only root, seccomp, its s
 this file, then sends it one request per run over a Unix socket: a JSON header and the run's file descriptors
 (stdin, stdout, stderr, and a memfd holding the files). For each run it empties /work, writes the files, forks
 a child that drops to the run's rlimits (hard limits: the program cannot raise them), starts a session of its
-own and execs the interpreter: a fresh process image per run, as ``python3 main.py`` would be. It reports the
-wait status. The supervisor is not dumpable, so the code it runs cannot read or write its memory or fds
+own and execs the interpreter with the container's environment: a fresh process image per run, as
+``python3 main.py`` would be. It reports the exit code (128 + N when killed by signal N). The supervisor is not dumpable, so the code it runs cannot read or write its memory or fds
 through /proc; if a run kills or stops it, the worker notices and starts a new container.
 
 This file is executed, never imported, by the sandbox.
@@ -22,8 +22,6 @@ import sys
 
 _PR_SET_DUMPABLE = 4
 _WORK = "/work"
-_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/work", "TMPDIR": "/work", "LANG": "C.UTF-8",
-        "PYTHONDONTWRITEBYTECODE": "1"}  # fmt: skip
 
 
 def _wipe() -> None:
@@ -56,7 +54,7 @@ def _child(req: dict, fds: list) -> None:
             resource.setrlimit(getattr(resource, name), (value, value))
         resource.setrlimit(resource.RLIMIT_CPU, (lim["cpu"], lim["cpu"] + 1))
         os.chdir(_WORK)
-        os.execve(req["argv"][0], req["argv"], _ENV)
+        os.execv(req["argv"][0], req["argv"])  # the environment bubblewrap set for the container
     except BaseException as e:  # the exec failed: say why on the run's stderr
         os.write(2, f"sandbox: cannot start {req['argv'][:1]}: {e}\n".encode())
     os._exit(127)
@@ -84,8 +82,9 @@ def main() -> None:
             _child(req, fds)
         for fd in fds[:3]:
             os.close(fd)
-        _, status = os.waitpid(pid, 0)
-        ctrl.sendall(struct.pack("!ii", 0, status))
+        code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        # as bubblewrap reports it for a one-off run: 128 + N for a program killed by signal N
+        ctrl.sendall(struct.pack("!ii", 0, 128 - code if code < 0 else code))
 
 
 if __name__ == "__main__":

@@ -5,8 +5,6 @@ logprobs from them, and generate replays bit-identically."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -15,22 +13,16 @@ import pytest
 from envs.shapes import ShapesEnv
 from rl_core.config import load_config
 from rl_core.vision import image_prefix
-from tests.conftest import cli_env
+from tests.conftest import run_cli
 
-ROOT = Path(__file__).resolve().parents[2]
 SMALL = ["--set", "experiment.iterations=1", "--set", "warmup.steps=30", "--set", "rollout.prompts_per_iteration=8",
          "--set", "rollout.n=4", "--set", "task.train_size=300", "--set", "task.heldout_size=16",
          "--set", "eval.every=1"]  # fmt: skip
 
 
-def _cli(args, state, timeout=900):
-    return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=ROOT, env=cli_env(state),
-                          capture_output=True, text=True, timeout=timeout)  # fmt: skip
-
-
 @pytest.mark.slow
 def test_shapes_run_stores_images_and_replays(tmp_path):
-    r = _cli(["run", "configs/shapes.yaml", "--run-id", "mm", *SMALL], tmp_path)
+    r = run_cli(["run", "configs/shapes.yaml", "--run-id", "mm", *SMALL], tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     it = tmp_path / "store" / "mm" / "iter-0001"
     df = pd.read_parquet(it / "generate" / "rollouts.parquet")
@@ -48,13 +40,13 @@ def test_shapes_run_stores_images_and_replays(tmp_path):
     assert train["logprob_mismatch_max"] < 1e-4  # the trainer saw the same pixels as the engine
     evals = json.loads((it / "evaluate" / "_manifest.json").read_text())["metrics"]
     assert {"accuracy_all", "accuracy_red", "pass@4"} <= set(evals)
-    shown = _cli(["rollouts", "mm", "--iteration", "1", "-k", "2", "--json", "--images", str(tmp_path / "png")],
+    shown = run_cli(["rollouts", "mm", "--iteration", "1", "-k", "2", "--json", "--images", str(tmp_path / "png")],
                  tmp_path, timeout=300)  # fmt: skip
     assert shown.returncode == 0, shown.stderr[-2000:]
     for row in json.loads(shown.stdout)["best"]:
         png = Path(row["image"]).read_bytes()
         assert png == env.image(tasks[row["task_id"]])
-        rep = _cli(
+        rep = run_cli(
             ["replay", "mm", "--iteration", "1", "--stage", "generate", "--json"], tmp_path, timeout=600
         )
     assert rep.returncode == 0, rep.stdout[-2000:] + rep.stderr[-2000:]

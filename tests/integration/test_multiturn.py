@@ -4,8 +4,6 @@ tokens masked out of the loss, hermetic replay of the environment, bit-identical
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -13,23 +11,17 @@ import pandas as pd
 import pytest
 
 from rl_core.model import load_tokenizer
-from tests.conftest import cli_env
+from tests.conftest import run_cli
 
-ROOT = Path(__file__).resolve().parents[2]
 SMALL = ["--set", "experiment.iterations=1", "--set", "warmup.steps=40", "--set", "model.hidden_size=64",
          "--set", "model.num_layers=2", "--set", "rollout.prompts_per_iteration=8", "--set", "rollout.n=4",
          "--set", "task.train_size=400", "--set", "task.heldout_size=16", "--set", "eval.every=1",
          "--set", "warmup.examples=400"]  # fmt: skip
 
 
-def _cli(args, state, timeout=900):
-    return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=ROOT, env=cli_env(state),
-                          capture_output=True, text=True, timeout=timeout)  # fmt: skip
-
-
 @pytest.mark.slow
 def test_tool_use_run_is_token_in_token_out(tmp_path):
-    r = _cli(["run", "configs/tooluse.yaml", "--run-id", "mt", *SMALL], tmp_path)
+    r = run_cli(["run", "configs/tooluse.yaml", "--run-id", "mt", *SMALL], tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     it = tmp_path / "store" / "mt" / "iter-0001"
     df = pd.read_parquet(it / "generate" / "rollouts.parquet")
@@ -57,6 +49,8 @@ def test_tool_use_run_is_token_in_token_out(tmp_path):
     assert not env["replay_mismatch"].any()  # the environment gave the same observations on replay
     train = json.loads((it / "train" / "_manifest.json").read_text())["metrics"]
     assert np.isfinite(train["loss"]) and train["logprob_mismatch_max"] < 1e-3
-    rep = _cli(["replay", "mt", "--iteration", "1", "--stage", "generate", "--json"], tmp_path, timeout=600)
+    rep = run_cli(
+        ["replay", "mt", "--iteration", "1", "--stage", "generate", "--json"], tmp_path, timeout=600
+    )
     assert rep.returncode == 0, rep.stdout[-2000:] + rep.stderr[-2000:]
     assert json.loads(rep.stdout)["identical"] is True

@@ -19,7 +19,14 @@ from rl_core.config import load_config
 from rl_core.model import build_tokenizer, load_model, save_checkpoint, save_weights
 from rl_core.ppo import make_batch, sequence_logprobs
 from rl_core.rollout import HFEngine, Request, SamplingSpec, get_engine
-from rl_core.vision import IMAGE_TOKEN, build_vlm, image_prefix, pixel_values, save_processor
+from rl_core.vision import (
+    IMAGE_TOKEN,
+    allowed_token_ids,
+    build_vlm,
+    image_prefix,
+    pixel_values,
+    save_processor,
+)
 
 CFG = load_config("configs/shapes.yaml", ["task.train_size=300", "task.heldout_size=40"])
 
@@ -180,6 +187,8 @@ def test_the_image_placeholder_is_never_sampled(tmp_path):
     ids = image_prefix(biased) + eng.tokenizer(task["prompt"], add_special_tokens=False)["input_ids"]
     outs = eng.generate([Request(ids, seed=1, images=(env.image(task),))], SamplingSpec(n=16, max_tokens=3))
     assert all(image_id not in c.token_ids for c in outs[0])
+    allowed = allowed_token_ids(biased)  # vLLM's allow-list on GPUs: the same restriction
+    assert image_id not in allowed and len(allowed) == model.config.text_config.vocab_size - 1
     rows = [{"prompt_ids": ids, "completion_ids": c.token_ids, "logprobs": c.logprobs,
              "loss_mask": [1] * len(c.token_ids), "advantage": 0.0, "image": env.image(task)} for c in outs[0]]  # fmt: skip
     batch = make_batch(pd.DataFrame(rows), pad_id=eng.tokenizer.pad_token_id, ckpt_dir=biased)
