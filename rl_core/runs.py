@@ -2,13 +2,32 @@
 
 A second run with an existing id is refused; resuming with a different config is refused (with the
 difference) unless forced.
+
+A run id names a folder (or S3 prefix) directly under the store's root, and it arrives from the command line
+and from the Prefect UI's form, so it is checked against one rule before anything is read or written:
+``check_run_id`` (and ``RunId`` for pydantic-typed parameters).
+
+    >>> check_run_id("exp-1.b_2")
+    'exp-1.b_2'
+    >>> for bad in ("../escape", "a/b", "_base", "x;rm -rf y"):
+    ...     try:
+    ...         check_run_id(bad)
+    ...     except RunIdError as e:
+    ...         print(str(e).split(": ")[0])
+    invalid run id '../escape'
+    invalid run id 'a/b'
+    invalid run id '_base'
+    invalid run id 'x;rm -rf y'
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import re
 import secrets
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, WithJsonSchema
 
 from rl_core.config import Config, config_from_dict
 from rl_core.context import RunContext
@@ -19,6 +38,49 @@ RUN_RECORD = "run.json"
 
 class RunError(RuntimeError):
     """A run id is taken, unknown, or its config does not match."""
+
+
+# Folders the store keeps for itself beside the runs (shared base models, replay scratch, Prefect results,
+# MLflow artifacts). The alphabet below already excludes them (no leading '_'); they are named so the rule
+# stays true if the alphabet is ever widened.
+RESERVED = frozenset({"_base", "_mlflow", "_prefect", "_replay"})
+RUN_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+RUN_ID_RULE = (
+    "a run id is 1-64 characters of letters, digits, '.', '_' and '-', starting with a letter or digit, "
+    f"without '..'; and none of the store's reserved names ({', '.join(sorted(RESERVED))})"
+)
+
+
+class RunIdError(RunError, ValueError):
+    """A run id breaks the rule (``RUN_ID_RULE``); the message quotes it and the rule."""
+
+
+def check_run_id(run_id: str) -> str:
+    """``run_id`` if it is a safe store folder name, else RunIdError naming the id and the rule."""
+    if (
+        not isinstance(run_id, str)
+        or not re.fullmatch(RUN_ID_PATTERN, run_id)
+        or ".." in run_id
+        or run_id in RESERVED
+    ):
+        raise RunIdError(f"invalid run id {run_id!r}: {RUN_ID_RULE}")
+    return run_id
+
+
+def _check_optional(run_id: str) -> str:
+    return run_id and check_run_id(run_id)
+
+
+# Typed parameters of the Prefect deployments: the UI's form shows the pattern, the server refuses a bad id
+# before a flow run exists, and the flow checks again with the full rule.
+RunId = Annotated[
+    str, AfterValidator(check_run_id), WithJsonSchema({"type": "string", "pattern": RUN_ID_PATTERN})
+]
+OptionalRunId = Annotated[
+    str,
+    AfterValidator(_check_optional),
+    WithJsonSchema({"type": "string", "pattern": f"^$|{RUN_ID_PATTERN}"}),
+]
 
 
 def new_run_id() -> str:
@@ -37,6 +99,7 @@ def config_diff(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> l
 
 
 def create_run(ctx: RunContext) -> None:
+    check_run_id(ctx.run_id)
     uri = f"{ctx.store.run_uri(ctx.run_id)}/{RUN_RECORD}"
     if ctx.store.exists(uri):
         raise RunError(
@@ -54,6 +117,7 @@ def create_run(ctx: RunContext) -> None:
 
 
 def load_run(store: Store, run_id: str) -> dict[str, Any]:
+    check_run_id(run_id)
     uri = f"{store.run_uri(run_id)}/{RUN_RECORD}"
     if not store.exists(uri):
         raise RunError(f"no run {run_id!r} in {store.root}")

@@ -159,10 +159,16 @@ class Store:
 
     # -- naming -------------------------------------------------------------------------------------
     def run_uri(self, run_id: str) -> str:
+        """``<root>/<run_id>``. Users' ids are checked by ``rl_core.runs.check_run_id`` where they enter; the
+        store's own prefixes (``_base/<hash>``, ``<run>/sweep``) have several segments, and no segment may
+        climb out of the root."""
+        parts = run_id.split("/")
+        if any(p in ("", ".", "..") or "\\" in p for p in parts):
+            raise ArtifactError(f"run prefix {run_id!r} would leave the store {self.root}")
         return f"{self.root}/{run_id}"
 
     def stage_uri(self, run_id: str, iteration: int, stage: str) -> str:
-        return f"{self.root}/{run_id}/iter-{iteration:04d}/{stage}"
+        return f"{self.run_uri(run_id)}/iter-{iteration:04d}/{stage}"
 
     def _path(self, uri: str) -> str:
         return self.fs._strip_protocol(uri)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -55,7 +56,107 @@ def cli_env(state: Path) -> dict[str, str]:
     return env
 
 
-def run_cli(args: list[str], state: Path, timeout: float = 900) -> subprocess.CompletedProcess:
-    """``rlfoundry ARGS`` in a subprocess writing under ``state`` (see ``cli_env``), output captured."""
-    return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=ROOT, env=cli_env(state),
-                          capture_output=True, text=True, timeout=timeout)  # fmt: skip
+def run_cli(
+    args: list[str], state: Path, timeout: float = 900, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """``rlfoundry ARGS`` in a subprocess writing under ``state`` (see ``cli_env``; ``env`` added), output
+    captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "flows.cli", *args],
+        cwd=ROOT,
+        env={**cli_env(state), **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+S3_KEY, S3_SECRET = "rlf-test-key", "rlf-test-secret-d1e4f0c9a7"
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory: pytest.TempPathFactory):
+    """A real S3 server (SeaweedFS on 127.0.0.1) for one test module, with the bucket ``rlf-test``; yields the
+    environment that points clients at it (also set in this process while the module runs)."""
+    from rl_core.s3server import S3Server
+
+    srv = S3Server.start(tmp_path_factory.mktemp("weed"), access_key=S3_KEY, secret_key=S3_SECRET)
+    env = {
+        "AWS_ENDPOINT_URL": srv.endpoint,
+        "AWS_ACCESS_KEY_ID": S3_KEY,
+        "AWS_SECRET_ACCESS_KEY": S3_SECRET,
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    import s3fs
+
+    s3fs.S3FileSystem.clear_instance_cache()
+    s3fs.S3FileSystem().mkdir("rlf-test")
+    yield env
+    for k, v in old.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    srv.stop()
+
+
+# -- servers' logs: a test fails when a server it talks to logs an error or a traceback while it runs ------------
+# Every server the suite starts (the session's Prefect server, `rlfoundry up`'s S3/Prefect/MLflow, a run's
+# private Prefect server, the S3 fixture's SeaweedFS) writes its log under pytest's base temp dir with one of
+# these names, so a broken background service (a scheduler failing every loop) cannot hide behind a passing
+# request. A test that provokes a server error on purpose says which with @pytest.mark.server_log_allows(RE).
+SERVER_LOG_NAMES = ("server.log", "prefect.log", "mlflow.log", "weed.log")
+ERROR_LINE = re.compile(
+    r"Traceback \(most recent call last\)"  # Python
+    r"|\b(?:ERROR|CRITICAL|FATAL)\b"  # Python logging, uvicorn, gunicorn
+    r"|^[EF]\d{4} \d\d:\d\d:\d\d"  # glog (SeaweedFS): E = error, F = fatal
+)
+
+
+def server_logs(base: Path) -> list[Path]:
+    return [
+        p
+        for p in base.rglob("*.log")
+        if p.is_file() and (p.name in SERVER_LOG_NAMES or p.name.startswith("prefect-server-"))
+    ]
+
+
+def log_errors(text: str) -> list[str]:
+    """The error entries of a log excerpt: each flagged line, a traceback with everything up to its exception.
+
+    >>> log_errors("INFO ok\\nTraceback (most recent call last):\\n  File x\\nValueError: bad\\nINFO fine")
+    ['Traceback (most recent call last):\\n  File x\\nValueError: bad']
+    >>> log_errors("I1130 12:00:00.1 master.go ok\\nE1130 12:00:01.2 volume.go: disk full")
+    ['E1130 12:00:01.2 volume.go: disk full']
+    """
+    lines, out, i = text.splitlines(), [], 0
+    while i < len(lines):
+        if not ERROR_LINE.search(lines[i]):
+            i += 1
+            continue
+        j = i + 1
+        if lines[i].startswith("Traceback"):
+            while j < len(lines) and (lines[j][:1].isspace() or not lines[j].strip()):
+                j += 1
+            j += 1  # the exception's own line
+        out.append("\n".join(lines[i:j]))
+        i = j
+    return out
+
+
+@pytest.fixture(autouse=True)
+def server_logs_clean(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
+    base = tmp_path_factory.getbasetemp()
+    before = {p: p.stat().st_size for p in server_logs(base)}
+    yield
+    allowed = [re.compile(m.args[0]) for m in request.node.iter_markers("server_log_allows")]
+    problems = []
+    for p in server_logs(base):
+        with open(p, "rb") as f:
+            f.seek(before.get(p, 0))
+            text = f.read().decode(errors="replace")
+        problems += [f"{p}:\n{e}" for e in log_errors(text) if not any(a.search(e) for a in allowed)]
+    if problems:
+        pytest.fail("a server logged errors during this test:\n" + "\n".join(problems[:10]), pytrace=False)

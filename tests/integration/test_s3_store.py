@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -14,34 +13,11 @@ import pytest
 
 from rl_core.s3server import S3Server
 from rl_core.store import ArtifactError, Store
+from tests.conftest import S3_KEY as KEY
+from tests.conftest import S3_SECRET as SECRET
 from tests.conftest import cli_env
 
 ROOT = Path(__file__).resolve().parents[2]
-KEY, SECRET = "rlf-test-key", "rlf-test-secret-d1e4f0c9a7"
-
-
-@pytest.fixture(scope="module")
-def s3(tmp_path_factory):
-    srv = S3Server.start(tmp_path_factory.mktemp("weed"), access_key=KEY, secret_key=SECRET)
-    env = {
-        "AWS_ENDPOINT_URL": srv.endpoint,
-        "AWS_ACCESS_KEY_ID": KEY,
-        "AWS_SECRET_ACCESS_KEY": SECRET,
-        "AWS_DEFAULT_REGION": "us-east-1",
-    }
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    import s3fs
-
-    s3fs.S3FileSystem.clear_instance_cache()
-    s3fs.S3FileSystem().mkdir("rlf-test")
-    yield env
-    for k, v in old.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
-    srv.stop()
 
 
 def test_store_roundtrip_and_corruption_on_s3(s3):
