@@ -130,6 +130,42 @@ def test_deployments_triggered_through_the_api(served):
     assert "no committed train stage at iteration 9" in fr["state"]["message"]
 
 
+# (deployment, parameters, refused by the server's schema check, else the flow fails before any work)
+BAD_IDS = [
+    ("experiment", {"run_id": "../escape-x"}, True),
+    ("experiment", {"run_id": "_base"}, True),
+    ("experiment", {"run_id": "a..b"}, False),  # the pattern allows it; the flow's check does not
+    ("replay", {"run_id": "a/b", "iteration": 1, "stage": "train"}, True),
+    ("replay", {"run_id": "../../x", "iteration": 1, "stage": "train", "store": "s3://rlf-none/runs"}, True),
+    ("evaluation-sweep", {"run_ids": ["ok", "x;rm -rf y"]}, True),
+]
+
+
+@pytest.mark.slow
+def test_deployments_refuse_bad_run_ids(served):
+    """Whoever can trigger a run in the UI cannot make the worker write outside the store: a bad id is refused
+    when the flow run is created (the typed parameter's pattern) or, at the latest, before the flow body reads
+    or writes anything."""
+    import urllib.error
+
+    state = served["state"]
+    before = sorted(p.relative_to(state) for p in state.rglob("*") if "prefect" not in p.parts)
+    for name, params, refused in BAD_IDS:
+        dep = served["deps"][name]
+        try:
+            fr = _api(f"{served['api']}/deployments/{dep['id']}/create_flow_run", {"parameters": params})
+        except urllib.error.HTTPError as e:
+            body = e.read().decode()
+            assert refused and e.code == 409 and "does not match" in body, (name, params, e.code, body)
+            continue
+        assert not refused, (name, params, "accepted by the server")
+        fr = _wait(served["api"], fr["id"])
+        assert fr["state"]["type"] == "FAILED" and "invalid run id" in fr["state"]["message"], (name, fr)
+    after = sorted(p.relative_to(state) for p in state.rglob("*") if "prefect" not in p.parts)
+    assert after == before
+    assert not any(state.parent.glob("escape-x*")) and not (state / "escape-x").exists()
+
+
 @pytest.mark.slow
 def test_experiment_started_from_the_prefect_ui(served):
     """Headless Chromium (Debian's) opens the experiment's run form, changes one field, submits, and waits
