@@ -4,15 +4,16 @@ Each run executes ``argv`` (by default ``python3 main.py``) in a fresh bubblewra
 
 - **Namespaces**: user, mount, pid, net, ipc, uts, cgroup (``--unshare-all``). The filesystem is a new root
   holding only read-only ``/usr`` (with the ``/bin``, ``/lib``, ``/lib64`` links), a private ``/proc`` of the
-  sandbox's own pid namespace, four device nodes in ``/dev`` (null, zero, random, urandom), and the workdir ``/work``: a tmpfs capped at
+  sandbox's own pid namespace, four device nodes in ``/dev`` (null, zero, random, urandom; mounted read-only, so their host
+  timestamps cannot be set), and the workdir ``/work``: a tmpfs capped at
   ``disk_mb``, holding the run's files, written from memory (never a host path). The root is remounted
   read-only. The network namespace has only a down loopback.
 - **Identity**: the process runs as uid 65534 inside and, outside, as a uid of its own (``UID_BASE`` + slot),
   never root: it cannot signal, trace or read anything of another uid, and per-uid limits count only it.
 - **seccomp**: a filter (libseccomp) refuses with EPERM ptrace, mount/umount, namespace creation
-  (unshare, setns, clone with namespace flags), kernel keyrings, bpf, perf_event_open, userfaultfd,
+  (unshare, setns, clone with any namespace flag), kernel keyrings, bpf, perf_event_open, userfaultfd,
   io_uring, kernel modules, kexec, reboot, swap, clock changes, process_vm_readv/writev, kcmp,
-  open_by_handle_at, and sockets of any family but AF_UNIX.
+  open_by_handle_at, and sockets of any family but AF_UNIX. A syscall name it cannot resolve is an error.
 - **Limits**: rlimits (address space = ``memory_mb``, CPU seconds, file size = ``disk_mb``, 256 open files,
   ``max_procs`` processes, no core dumps), a per-run cgroup (pids.max and the memory limit, v1 or v2) and
   a wall-clock timeout after which the whole process tree is killed (process group, cgroup, pid namespace).
@@ -26,16 +27,20 @@ Each run executes ``argv`` (by default ``python3 main.py``) in a fresh bubblewra
   run; long-lived callers should run sandboxes through ``SandboxPool`` rather than ``Sandbox`` directly.
 
 **Pool workers reuse their container** (``SandboxPool``, the default ``reuse=True``; ``Sandbox(dedicated=True,
-reuse=True)``): each worker starts one container as above, running the supervisor ``zygote.py``, and every run
-is a fresh process forked from it and exec'ing a fresh interpreter, after /work was emptied and refilled, with
-its own rlimits set as hard limits and the worker's cgroup set to the run's limits. When the program exits,
-everything else in the cgroup but the container's own processes is killed. Runs of one worker therefore share
-the namespaces (so a run sees the supervisor's pid in ``/proc``; the supervisor is non-dumpable, so its memory,
-environment and fds are unreadable) but never each other's files or processes. A run that kills or stops the
-supervisor, or leaves /work unremovable, ends with ``stopped_reason="sandbox_error"`` (or its timeout) and the
-next run gets a new container. This saves the ~5 ms container set-up per run (pool throughput 0.83-0.87 of
-bare ``python3`` instead of 0.52-0.59, ``benchmarks/sandbox.py``); ``reuse=False`` gives every run a new
-container, as ``Sandbox.run`` outside a pool always does.
+reuse=True)``): each worker starts one container as above, running the supervisor ``zygote.py``, and gives every
+run namespaces of its own inside it: new user, mount, pid, IPC, UTS and network namespaces, a fresh /proc and a
+fresh tmpfs /work, then the run's seccomp filter, hard rlimits, and the worker's cgroup set to the run's limits.
+Nothing a run leaves in kernel state (SysV shared memory, semaphores and message queues, POSIX message queues,
+abstract Unix sockets, the pid counter, /work's inode numbers, mode, times and xattrs) reaches the next run;
+``tests/sandbox/test_sandbox_reuse.py`` attacks each kind. The supervisor is outside the run's pid namespace and
+not dumpable; if it stops answering or cannot set a run up, the next run gets a new container. This saves the
+container set-up per run (``benchmarks/sandbox.py``); ``reuse=False`` gives every run a new container, as
+``Sandbox.run`` outside a pool always does.
+
+Module layout, one mechanism each (its docstring states what it covers and what it does not): ``seccomp.py``,
+``cgroup.py``, ``slots.py`` (per-run host uid), ``bwrap.py`` (namespaces and filesystem), ``output.py``
+(capture and verdict), ``fresh.py`` (a run in a new container), ``container.py`` and ``zygote.py`` (the reused
+container), ``core.py`` (the ``Sandbox`` facade), ``limits.py``, ``pool.py``.
 
 What it does **not** protect against: kernel vulnerabilities (the code shares the host kernel: a kernel
 exploit escapes; use gVisor or a VM for hostile workloads at scale), side channels (timing, cache, CPU
@@ -53,12 +58,8 @@ cgroup; rlimits, namespaces, seccomp and the timeout stay). There is no mode tha
     r.exit_code, r.stdout          # 0, "42\\n"
 """
 
-from envs.sandbox.core import (
-    Limits,
-    Sandbox,
-    SandboxResult,
-    SandboxUnavailable,
-    check_available,
-)
+from envs.sandbox.core import Sandbox, check_available
+from envs.sandbox.limits import Limits, SandboxUnavailable
+from envs.sandbox.output import SandboxResult
 
 __all__ = ["Limits", "Sandbox", "SandboxResult", "SandboxUnavailable", "check_available"]

@@ -59,8 +59,8 @@ class SandboxPool:
     """``workers`` sandboxes at a time; ``map`` returns results in input order."""
 
     def __init__(self, workers: int | None = None, mode: Mode = "strict", *, reuse: bool = True):
-        """``reuse`` (strict mode): each worker keeps one container and runs every job as a fresh process in
-        an emptied /work inside it (see ``envs/sandbox/zygote.py``); False: a new container per job."""
+        """``reuse`` (strict mode): each worker keeps one container and runs every job in it with namespaces,
+        a /proc and a /work of its own (see ``envs/sandbox/zygote.py``); False: a new container per job."""
         check_available(mode)  # refuse here, in the caller, with the reason
         self.workers = workers or os.cpu_count() or 1
         self._ex = ProcessPoolExecutor(self.workers, mp_context=mp.get_context("spawn"), initializer=_init,
