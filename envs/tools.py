@@ -39,6 +39,9 @@ class CalcError(ValueError):
 def calculate(expr: str) -> int:
     """Evaluate an integer expression with + - * and parentheses (recursive descent, no eval).
 
+    Long: the grammar's three nested rules (expression, term, factor) share the cursor and its bounds
+    checks; kept together so the whole parser of untrusted model output reads in one screen.
+
     >>> calculate("12*34+5"), calculate("-(3-10)*2")
     (413, 14)
     """

@@ -16,12 +16,11 @@ from prefect.runtime import flow_run
 
 from flows.iteration import iteration_flow
 from rl_core.config import Config
+from rl_core.manifest import Manifest
 from rl_core.report import emit
-from tasks.common import lineage
-from tasks.evaluate import evaluate
+from rl_core.stages import STAGES
+from tasks.common import context, lineage, task_for
 from tasks.generate import start_rollout_engine
-from tasks.init_model import init_model
-from tasks.warmup import warmup
 
 
 def with_result_storage(fl: Any, store: Any) -> Any:
@@ -45,30 +44,29 @@ def with_result_storage(fl: Any, store: Any) -> Any:
     return fl.with_options(result_storage=f"remote-file-system/{name}", persist_result=True)
 
 
-def summarize(iteration: int, manifests: dict[str, Any]) -> dict[str, Any]:
+def summarize(iteration: int, manifests: dict[str, Manifest | None]) -> dict[str, Any]:
+    """One line of the run's progress: each stage's seconds and the metrics its table entry summarises
+    (``"*"``: all of them), by stage: ``score_rewards`` gives the mean reward, ``evaluate`` the eval."""
     out: dict[str, Any] = {"kind": "iteration", "iteration": iteration, "timings": {}}
     for name, m in manifests.items():
         if m is None:
             continue
-        out["timings"][name] = m["timings"]["seconds"]
-    if manifests.get("score_rewards"):
-        out["mean_reward"] = manifests["score_rewards"]["metrics"]["mean_reward"]
-    if manifests.get("evaluate"):
-        out["eval"] = manifests["evaluate"]["metrics"]
-    if manifests.get("train"):
-        t = manifests["train"]["metrics"]
-        out["train"] = {
-            k: t[k] for k in ("loss", "kl", "clip_frac", "entropy", "grad_norm", "logprob_mismatch_max")
-        }
+        out["timings"][name] = m.timings.seconds
+        keys = STAGES[name].summary
+        picked = dict(m.metrics) if keys == ("*",) else {k: m.metrics[k] for k in keys if k in m.metrics}
+        if name == "score_rewards":
+            out["mean_reward"] = picked["mean_reward"]
+        elif name == "evaluate":
+            out["eval"] = picked
+        elif picked:
+            out[name] = picked
     return out
 
 
 @flow(name="rl-experiment", flow_run_name="{run_id}", validate_parameters=False)
 def experiment_flow(cfg: Config, run_id: str) -> dict[str, Any]:
     lin = lineage(cfg)
-    from rl_core.context import get_context
-
-    ctx = get_context(cfg, run_id)
+    ctx = context(cfg, run_id)
     parent = lin.experiment_run(run_id, cfg, ctx.base_id) if lin else None
     if lin and parent:
         lin.client.set_tag(parent, "prefect.flow_run_id", flow_run.get_id() or "")
@@ -79,24 +77,22 @@ def experiment_flow(cfg: Config, run_id: str) -> dict[str, Any]:
             "text": f"base model {ctx.base_id}: tokenizer + model, then {cfg.warmup.steps} warm-up steps",
         }
     )
-    init = init_model(cfg, run_id, base_run)
-    wu = warmup(cfg, run_id, init, base_run)
-    reference = wu["outputs"]["checkpoint"]
+    init = task_for("init")(cfg, run_id, 0, base_run)
+    wu = task_for("warmup")(cfg, run_id, 0, base_run)
     emit(
         {
             "kind": "status",
             "text": f"starting the {cfg.rollout.engine} rollout engine; evaluating the base model",
         }
     )
-    start_rollout_engine(cfg, run_id, reference)
-    ev0 = evaluate(cfg, run_id, 0, reference, base_run)
+    start_rollout_engine(cfg, run_id)
+    ev0 = task_for("evaluate")(cfg, run_id, 0, base_run)
     emit(summarize(0, {"init": init, "warmup": wu, "evaluate": ev0}))
-    policy, optimizer = reference, None
-    last: dict[str, Any] = {"evaluate": ev0}
+    policy = wu.outputs["checkpoint"]
+    last: dict[str, Manifest | None] = {"evaluate": ev0}
     for k in range(1, cfg.experiment.iterations + 1):
-        res = iteration_flow(cfg, run_id, k, policy, optimizer, reference, parent)
-        ms = res["manifests"]
-        policy, optimizer = ms["train"]["outputs"]["checkpoint"], ms["train"]["outputs"]["optimizer"]
+        ms = iteration_flow(cfg, run_id, k, parent)
+        policy = ms["train"].outputs["checkpoint"]
         summary = summarize(k, ms)
         if lin and parent:
             row = {"mean_reward": summary["mean_reward"]}
@@ -107,10 +103,10 @@ def experiment_flow(cfg: Config, run_id: str) -> dict[str, Any]:
         last = ms
     if lin and parent:
         lin.finish(parent)
-    final_eval = (last.get("evaluate") or ev0)["metrics"]
+    final_eval = (last.get("evaluate") or ev0).metrics
     return {
         "run_id": run_id,
-        "base_accuracy": ev0["metrics"]["accuracy"],
+        "base_accuracy": ev0.metrics["accuracy"],
         "final": final_eval,
-        "policy": policy,
+        "policy": policy.model_dump(),
     }

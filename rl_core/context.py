@@ -1,18 +1,24 @@
-"""A run's context: its config, id, store and task data, shared by every stage body.
+"""A run's context: its config, id, store and task data, and the engines and pools it holds across stages.
 
-ctx = RunContext(cfg, "20261129-abc123")
-ckpt = ctx.local_checkpoint(manifest["outputs"]["checkpoint"])
+Every stage body gets the context explicitly (``body(ctx, job)``). Whatever lives longer than one stage — the
+rollout engine, the train engine, the reference model, the environments' process pool — is held by the
+context (``ctx.held``), never by a module, so two runs (or two iterations in flight) in one process share
+nothing by accident. The orchestration layer decides how long a context lives (``tasks.common.context``).
+
+    ctx = RunContext(cfg, "20261129-abc123")
+    ckpt = ctx.local_checkpoint(manifest.outputs["checkpoint"])
 """
 
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rl_core.config import Config, config_hash
+from rl_core.manifest import ArtifactRef
 from rl_core.paths import cache_dir, state_dir
-from rl_core.stage import ref_of
 from rl_core.store import Store
 
 
@@ -34,6 +40,24 @@ def base_id(cfg: Config) -> str:
     return f"_base/{config_hash(part)[:16]}"
 
 
+@dataclass
+class Held:
+    """What a run keeps between stages: started once, reused while it still holds the right weights."""
+
+    rollout: Any = None  # the rollout engine (rl_core.rollout), with ``.loaded`` = the weights' digest
+    train: Any = None  # the train engine
+    train_cfg: Any = None  # the train section it was built with
+    train_holds: tuple[str, str | None] | None = None  # (policy sha256, optimizer sha256) it holds
+    reference: tuple[str, Any] | None = None  # (checkpoint sha256, frozen reference model)
+    env_pool: Any = None  # the environments' process pool
+
+    def close(self) -> None:
+        """Shut down the worker processes (engines end with the process)."""
+        if self.env_pool is not None:
+            self.env_pool.shutdown(cancel_futures=True)
+            self.env_pool = None
+
+
 class RunContext:
     def __init__(self, cfg: Config, run_id: str, store: Store | None = None):
         self.cfg = cfg
@@ -42,6 +66,7 @@ class RunContext:
         self.config_hash = config_hash(cfg)
         self.base_id = base_id(cfg)
         self.base_hash = self.base_id.split("/")[1]
+        self.held = Held()
 
     @functools.cached_property
     def env(self) -> Any:
@@ -57,20 +82,14 @@ class RunContext:
     def heldout_tasks(self) -> list[dict[str, Any]]:
         return self.env.tasks("heldout", self.cfg.task, self.cfg.experiment.seed)
 
-    def local_checkpoint(self, e: dict[str, Any]) -> Path:
-        """A verified local folder of a stored checkpoint entry (uri, sha256, files)."""
-        return self.store.local_dir(ref_of(e), e["files"], cache_dir("checkpoints"))
+    def local_checkpoint(self, ref: ArtifactRef) -> Path:
+        """A verified local folder of a stored checkpoint."""
+        return self.store.local_dir(ref, cache_dir("checkpoints"))
 
     def max_model_len(self) -> int:
         return self.cfg.model.max_position
 
 
-_CONTEXTS: dict[tuple[str, str], RunContext] = {}
-
-
 def get_context(cfg: Config, run_id: str) -> RunContext:
-    """One context per (run, config) in this process, so task data is built once."""
-    key = (run_id, config_hash(cfg))
-    if key not in _CONTEXTS:
-        _CONTEXTS[key] = RunContext(cfg, run_id)
-    return _CONTEXTS[key]
+    """A new context for ``run_id`` (no cache: who needs one context for a run's life holds it)."""
+    return RunContext(cfg, run_id)

@@ -1,183 +1,182 @@
-"""Stage bodies for generate, execute_envs and score_rewards.
+"""Episodes: the stage bodies of generate and execute_envs, and the one loop that samples episodes.
 
-generate: choose this iteration's prompts (derived seed), ask the held rollout engine for ``n`` completions
-per prompt (a derived seed per request) and store token ids and sampling logprobs as produced.
+generate: choose this iteration's prompts (derived seed), ask the run's rollout engine for ``n`` completions
+per prompt (a derived seed per request) and store token ids and sampling logprobs as produced; single-turn
+is the ``max_turns == 1`` case of the multi-turn loop over ``Episode`` records.
 execute_envs: replay each completion into its environment and store the outcome.
-score_rewards: correctness + format reward, then group advantages (GRPO or Dr.GRPO).
+(Rewards: ``rl_core.rewards``.)
 """
 
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
+from envs.base import make_env
 from rl_core.context import RunContext
-from rl_core.losses import group_advantages
+from rl_core.manifest import ArtifactRef
 from rl_core.model import load_tokenizer
 from rl_core.paths import PROJECT_ROOT
-from rl_core.rollout import Request, SamplingSpec, get_engine, sync_weights
+from rl_core.rollout import Completion, Request, SamplingSpec, start_engine, sync_weights
 from rl_core.seeding import derive_seed
-from rl_core.stage import StageResult, entry, ref_of
+from rl_core.stage import StageJob, StageResult
 from rl_core.vision import image_prefix
 
 ROLLOUT_COLUMNS = [
     "prompt_index", "sample_index", "task_id", "prompt", "answer", "seed",
     "prompt_ids", "completion_ids", "logprobs", "loss_mask", "completion_text", "finish_reason",
 ]  # fmt: skip
+MULTI_TURN_COLUMNS = ["turns", "actions", "observations"]
 
 
-def policy_engine(ctx: RunContext, ckpt: dict[str, Any]) -> Any:
-    """The held rollout engine, synced to the checkpoint entry ``ckpt``."""
+def policy_engine(ctx: RunContext, ckpt: ArtifactRef, iteration: int | None = None) -> Any:
+    """The run's rollout engine (started on first use, held by the context), synced to the checkpoint."""
     local = ctx.local_checkpoint(ckpt)
-    engine = get_engine(ctx.cfg.rollout.engine, local, ctx.cfg.rollout, max_model_len=ctx.max_model_len())
-    sync_weights(engine, local, ckpt["files"]["model.safetensors"])
-    return engine
+    if ctx.held.rollout is None:
+        ctx.held.rollout = start_engine(
+            ctx.cfg.rollout.engine, local, ctx.cfg.rollout, max_model_len=ctx.max_model_len()
+        )
+    sync_weights(ctx.held.rollout, local, ckpt.files["model.safetensors"], iteration)
+    return ctx.held.rollout
+
+
+@dataclass
+class Episode:
+    """One sampled episode: the token ids after the prompt (the model's turns and, between them, the
+    environment's observations), their sampling logprobs (0 for observation tokens) and loss mask."""
+
+    prompt_index: int
+    sample_index: int
+    ids: list[int]
+    logprobs: list[float]
+    mask: list[int]
+    last: Completion  # the engine's last turn
+    env: Any = None  # the episode's own environment (multi-turn)
+    turns: int = 1
+    done: bool = False
+    actions: list[str] = field(default_factory=list)
+    observations: list[str] = field(default_factory=list)
+
+    def add(self, ids: list[int], logprobs: list[float], trained: bool) -> None:
+        self.ids += ids
+        self.logprobs += logprobs
+        self.mask += [int(trained)] * len(ids)
 
 
 def sample_table(
-    ctx: RunContext, ckpt: dict[str, Any], tasks: list[dict[str, Any]], spec: SamplingSpec, seeds: list[int]
+    ctx: RunContext,
+    ckpt: ArtifactRef,
+    tasks: list[dict[str, Any]],
+    spec: SamplingSpec,
+    seeds: list[int],
+    iteration: int | None = None,
 ) -> pd.DataFrame:
     """``spec.n`` episodes for each task, one row per episode, token ids as the engine produced them.
 
-    Single-turn environments: one engine call. Multi-turn ones (``env.max_turns > 1``): the engine and the
-    environment alternate; each observation's tokens are appended after the model's turn with loss_mask 0
-    and logprob 0, so the stored sequence is exactly what the engine was conditioned on (never re-tokenized)."""
-    if getattr(ctx.env, "max_turns", 1) > 1:
-        return _multi_turn_table(ctx, ckpt, tasks, spec, seeds)
+    Turn 1 samples ``n`` completions per prompt from the prompt's seed. A single-turn environment's episode
+    ends there (``max_turns`` 1). In a multi-turn one the engine and the environment then alternate: each
+    observation's tokens are appended after the model's turn with loss_mask 0 and logprob 0, so the stored
+    sequence is exactly what the engine was conditioned on (never re-tokenized)."""
+    env, max_turns = ctx.env, getattr(ctx.env, "max_turns", 1)
     local = ctx.local_checkpoint(ckpt)
     tok = load_tokenizer(local)
-    envs = [ctx.env for _ in tasks]
-    prompts = [env.reset(t, s) for env, t, s in zip(envs, tasks, seeds, strict=True)]
+    prompts = [env.reset(t, s) for t, s in zip(tasks, seeds, strict=True)]
     prompt_ids = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
     images: list[tuple[bytes, ...]] = [() for _ in tasks]
-    if getattr(ctx.env, "multimodal", False):
+    if getattr(env, "multimodal", False):
+        if max_turns > 1:
+            raise ValueError(f"environment {env.name!r}: multi-turn episodes with images are not supported")
         prefix = image_prefix(local)
         prompt_ids = [prefix + ids for ids in prompt_ids]
-        images = [(ctx.env.image(t),) for t in tasks]
-    engine = policy_engine(ctx, ckpt)
+        images = [(env.image(t),) for t in tasks]
+    engine = policy_engine(ctx, ckpt, iteration)
     reqs = [Request(ids, s, im) for ids, s, im in zip(prompt_ids, seeds, images, strict=True)]
-    outs = engine.generate(reqs, spec)
+    episodes = [
+        Episode(i, k, list(c.token_ids), list(c.logprobs), [1] * len(c.token_ids), c)
+        for i, comps in enumerate(engine.generate(reqs, spec))
+        for k, c in enumerate(comps)
+    ]
+    if max_turns > 1:
+        for ep in episodes:
+            ep.env = make_env(ctx.cfg.task.env)
+            ep.env.reset(tasks[ep.prompt_index], seeds[ep.prompt_index])
+        _more_turns(episodes, engine, tok, prompt_ids, seeds, spec, ctx.max_model_len(), max_turns)
     rows = []
-    for i, (task, ids, comps) in enumerate(zip(tasks, prompt_ids, outs, strict=True)):
-        for k, c in enumerate(comps):
-            rows.append(
-                {
-                    "prompt_index": i,
-                    "sample_index": k,
-                    "task_id": task["task_id"],
-                    "prompt": prompts[i],
-                    "answer": task["answer"],
-                    "seed": seeds[i],
-                    "prompt_ids": ids,
-                    "completion_ids": c.token_ids,
-                    "logprobs": c.logprobs,
-                    "loss_mask": [1] * len(c.token_ids),
-                    "completion_text": c.text,
-                    "finish_reason": c.finish_reason,
-                }  # fmt: skip
-            )
-            if images[i]:
-                rows[-1]["image"] = images[i][0]
-    return pd.DataFrame(rows, columns=ROLLOUT_COLUMNS + (["image"] if any(images) else []))
+    for ep in episodes:
+        i = ep.prompt_index
+        row = {
+            "prompt_index": i, "sample_index": ep.sample_index, "task_id": tasks[i]["task_id"],
+            "prompt": prompts[i], "answer": tasks[i]["answer"], "seed": seeds[i], "prompt_ids": prompt_ids[i],
+            "completion_ids": ep.ids, "logprobs": ep.logprobs, "loss_mask": ep.mask,
+            # one engine turn: the engine's own text; several: the whole sequence, observations included
+            "completion_text": ep.last.text if max_turns == 1 else tok.decode(ep.ids, skip_special_tokens=False),
+            "finish_reason": ep.last.finish_reason,
+        }  # fmt: skip
+        if max_turns > 1:
+            row.update(turns=ep.turns, actions=ep.actions, observations=ep.observations)
+        if images[i]:
+            row["image"] = images[i][0]
+        rows.append(row)
+    extra = MULTI_TURN_COLUMNS if max_turns > 1 else (["image"] if any(images) else [])
+    return pd.DataFrame(rows, columns=ROLLOUT_COLUMNS + extra)
 
 
-def _multi_turn_table(
-    ctx: RunContext, ckpt: dict[str, Any], tasks: list[dict[str, Any]], spec: SamplingSpec, seeds: list[int]
-) -> pd.DataFrame:
-    from envs.base import make_env
-
-    if getattr(ctx.env, "multimodal", False):
-        raise ValueError(f"environment {ctx.env.name!r}: multi-turn episodes with images are not supported")
-    tok = load_tokenizer(ctx.local_checkpoint(ckpt))
-    engine = policy_engine(ctx, ckpt)
-    limit = ctx.max_model_len()
-    max_turns = ctx.env.max_turns
-    prompts, prompt_ids = [], []
-    for t, s in zip(tasks, seeds, strict=True):
-        prompts.append(make_env(ctx.cfg.task.env).reset(t, s))
-        prompt_ids.append(tok(prompts[-1], add_special_tokens=False)["input_ids"])
-    # Turn 1: n samples per prompt from the prompt's seed (as single-turn); later turns: one request per episode.
-    first = engine.generate([Request(ids, s) for ids, s in zip(prompt_ids, seeds, strict=True)], spec)
-    eps: list[dict[str, Any]] = []
-    for i, comps in enumerate(first):
-        for k, c in enumerate(comps):
-            env = make_env(ctx.cfg.task.env)
-            env.reset(tasks[i], seeds[i])
-            eps.append({"i": i, "k": k, "env": env, "ids": list(c.token_ids), "lp": list(c.logprobs),
-                        "mask": [1] * len(c.token_ids), "last": c, "turns": 1, "done": False, "outcome": {},
-                        "actions": [], "observations": []})  # fmt: skip
+def _more_turns(
+    episodes: list[Episode], engine: Any, tok: Any, prompt_ids: list[list[int]], seeds: list[int],
+    spec: SamplingSpec, limit: int, max_turns: int,
+) -> None:  # fmt: skip
+    """Alternate environment and engine until every episode is done, truncated by ``max_turns`` or by the
+    model's context (no room for the next observation and another turn)."""
     for turn in range(1, max_turns + 1):
         active = []
-        for e in eps:
-            if e["done"]:
+        for ep in episodes:
+            if ep.done:
                 continue
-            action = tok.decode(e["last"].token_ids, skip_special_tokens=True)
-            res = e["env"].step(action)
-            e["actions"].append(action)
-            e["outcome"] = res.outcome
+            action = tok.decode(ep.last.token_ids, skip_special_tokens=True)
+            res = ep.env.step(action)
+            ep.actions.append(action)
             if res.done or turn == max_turns:
-                e["done"] = True
-                if not res.done:
-                    e["outcome"] = {**res.outcome, "truncated": True}
+                ep.done = True
                 continue
             obs = tok(res.observation or "", add_special_tokens=False)["input_ids"]
-            room = limit - len(prompt_ids[e["i"]]) - len(e["ids"]) - len(obs)
-            if room < 2:  # no room for the observation and another turn: the episode ends here
-                e["done"], e["outcome"] = True, {**res.outcome, "truncated": True}
+            room = limit - len(prompt_ids[ep.prompt_index]) - len(ep.ids) - len(obs)
+            if room < 2:
+                ep.done = True
                 continue
-            e["observations"].append(res.observation or "")
-            e["ids"] += obs
-            e["lp"] += [0.0] * len(obs)
-            e["mask"] += [0] * len(obs)
-            active.append((e, room))
+            ep.observations.append(res.observation or "")
+            ep.add(obs, [0.0] * len(obs), trained=False)
+            active.append((ep, room))
         if not active:
             break
         reqs = [
-            Request(prompt_ids[e["i"]] + e["ids"], derive_seed(seeds[e["i"]], e["k"], "turn", turn))
-            for e, _ in active
-        ]
+            Request(prompt_ids[ep.prompt_index] + ep.ids, derive_seed(seeds[ep.prompt_index], ep.sample_index, "turn", turn))
+            for ep, _ in active
+        ]  # fmt: skip
         budget = min(spec.max_tokens, min(r for _, r in active) - 1)
         outs = engine.generate(
             reqs, SamplingSpec(n=1, temperature=spec.temperature, top_p=spec.top_p, max_tokens=budget)
         )
-        for (e, _), comps in zip(active, outs, strict=True):
-            c = comps[0]
-            e["ids"] += c.token_ids
-            e["lp"] += c.logprobs
-            e["mask"] += [1] * len(c.token_ids)
-            e["last"], e["turns"] = c, e["turns"] + 1
-    rows = []
-    for e in eps:
-        i = e["i"]
-        rows.append(
-            {
-                "prompt_index": i, "sample_index": e["k"], "task_id": tasks[i]["task_id"], "prompt": prompts[i],
-                "answer": tasks[i]["answer"], "seed": seeds[i], "prompt_ids": prompt_ids[i],
-                "completion_ids": e["ids"], "logprobs": e["lp"], "loss_mask": e["mask"],
-                "completion_text": tok.decode(e["ids"], skip_special_tokens=False),
-                "finish_reason": e["last"].finish_reason, "turns": e["turns"], "actions": e["actions"],
-                "observations": e["observations"],
-            }
-        )  # fmt: skip
-    return pd.DataFrame(rows, columns=[*ROLLOUT_COLUMNS, "turns", "actions", "observations"])
+        for (ep, _), comps in zip(active, outs, strict=True):
+            ep.add(comps[0].token_ids, comps[0].logprobs, trained=True)
+            ep.last, ep.turns = comps[0], ep.turns + 1
 
 
-def generate_body(ctx: RunContext, iteration: int, policy: dict[str, Any], uri: str) -> StageResult:
-    cfg = ctx.cfg
+def generate_body(ctx: RunContext, job: StageJob) -> StageResult:
+    cfg, iteration = ctx.cfg, job.iteration
     pick_seed = derive_seed(cfg.experiment.seed, iteration, "generate", "prompts")
     chosen = random.Random(pick_seed).sample(range(len(ctx.train_tasks)), cfg.rollout.prompts_per_iteration)
     tasks = [ctx.train_tasks[i] for i in chosen]
     seeds = [derive_seed(cfg.experiment.seed, iteration, "generate", i) for i in range(len(tasks))]
     r = cfg.rollout
     spec = SamplingSpec(n=r.n, temperature=r.temperature, top_p=r.top_p, max_tokens=r.max_tokens)
-    df = sample_table(ctx, policy, tasks, spec, seeds)
-    ref = ctx.store.write_table(f"{uri}/rollouts.parquet", df)
+    df = sample_table(ctx, job.inputs["policy"], tasks, spec, seeds, iteration)
+    ref = ctx.store.write_table(f"{job.out_uri}/rollouts.parquet", df)
     lengths = df["completion_ids"].map(len)
     return StageResult(
-        outputs={"rollouts": entry(ref, rows=len(df))},
+        outputs={"rollouts": ref},
         metrics={
             "completions": len(df),
             "tokens": int(lengths.sum()),
@@ -223,21 +222,19 @@ def outcomes_for(
     return out
 
 
-_POOLS: dict[int, Any] = {}
-
-
-def _process_pool(workers: int) -> Any:
-    """A process pool held for the life of this process (spawned: safe beside the rollout engine's threads)."""
-    if workers not in _POOLS:
+def _process_pool(ctx: RunContext) -> Any:
+    """The run's environment process pool, held by its context (spawned: safe beside the rollout engine's
+    threads)."""
+    if ctx.held.env_pool is None:
         import multiprocessing as mp
         from concurrent.futures import ProcessPoolExecutor
 
         from envs.sandbox.pool import exit_with_parent
 
-        _POOLS[workers] = ProcessPoolExecutor(
-            workers, mp_context=mp.get_context("spawn"), initializer=exit_with_parent
+        ctx.held.env_pool = ProcessPoolExecutor(
+            ctx.cfg.task.env_workers, mp_context=mp.get_context("spawn"), initializer=exit_with_parent
         )
-    return _POOLS[workers]
+    return ctx.held.env_pool
 
 
 def _ray_map(address: str, workers: int, env_name: str, chunks: list[list[dict[str, Any]]],
@@ -276,55 +273,16 @@ def env_outcomes(ctx: RunContext, df: pd.DataFrame) -> pd.DataFrame:
     if tc.executor == "ray":
         parts = _ray_map(tc.ray_address, tc.env_workers, tc.env, chunks, tasks)
     else:
-        pool = _process_pool(tc.env_workers)
+        pool = _process_pool(ctx)
         parts = list(pool.map(outcomes_for, [tc.env] * len(chunks), chunks, [tasks] * len(chunks)))
     return pd.DataFrame([o for part in parts for o in part])
 
 
-def execute_envs_body(ctx: RunContext, rollouts: dict[str, Any], uri: str) -> StageResult:
-    df = ctx.store.read_table(ref_of(rollouts))
+def execute_envs_body(ctx: RunContext, job: StageJob) -> StageResult:
+    df = ctx.store.read_table(job.inputs["rollouts"])
     out = env_outcomes(ctx, df)
-    ref = ctx.store.write_table(f"{uri}/env_results.parquet", out)
+    ref = ctx.store.write_table(f"{job.out_uri}/env_results.parquet", out)
     return StageResult(
-        outputs={"env_results": entry(ref, rows=len(out))},
+        outputs={"env_results": ref},
         metrics={"well_formed": float(out["well_formed"].mean()), "correct": float(out["correct"].mean())},
-    )
-
-
-def score_rewards_body(
-    ctx: RunContext, rollouts: dict[str, Any], env_results: dict[str, Any], uri: str
-) -> StageResult:
-    rc = ctx.cfg.reward
-    df = ctx.store.read_table(ref_of(rollouts))
-    env = ctx.store.read_table(ref_of(env_results))
-    if len(df) != len(env) or not (df["prompt_index"].to_numpy() == env["prompt_index"].to_numpy()).all():
-        raise ValueError(f"env results {env_results['uri']} do not line up with rollouts {rollouts['uri']}")
-    correct = env["correct"].to_numpy(dtype=np.float64)
-    # A completion is well formed when it is a bare integer that ended with EOS (not cut off by max_tokens).
-    formatted = (env["well_formed"].to_numpy() & (df["finish_reason"] == "stop").to_numpy()).astype(
-        np.float64
-    )
-    partial = env["digit_match"].to_numpy(dtype=np.float64) if "digit_match" in env else np.zeros(len(env))
-    reward = rc.correct_weight * correct + rc.format_weight * formatted + rc.partial_weight * partial
-    adv = group_advantages(reward, df["prompt_index"].to_numpy(), scale_by_std=rc.advantage == "grpo")
-    out = pd.DataFrame(
-        {
-            "prompt_index": df["prompt_index"],
-            "sample_index": df["sample_index"],
-            "correct": correct,
-            "format": formatted,
-            "reward": reward,
-            "advantage": adv,
-        }  # fmt: skip
-    )
-    ref = ctx.store.write_table(f"{uri}/rewards.parquet", out)
-    groups = out.groupby("prompt_index")["reward"]
-    return StageResult(
-        outputs={"rewards": entry(ref, rows=len(out))},
-        metrics={
-            "mean_reward": float(reward.mean()),
-            "accuracy": float(correct.mean()),
-            "format_rate": float(formatted.mean()),
-            "zero_std_groups": float((groups.std(ddof=0) == 0).mean()),
-        },
     )

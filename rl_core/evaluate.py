@@ -17,7 +17,7 @@ from rl_core.context import RunContext
 from rl_core.episodes import env_outcomes, sample_table
 from rl_core.rollout import SamplingSpec
 from rl_core.seeding import derive_seed
-from rl_core.stage import StageResult, entry
+from rl_core.stage import StageJob, StageResult
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -27,13 +27,14 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return float(1.0 - np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
 
 
-def evaluate_body(ctx: RunContext, iteration: int, policy: dict[str, Any], uri: str) -> StageResult:
-    cfg = ctx.cfg
+def evaluate_body(ctx: RunContext, job: StageJob) -> StageResult:
+    cfg, policy = ctx.cfg, job.inputs["policy"]
     tasks = ctx.heldout_tasks
     seeds = [derive_seed(cfg.experiment.seed, "eval", i) for i in range(len(tasks))]
     # The same held-out seeds at every iteration: curves compare checkpoints, not sampling noise.
     greedy = sample_table(
-        ctx, policy, tasks, SamplingSpec(n=1, temperature=0.0, max_tokens=cfg.rollout.max_tokens), seeds
+        ctx, policy, tasks, SamplingSpec(n=1, temperature=0.0, max_tokens=cfg.rollout.max_tokens), seeds,
+        job.iteration,
     )
     g_out = env_outcomes(ctx, greedy)
     sampled = sample_table(
@@ -42,6 +43,7 @@ def evaluate_body(ctx: RunContext, iteration: int, policy: dict[str, Any], uri: 
         tasks,
         SamplingSpec(n=cfg.eval.samples, temperature=cfg.eval.temperature, max_tokens=cfg.rollout.max_tokens),
         seeds,
+        job.iteration,
     )
     s_out = env_outcomes(ctx, sampled)
     n_correct = s_out.groupby("prompt_index")["correct"].sum().reindex(range(len(tasks)), fill_value=0)
@@ -57,7 +59,7 @@ def evaluate_body(ctx: RunContext, iteration: int, policy: dict[str, Any], uri: 
             "samples_correct": n_correct.to_numpy(),
         }
     )
-    ref = ctx.store.write_table(f"{uri}/eval.parquet", table)
+    ref = ctx.store.write_table(f"{job.out_uri}/eval.parquet", table)
     metrics: dict[str, Any] = {
         "accuracy": float(table["greedy_correct"].mean()),
         "well_formed": float(g_out["well_formed"].mean()),
@@ -70,7 +72,7 @@ def evaluate_body(ctx: RunContext, iteration: int, policy: dict[str, Any], uri: 
     for op, grp in table.groupby("op"):
         metrics[f"accuracy_{op}"] = float(grp["greedy_correct"].mean())
     return StageResult(
-        outputs={"eval": entry(ref, rows=len(table))},
+        outputs={"eval": ref},
         metrics=metrics,
         seeds={"eval": "derive_seed(run_seed, 'eval', i)"},
     )

@@ -1,8 +1,9 @@
 """Fault injection for crash tests: ``RLFOUNDRY_FAULT=<point>@<iteration>`` SIGKILLs this process there.
 
 Points: ``<stage>:start`` (body begins), ``<stage>:outputs`` (outputs written, manifest not yet),
-``<stage>:committed`` (manifest written), ``write`` (half-way through writing an artifact file),
-``sync`` (before a weight sync into the rollout engine). Unset in normal runs: a no-op.
+``<stage>:committed`` (manifest written), ``write`` (half-way through writing an artifact file of that
+iteration's folder), ``sync`` (before a weight sync into the rollout engine). Unset in normal runs: a no-op.
+The caller says which iteration it is in; nothing is remembered between calls.
 
     RLFOUNDRY_FAULT=train:outputs@2 rlfoundry run configs/smoke.yaml --run-id r1   # dies
     rlfoundry resume r1                                                          # continues
@@ -11,19 +12,26 @@ Points: ``<stage>:start`` (body begins), ``<stage>:outputs`` (outputs written, m
 from __future__ import annotations
 
 import os
+import re
 import signal
 
-_iteration: list[int] = [-1]
+_ITER = re.compile(r"/iter-(\d{4,})/")
 
 
-def set_iteration(iteration: int) -> None:
-    _iteration[0] = iteration
+def iteration_of(uri: str) -> int | None:
+    """The iteration whose stage folder ``uri`` lies in (``.../iter-0003/train/...`` -> 3), else None.
+
+    >>> iteration_of("file:///s/run/iter-0003/train/optimizer.pt"), iteration_of("file:///s/run/run.json")
+    (3, None)
+    """
+    m = _ITER.search(uri)
+    return int(m.group(1)) if m else None
 
 
-def fault(point: str) -> None:
+def fault(point: str, iteration: int | None) -> None:
     spec = os.environ.get("RLFOUNDRY_FAULT")
     if not spec:
         return
     where, _, at = spec.partition("@")
-    if where == point and (not at or int(at) == _iteration[0]):
+    if where == point and (not at or int(at) == iteration):
         os.kill(os.getpid(), signal.SIGKILL)

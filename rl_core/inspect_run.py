@@ -10,11 +10,11 @@ import random
 from pathlib import Path
 from typing import Any
 
-from rl_core.stage import ref_of
+from rl_core.manifest import Manifest
 from rl_core.store import Store
 
 
-def _manifest(store: Store, run_id: str, iteration: int, stage: str) -> dict[str, Any]:
+def _manifest(store: Store, run_id: str, iteration: int, stage: str) -> Manifest:
     m = store.read_manifest(store.stage_uri(run_id, iteration, stage))
     if m is None:
         raise FileNotFoundError(f"run {run_id} has no committed {stage} stage at iteration {iteration}")
@@ -29,16 +29,16 @@ def samples(
     Multimodal rollouts carry the prompt's image: it is written to ``image_dir`` as PNG (the row then names the
     file), or summarised as ``<image: N bytes>``."""
     gen = _manifest(store, run_id, iteration, "generate")
-    df = store.read_table(ref_of(gen["outputs"]["rollouts"]))
+    df = store.read_table(gen.outputs["rollouts"])
     env_m = store.read_manifest(store.stage_uri(run_id, iteration, "execute_envs"))
     rew_m = store.read_manifest(store.stage_uri(run_id, iteration, "score_rewards"))
     if env_m is not None:
-        env = store.read_table(ref_of(env_m["outputs"]["env_results"])).drop(
+        env = store.read_table(env_m.outputs["env_results"]).drop(
             columns=["prompt_index", "sample_index"]
         )
         df = df.join(env.add_prefix("env_"))
     if rew_m is not None:
-        rew = store.read_table(ref_of(rew_m["outputs"]["rewards"])).drop(
+        rew = store.read_table(rew_m.outputs["rewards"]).drop(
             columns=["prompt_index", "sample_index"]
         )
         df = df.join(rew)
@@ -85,13 +85,13 @@ def lineage(store: Store, run_id: str, iteration: int) -> list[dict[str, Any]]:
         chain.append(
             {
                 "iteration": k,
-                "checkpoint": tr["outputs"]["checkpoint"]["uri"],
-                "policy_sha256": tr["metrics"]["policy_sha256"],
-                "parent_checkpoint": tr["inputs"]["policy"]["uri"],
-                "rollouts": tr["inputs"]["rollouts"]["uri"],
-                "rewards": tr["inputs"]["rewards"]["uri"],
-                "env_results": rew["inputs"]["env_results"]["uri"],
-                "optimizer_state": tr["inputs"]["optimizer"]["uri"] if "optimizer" in tr["inputs"] else None,
+                "checkpoint": tr.outputs["checkpoint"].uri,
+                "policy_sha256": tr.metrics["policy_sha256"],
+                "parent_checkpoint": tr.inputs["policy"].uri,
+                "rollouts": tr.inputs["rollouts"].uri,
+                "rewards": tr.inputs["rewards"].uri,
+                "env_results": rew.inputs["env_results"].uri,
+                "optimizer_state": tr.inputs["optimizer"].uri if "optimizer" in tr.inputs else None,
             }
         )
         k -= 1
@@ -102,9 +102,9 @@ def lineage(store: Store, run_id: str, iteration: int) -> list[dict[str, Any]]:
     chain.append(
         {
             "iteration": 0,
-            "checkpoint": wu["outputs"]["checkpoint"]["uri"],
-            "policy_sha256": wu["outputs"]["checkpoint"]["files"]["model.safetensors"],
-            "parent_checkpoint": wu["inputs"]["checkpoint"]["uri"],
+            "checkpoint": wu.outputs["checkpoint"].uri,
+            "policy_sha256": wu.outputs["checkpoint"].files["model.safetensors"],
+            "parent_checkpoint": wu.inputs["checkpoint"].uri,
             "note": "warmed-up base model (supervised warm-up of the init checkpoint)",
         }
     )

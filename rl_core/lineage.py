@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 from rl_core.config import Config
+from rl_core.manifest import Manifest
 from rl_core.paths import state_dir
 
 
@@ -104,24 +105,24 @@ class Lineage:
             self.client.set_tag(found, "prefect.flow_run_id", flow_run_id)
         return found
 
-    def log_stage(self, mlflow_run: str, manifest: dict[str, Any], step: int | None = None) -> None:
+    def log_stage(self, mlflow_run: str, manifest: Manifest, step: int | None = None) -> None:
         from mlflow.entities import Metric, RunTag
 
-        stage = manifest["stage"]
-        step = manifest["iteration"] if step is None else step
+        stage = manifest.stage
+        step = manifest.iteration if step is None else step
         now = int(time.time() * 1000)
         metrics = [
             Metric(metric_name(f"{stage}/{k}"), float(v), now, step)
-            for k, v in manifest.get("metrics", {}).items()
+            for k, v in manifest.metrics.items()
             if isinstance(v, int | float) and not isinstance(v, bool)
         ]
-        metrics.append(Metric(f"{stage}/seconds", float(manifest["timings"]["seconds"]), now, step))
-        tags = [RunTag(f"{stage}.{name}.uri", out["uri"]) for name, out in manifest["outputs"].items()]
-        tags += [RunTag(f"{stage}.input.{name}.uri", inp["uri"]) for name, inp in manifest["inputs"].items()]
-        if "policy_sha256" in manifest.get("metrics", {}):
-            tags.append(RunTag("policy_sha256", manifest["metrics"]["policy_sha256"]))
+        metrics.append(Metric(f"{stage}/seconds", float(manifest.timings.seconds), now, step))
+        tags = [RunTag(f"{stage}.{name}.uri", out.uri) for name, out in manifest.outputs.items()]
+        tags += [RunTag(f"{stage}.input.{name}.uri", inp.uri) for name, inp in manifest.inputs.items()]
+        if "policy_sha256" in manifest.metrics:
+            tags.append(RunTag("policy_sha256", manifest.metrics["policy_sha256"]))
         self.client.log_batch(mlflow_run, metrics=metrics, tags=tags)
-        self.client.log_dict(mlflow_run, manifest, f"manifests/{stage}.json")
+        self.client.log_dict(mlflow_run, manifest.model_dump(mode="json"), f"manifests/{stage}.json")
 
     def log_summary(self, parent: str, metrics: dict[str, float], step: int) -> None:
         from mlflow.entities import Metric

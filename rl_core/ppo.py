@@ -125,7 +125,10 @@ def _allreduce_sum(values: list[float], world_size: int) -> list[float]:
 
 
 def ppo_update(engine: Any, batch: Batch, cfg: Any) -> dict[str, float]:
-    """``cfg.epochs`` passes of mini-batches of ``cfg.micro_batch_size`` sequences, split over DP ranks."""
+    """``cfg.epochs`` passes of mini-batches of ``cfg.micro_batch_size`` sequences, split over DP ranks.
+
+    Long: one PPO update reads best as one piece (old logprobs, the epoch/mini-batch loop, the clipped loss
+    with its KL term, the step and the statistics), in the order a reader checks it against the paper."""
     world, rank = engine.world_size, engine.rank
     device = getattr(engine, "device", None)
     mask = batch.loss_mask

@@ -1,38 +1,45 @@
 """Replay one committed stage from the inputs in its manifest, into a scratch prefix, and diff the outputs.
 
     report = replay(store, run_id, iteration=3, stage="train")
-    report["identical"]   # True when every output matches the stored one bit for bit
+    report["identical"]   # True only when every output matches the stored one bit for bit
 
-Tables are compared row by row (rows changed, columns that differ), checkpoints tensor by tensor (max abs
-difference), other artifacts by sha256. The stored run is never written to.
+Tables are compared cell by cell exactly (same type, same bytes: a logprob that differs in its last bit is a
+difference), checkpoints tensor by tensor (max abs difference) and file by file (sha256), other artifacts by
+sha256. The stored run is never written to. Which body replays a stage comes from the stage table.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from rl_core.config import Config
 from rl_core.context import RunContext
+from rl_core.manifest import ArtifactRef
 from rl_core.runs import run_config
-from rl_core.stage import STAGES, StageResult, ref_of
+from rl_core.stage import StageJob
+from rl_core.stages import STAGES
 from rl_core.store import Store
 
 
-def _body(ctx: RunContext, iteration: int, stage: str, inputs: dict[str, Any]) -> Any:
-    from rl_core.episodes import execute_envs_body, generate_body, score_rewards_body
-    from rl_core.evaluate import evaluate_body
-    from rl_core.train import train_body
+def same_value(a: Any, b: Any) -> bool:
+    """Exact equality of two table cells: same type and the same bits (NaN equals NaN; 0.0 is not -0.0).
 
-    bodies = {
-        "generate": lambda uri: generate_body(ctx, iteration, inputs["policy"], uri),
-        "execute_envs": lambda uri: execute_envs_body(ctx, inputs["rollouts"], uri),
-        "score_rewards": lambda uri: score_rewards_body(ctx, inputs["rollouts"], inputs["env_results"], uri),
-        "train": lambda uri: train_body(ctx, iteration, inputs, uri),
-        "evaluate": lambda uri: evaluate_body(ctx, iteration, inputs["policy"], uri),
-    }
-    return bodies[stage]
+    >>> same_value([0.1, -1.25], np.array([0.1, -1.25])), same_value(np.float64(0.5), 0.5)
+    (True, True)
+    >>> same_value(np.array([-0.25]), np.array([-0.25 + 1e-9])), same_value(0.0, -0.0)
+    (False, False)
+    """
+    if isinstance(a, list | tuple | np.ndarray) or isinstance(b, list | tuple | np.ndarray):
+        x, y = np.asarray(a), np.asarray(b)
+        if x.dtype == object or y.dtype == object:
+            return len(x) == len(y) and all(same_value(p, q) for p, q in zip(x, y, strict=True))
+        return x.dtype == y.dtype and x.shape == y.shape and x.tobytes() == y.tobytes()
+    if isinstance(a, float | np.floating) and isinstance(b, float | np.floating):
+        return np.float64(a).tobytes() == np.float64(b).tobytes()
+    return type(a) is type(b) and bool(a == b)
 
 
 def diff_tables(a: pd.DataFrame, b: pd.DataFrame) -> dict[str, Any]:
@@ -40,11 +47,14 @@ def diff_tables(a: pd.DataFrame, b: pd.DataFrame) -> dict[str, Any]:
         return {"identical": False, "rows": [len(a), len(b)], "columns": [list(a.columns), list(b.columns)]}
     changed_cols, changed_rows = [], set()
     for col in a.columns:
-        left, right = a[col].map(repr), b[col].map(repr)
-        neq = left != right
-        if neq.any():
+        if a[col].dtype != b[col].dtype:
             changed_cols.append(col)
-            changed_rows |= set(neq[neq].index.tolist())
+            changed_rows |= set(range(len(a)))
+            continue
+        rows = [i for i, (x, y) in enumerate(zip(a[col], b[col], strict=True)) if not same_value(x, y)]
+        if rows:
+            changed_cols.append(col)
+            changed_rows |= set(rows)
     return {
         "identical": not changed_cols,
         "rows": len(a),
@@ -53,15 +63,24 @@ def diff_tables(a: pd.DataFrame, b: pd.DataFrame) -> dict[str, Any]:
     }
 
 
-def diff_checkpoints(store: Store, a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+def diff_checkpoints(store: Store, a: ArtifactRef, b: ArtifactRef) -> dict[str, Any]:
     from safetensors.torch import load
 
-    out: dict[str, Any] = {"identical": a["sha256"] == b["sha256"]}
-    wa = load(store.read_bytes(f"{a['uri']}/model.safetensors"))
-    wb = load(store.read_bytes(f"{b['uri']}/model.safetensors"))
+    out: dict[str, Any] = {"identical": a.sha256 == b.sha256}
+    wa = load(store.read_bytes(f"{a.uri}/model.safetensors"))
+    wb = load(store.read_bytes(f"{b.uri}/model.safetensors"))
     out["max_abs_diff"] = max(float((wa[k] - wb[k]).abs().max()) for k in wa) if set(wa) == set(wb) else None
-    out["files_changed"] = sorted(k for k in a["files"] if a["files"][k] != b["files"].get(k))
+    out["files_changed"] = sorted(k for k in a.files or {} if (a.files or {})[k] != (b.files or {}).get(k))
     return out
+
+
+def diff_artifact(store: Store, old: ArtifactRef, new: ArtifactRef) -> dict[str, Any]:
+    if old.files is not None:
+        return diff_checkpoints(store, old, new)
+    if old.uri.endswith(".parquet"):
+        d = diff_tables(store.read_table(old), store.read_table(new))
+        return {**d, "identical": old.sha256 == new.sha256 or d["identical"]}
+    return {"identical": old.sha256 == new.sha256}
 
 
 def replay(
@@ -69,29 +88,25 @@ def replay(
 ) -> dict[str, Any]:
     if stage not in STAGES:
         raise ValueError(f"stage must be one of {', '.join(STAGES)}; got {stage!r}")
-    uri = store.stage_uri(run_id, iteration, stage)
+    spec = STAGES[stage]
+    cfg = cfg or run_config(store, run_id)
+    ctx = RunContext(cfg, run_id, store)
+    owner = ctx.base_id if spec.base else run_id
+    uri = store.stage_uri(owner, iteration, stage)
     manifest = store.read_manifest(uri)
     if manifest is None:
         raise FileNotFoundError(
             f"no committed {stage} stage at iteration {iteration} of run {run_id} ({uri})"
         )
-    cfg = cfg or run_config(store, run_id)
-    ctx = RunContext(cfg, run_id, store)
     scratch = f"{store.root}/_replay/{run_id}/iter-{iteration:04d}/{stage}"
     store.clear(scratch)
-    result: StageResult = _body(ctx, iteration, stage, manifest["inputs"])(scratch)
+    result = spec.body(ctx, StageJob(iteration, manifest.inputs, scratch))
+    ctx.held.close()
     artifacts: dict[str, Any] = {}
-    for name, old in manifest["outputs"].items():
+    for name, old in manifest.outputs.items():
         new = result.outputs[name]
-        if "files" in old:
-            artifacts[name] = diff_checkpoints(store, old, new)
-        elif old["uri"].endswith(".parquet"):
-            d = diff_tables(store.read_table(ref_of(old)), store.read_table(ref_of(new)))
-            artifacts[name] = {**d, "identical": old["sha256"] == new["sha256"] or d["identical"]}
-        else:
-            artifacts[name] = {"identical": old["sha256"] == new["sha256"]}
-        artifacts[name].update(stored=old["uri"], replayed=new["uri"])
-    differing = [k for k, v in manifest["metrics"].items() if result.metrics.get(k) != v]
+        artifacts[name] = {**diff_artifact(store, old, new), "stored": old.uri, "replayed": new.uri}
+    differing = [k for k, v in manifest.metrics.items() if result.metrics.get(k) != v]
     return {
         "run_id": run_id,
         "iteration": iteration,

@@ -4,7 +4,7 @@ Token-in, token-out: requests are prompt token ids, completions come back as the
 sampling logprob of each token. Every request carries its own seed, so outputs do not depend on batch order or
 size. An engine lives across iterations; ``load_weights`` syncs a new checkpoint into it without a restart.
 
-    engine = get_engine("vllm", ckpt_dir, rollout_cfg, max_model_len=64)
+    engine = start_engine("vllm", ckpt_dir, rollout_cfg, max_model_len=64)
     outs = engine.generate([Request([5, 6, 2], seed=1)], SamplingSpec(n=8, temperature=1.0, max_tokens=8))
 """
 
@@ -163,6 +163,10 @@ class HFEngine:
         self.never = unsampleable_ids(self.model)
 
     def generate(self, requests: list[Request], spec: SamplingSpec) -> list[list[Completion]]:
+        """``spec.n`` completions per request, each from its own generator (seeded by request and sample).
+
+        Long: left-padding, the KV-cached decoding loop and the per-sequence sampling share the padded batch's
+        state; split apart, each piece would take half a dozen of these tensors as arguments."""
         import torch
 
         flat = [(r, k) for r in requests for k in range(spec.n)]
@@ -243,9 +247,6 @@ class HFEngine:
         del self.model
 
 
-_ENGINES: dict[tuple, Any] = {}
-
-
 def _check_vllm_supports(ckpt_dir: str | Path) -> None:
     import torch
 
@@ -258,38 +259,32 @@ def _check_vllm_supports(ckpt_dir: str | Path) -> None:
         )
 
 
-def get_engine(kind: str, ckpt_dir: str | Path, rollout_cfg: Any, *, max_model_len: int) -> RolloutEngine:
-    """The process-wide engine for these settings, started on first use and reused across iterations.
-
-    The caller syncs the weights it needs with ``sync_weights``, which remembers the digest the engine holds
-    so that a stage skips a sync that is already done.
-    """
-    key = (kind, rollout_cfg.dtype, max_model_len, rollout_cfg.kv_cache_mb, rollout_cfg.multiprocess)
-    eng = _ENGINES.get(key)
-    if eng is None:
-        if kind == "vllm":
-            _check_vllm_supports(ckpt_dir)
-            eng = VLLMEngine(
-                ckpt_dir,
-                dtype=rollout_cfg.dtype,
-                max_model_len=max_model_len,
-                kv_cache_mb=rollout_cfg.kv_cache_mb,
-                multiprocess=rollout_cfg.multiprocess,
-            )
-        elif kind == "hf":
-            eng = HFEngine(ckpt_dir, dtype=rollout_cfg.dtype)
-        else:
-            raise ValueError(f"unknown rollout engine {kind!r}; choose vllm or hf")
-        eng.loaded = None  # type: ignore[attr-defined]
-        _ENGINES[key] = eng
+def start_engine(kind: str, ckpt_dir: str | Path, rollout_cfg: Any, *, max_model_len: int) -> RolloutEngine:
+    """A new rollout engine on ``ckpt_dir``. Its owner (a run's context) keeps it across iterations and syncs
+    the weights it needs with ``sync_weights``, which remembers the digest the engine holds so that a stage
+    skips a sync that is already done."""
+    if kind == "vllm":
+        _check_vllm_supports(ckpt_dir)
+        eng: Any = VLLMEngine(
+            ckpt_dir,
+            dtype=rollout_cfg.dtype,
+            max_model_len=max_model_len,
+            kv_cache_mb=rollout_cfg.kv_cache_mb,
+            multiprocess=rollout_cfg.multiprocess,
+        )
+    elif kind == "hf":
+        eng = HFEngine(ckpt_dir, dtype=rollout_cfg.dtype)
+    else:
+        raise ValueError(f"unknown rollout engine {kind!r}; choose vllm or hf")
+    eng.loaded = None
     return eng
 
 
-def sync_weights(engine: Any, ckpt_dir: str | Path, digest: str) -> bool:
+def sync_weights(engine: Any, ckpt_dir: str | Path, digest: str, iteration: int | None = None) -> bool:
     """Load ``ckpt_dir`` (whose weights hash to ``digest``) unless the engine holds it; True if it synced."""
     if getattr(engine, "loaded", None) == digest:
         return False
-    fault("sync")
+    fault("sync", iteration)
     engine.load_weights(ckpt_dir)
     engine.loaded = digest
     return True

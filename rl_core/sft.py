@@ -14,11 +14,11 @@ import torch
 from rl_core.context import RunContext
 from rl_core.model import build_model, build_tokenizer, load_model, load_tokenizer, save_checkpoint
 from rl_core.seeding import derive_seed
-from rl_core.stage import StageResult, entry
+from rl_core.stage import StageJob, StageResult
 from rl_core.vision import IMAGE_TOKEN, build_vlm, image_prefix, pixel_values, save_processor
 
 
-def init_body(ctx: RunContext, uri: str) -> StageResult:
+def init_body(ctx: RunContext, job: StageJob) -> StageResult:
     cfg = ctx.cfg
     if hasattr(ctx.env, "corpus"):  # environments with their own vocabulary (tool calls, observations)
         texts = ctx.env.corpus(ctx.train_tasks)
@@ -35,10 +35,10 @@ def init_body(ctx: RunContext, uri: str) -> StageResult:
         save_checkpoint(model, tok, d)
         if multimodal:
             save_processor(d, tok, ctx.env.image_size, cfg.model.patch_size)
-        ref, files = ctx.store.put_dir(d, f"{uri}/checkpoint")
+        ref = ctx.store.put_dir(d, f"{job.out_uri}/checkpoint")
     params = sum(p.numel() for p in model.parameters())
     return StageResult(
-        outputs={"checkpoint": entry(ref, files=files)},
+        outputs={"checkpoint": ref},
         metrics={"parameters": params, "vocab_size": len(tok)},
         seeds={"init": seed},
     )
@@ -102,9 +102,9 @@ def _segment_batch(
     return _pad(seqs, labs, tok.pad_token_id)
 
 
-def warmup_body(ctx: RunContext, init_manifest: dict[str, Any], uri: str) -> StageResult:
+def warmup_body(ctx: RunContext, job: StageJob) -> StageResult:
     cfg = ctx.cfg.warmup
-    src = ctx.local_checkpoint(init_manifest["outputs"]["checkpoint"])
+    src = ctx.local_checkpoint(job.inputs["checkpoint"])
     tok = load_tokenizer(src)
     model = load_model(src).train()
     seed = derive_seed(ctx.cfg.experiment.seed, 0, "warmup")
@@ -138,10 +138,10 @@ def warmup_body(ctx: RunContext, init_manifest: dict[str, Any], uri: str) -> Sta
         save_checkpoint(model, tok, d)
         if multimodal:
             save_processor(d, tok, ctx.env.image_size, ctx.cfg.model.patch_size)
-        ref, files = ctx.store.put_dir(d, f"{uri}/checkpoint")
+        ref = ctx.store.put_dir(d, f"{job.out_uri}/checkpoint")
     tail = losses[-10:] or [float("nan")]
     return StageResult(
-        outputs={"checkpoint": entry(ref, files=files)},
+        outputs={"checkpoint": ref},
         metrics={"final_loss": sum(tail) / len(tail), "steps": cfg.steps, "examples": len(pool)},
         seeds={"warmup": seed},
     )

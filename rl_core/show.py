@@ -7,18 +7,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from rl_core.stage import STAGES
+from rl_core.manifest import Manifest
+from rl_core.stages import ITERATION_STAGES as STAGES
 from rl_core.store import Store
 
 
-def _stage_view(m: dict[str, Any] | None) -> dict[str, Any]:
+def _stage_view(m: Manifest | None) -> dict[str, Any]:
     if m is None:
         return {"status": "pending"}
     return {
-        "status": m.get("status", "committed"),
-        "seconds": m["timings"]["seconds"],
-        "metrics": m.get("metrics", {}),
-        "artifacts": {k: v["uri"] for k, v in m.get("outputs", {}).items()},
+        "status": m.status,
+        "seconds": m.timings.seconds,
+        "metrics": m.metrics,
+        "artifacts": {k: v.uri for k, v in m.outputs.items()},
     }
 
 
@@ -36,8 +37,8 @@ def collect(store: Store, run_id: str) -> dict[str, Any]:
     }
     wu = base["warmup"]
     if wu["status"] != "pending":
-        m = store.read_manifest(store.stage_uri(base_id, 0, "warmup")) or {}
-        base["policy_sha256"] = m["outputs"]["checkpoint"]["files"]["model.safetensors"]
+        m = store.read_manifest(store.stage_uri(base_id, 0, "warmup"))
+        base["policy_sha256"] = m.outputs["checkpoint"].files["model.safetensors"] if m else None
     iterations = []
     for k in range(1, cfg["experiment"]["iterations"] + 1):
         stages = {s: _stage_view(store.read_manifest(store.stage_uri(run_id, k, s))) for s in STAGES}

@@ -2,11 +2,12 @@
 
 A stage run is (run id, iteration, stage). ``run_stage`` looks for its manifest: when it exists and records
 the same inputs and config hash, the stage is done and its manifest is returned as is. Anything else in the
-folder is garbage from a crashed attempt and is cleared. The stage body writes its outputs and returns their
-refs; the manifest (inputs, outputs with sha256, config hash, code version, seeds, timings, metrics) is
-written last, atomically.
+folder is garbage from a crashed attempt and is cleared. The stage body gets one typed ``StageJob`` (its
+iteration, its inputs, the folder to write into), writes its outputs and returns their references; the
+manifest (inputs, outputs with sha256, config hash, code version, seeds, timings, metrics) is written last,
+atomically. Which stages exist, what each reads and writes: ``rl_core.stages``.
 
-    m = run_stage(store, "run1", 3, "generate", cfg_hash, inputs={"policy": ckpt_entry}, body=fn)
+    m = run_stage(store, "run1", 3, "generate", cfg_hash, {"policy": ckpt}, lambda job: body(ctx, job))
 """
 
 from __future__ import annotations
@@ -18,18 +19,27 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rl_core.faults import fault, set_iteration
+from rl_core.faults import fault
+from rl_core.manifest import ArtifactRef, Manifest, Timings
 from rl_core.paths import PROJECT_ROOT
-from rl_core.store import Ref, Store
+from rl_core.store import Store
 
-STAGES = ("generate", "execute_envs", "score_rewards", "train", "evaluate")
+
+@dataclass(frozen=True)
+class StageJob:
+    """Everything a stage body is given besides the run context: which iteration, the artifacts it reads (by
+    the names of its table entry's inputs) and the folder its outputs go to."""
+
+    iteration: int
+    inputs: dict[str, ArtifactRef]
+    out_uri: str
 
 
 @dataclass
 class StageResult:
     """What a stage body returns."""
 
-    outputs: dict[str, dict[str, Any]]
+    outputs: dict[str, ArtifactRef]
     metrics: dict[str, Any] = field(default_factory=dict)
     seeds: dict[str, Any] = field(default_factory=dict)
 
@@ -50,20 +60,7 @@ def code_version() -> str:
     return f"rlfoundry-{version('rlfoundry')}" + (f"+g{rev}" if rev else "")
 
 
-def entry(ref: Ref, **extra: Any) -> dict[str, Any]:
-    """A manifest entry for an artifact: uri, sha256 and optional extras (e.g. a folder's per-file hashes)."""
-    return {**ref.to_dict(), **extra}
-
-
-def ref_of(e: dict[str, Any]) -> Ref:
-    return Ref(e["uri"], e["sha256"])
-
-
-def _comparable(inputs: dict[str, Any]) -> dict[str, Any]:
-    return {k: {"uri": v["uri"], "sha256": v["sha256"]} for k, v in inputs.items()}
-
-
-def committed(store: Store, run_id: str, iteration: int, stage: str) -> dict[str, Any] | None:
+def committed(store: Store, run_id: str, iteration: int, stage: str) -> Manifest | None:
     return store.read_manifest(store.stage_uri(run_id, iteration, stage))
 
 
@@ -73,40 +70,32 @@ def run_stage(
     iteration: int,
     stage: str,
     config_hash: str,
-    inputs: dict[str, dict[str, Any]],
-    body: Callable[[str], StageResult],
-) -> dict[str, Any]:
-    """Run ``body(stage_uri)`` unless an identical committed run of this stage exists; return the manifest."""
+    inputs: dict[str, ArtifactRef],
+    body: Callable[[StageJob], StageResult],
+) -> Manifest:
+    """Run ``body`` unless an identical committed run of this stage exists; return the manifest."""
     uri = store.stage_uri(run_id, iteration, stage)
     existing = store.read_manifest(uri)
-    if (
-        existing is not None
-        and existing.get("config_hash") == config_hash
-        and _comparable(existing.get("inputs", {})) == _comparable(inputs)
-    ):
-        existing["reused"] = True
-        return existing
+    if existing is not None and existing.config_hash == config_hash and existing.same_inputs(inputs):
+        return existing.model_copy(update={"reused": True})
     store.clear(uri)
-    set_iteration(iteration)
-    fault(f"{stage}:start")
+    fault(f"{stage}:start", iteration)
     t0 = time.perf_counter()
     started = time.time()
-    result = body(uri)
-    fault(f"{stage}:outputs")
-    manifest = {
-        "run_id": run_id,
-        "iteration": iteration,
-        "stage": stage,
-        "status": "committed",
-        "inputs": inputs,
-        "outputs": result.outputs,
-        "config_hash": config_hash,
-        "code_version": code_version(),
-        "seeds": result.seeds,
-        "metrics": result.metrics,
-        "timings": {"seconds": round(time.perf_counter() - t0, 4), "started_at": started},
-    }
+    result = body(StageJob(iteration, inputs, uri))
+    fault(f"{stage}:outputs", iteration)
+    manifest = Manifest(
+        run_id=run_id,
+        iteration=iteration,
+        stage=stage,
+        inputs=inputs,
+        outputs=result.outputs,
+        config_hash=config_hash,
+        code_version=code_version(),
+        seeds=result.seeds,
+        metrics=result.metrics,
+        timings=Timings(seconds=round(time.perf_counter() - t0, 4), started_at=started),
+    )
     store.write_manifest(uri, manifest)
-    fault(f"{stage}:committed")
-    manifest["reused"] = False
+    fault(f"{stage}:committed", iteration)
     return manifest

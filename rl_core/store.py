@@ -23,15 +23,16 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 import fsspec
 import pandas as pd
+import pydantic
 import tenacity
 
-from rl_core.faults import fault
+from rl_core.faults import fault, iteration_of
+from rl_core.manifest import ArtifactRef, Manifest
 
 MANIFEST = "_manifest.json"
 
@@ -103,19 +104,6 @@ def with_retries(fn: Callable[[], T], *, what: str, attempts: int, max_wait_s: f
     raise AssertionError("unreachable")
 
 
-@dataclass(frozen=True)
-class Ref:
-    """A stored artifact: where it is and what its bytes hash to."""
-
-    uri: str
-    sha256: str
-
-    def to_dict(self) -> dict[str, str]:
-        return {"uri": self.uri, "sha256": self.sha256}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, str]) -> Ref:
-        return cls(uri=d["uri"], sha256=d["sha256"])
 
 
 def sha256_bytes(data: bytes) -> str:
@@ -181,7 +169,7 @@ class Store:
     def exists(self, uri: str) -> bool:
         return self._io(f"stat {uri}", lambda: self.fs.exists(self._path(uri)))
 
-    def write_bytes(self, uri: str, data: bytes) -> Ref:
+    def write_bytes(self, uri: str, data: bytes) -> ArtifactRef:
         path = self._path(uri)
         if self.is_local:
             # Write-then-rename so that a reader never sees a half-written file.
@@ -190,48 +178,48 @@ class Store:
             with os.fdopen(fd, "wb") as f:
                 f.write(data[: len(data) // 2])
                 f.flush()
-                fault("write")
+                fault("write", iteration_of(uri))
                 f.write(data[len(data) // 2 :])
             os.replace(tmp, path)
         else:
             self._io(f"write {uri}", lambda: self.fs.pipe_file(path, data))  # a single S3 PUT is atomic
-        return Ref(uri, sha256_bytes(data))
+        return ArtifactRef(uri=uri, sha256=sha256_bytes(data))
 
-    def read_bytes(self, ref: Ref | str) -> bytes:
-        uri = ref.uri if isinstance(ref, Ref) else ref
+    def read_bytes(self, ref: ArtifactRef | str) -> bytes:
+        uri = ref.uri if isinstance(ref, ArtifactRef) else ref
         try:
             data = self._io(f"read {uri}", lambda: self.fs.cat_file(self._path(uri)))
         except FileNotFoundError as e:
             raise ArtifactError(f"artifact missing: {uri}") from e
-        if isinstance(ref, Ref) and sha256_bytes(data) != ref.sha256:
+        if isinstance(ref, ArtifactRef) and sha256_bytes(data) != ref.sha256:
             raise ArtifactError(
                 f"artifact corrupt: {uri} has sha256 {sha256_bytes(data)[:16]}..., manifest says {ref.sha256[:16]}..."
             )
         return data
 
-    def write_json(self, uri: str, obj: Any) -> Ref:
+    def write_json(self, uri: str, obj: Any) -> ArtifactRef:
         return self.write_bytes(uri, json.dumps(obj, indent=2, sort_keys=True).encode())
 
-    def read_json(self, ref: Ref | str) -> Any:
+    def read_json(self, ref: ArtifactRef | str) -> Any:
         return json.loads(self.read_bytes(ref))
 
     # -- tables ---------------------------------------------------------------------------------
-    def write_table(self, uri: str, df: pd.DataFrame) -> Ref:
+    def write_table(self, uri: str, df: pd.DataFrame) -> ArtifactRef:
         buf = io.BytesIO()
         df.to_parquet(buf, index=False)
-        return self.write_bytes(uri, buf.getvalue())
+        return self.write_bytes(uri, buf.getvalue()).model_copy(update={"rows": len(df)})
 
-    def read_table(self, ref: Ref | str) -> pd.DataFrame:
+    def read_table(self, ref: ArtifactRef | str) -> pd.DataFrame:
         data = self.read_bytes(ref)
-        uri = ref.uri if isinstance(ref, Ref) else ref
+        uri = ref.uri if isinstance(ref, ArtifactRef) else ref
         try:
             return pd.read_parquet(io.BytesIO(data))
         except Exception as e:
             raise ArtifactError(f"artifact unreadable as parquet: {uri}: {e}") from e
 
     # -- folders (checkpoints) ----------------------------------------------------------------------
-    def put_dir(self, local_dir: str | Path, uri: str) -> tuple[Ref, dict[str, str]]:
-        """Upload a local folder; returns its digest Ref and the per-file hashes."""
+    def put_dir(self, local_dir: str | Path, uri: str) -> ArtifactRef:
+        """Upload a local folder; returns its reference (folder digest and per-file hashes)."""
         local_dir = Path(local_dir)
         hashes: dict[str, str] = {}
         for p in sorted(local_dir.rglob("*")):
@@ -239,10 +227,13 @@ class Store:
                 rel = p.relative_to(local_dir).as_posix()
                 data = p.read_bytes()
                 hashes[rel] = self.write_bytes(f"{uri}/{rel}", data).sha256
-        return Ref(uri, dir_digest(hashes)), hashes
+        return ArtifactRef(uri=uri, sha256=dir_digest(hashes), files=hashes)
 
-    def local_dir(self, ref: Ref, files: dict[str, str], cache_root: Path) -> Path:
+    def local_dir(self, ref: ArtifactRef, cache_root: Path) -> Path:
         """A verified local copy of a stored folder (the folder itself when the store is local)."""
+        if ref.files is None:
+            raise ArtifactError(f"artifact {ref.uri} is not a folder (its reference lists no files)")
+        files = ref.files
         if self.is_local:
             path = Path(self._path(ref.uri))
             self._verify_dir(ref, files, path)
@@ -252,14 +243,14 @@ class Store:
             tmp = Path(tempfile.mkdtemp(dir=cache_root, prefix=".dl-"))
             for rel, sha in files.items():
                 (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
-                (tmp / rel).write_bytes(self.read_bytes(Ref(f"{ref.uri}/{rel}", sha)))
+                (tmp / rel).write_bytes(self.read_bytes(ArtifactRef(uri=f"{ref.uri}/{rel}", sha256=sha)))
             (tmp / ".complete").touch()
             if dest.exists():
                 shutil.rmtree(dest)
             os.replace(tmp, dest)
         return dest
 
-    def _verify_dir(self, ref: Ref, files: dict[str, str], path: Path) -> None:
+    def _verify_dir(self, ref: ArtifactRef, files: dict[str, str], path: Path) -> None:
         actual = {}
         for rel in files:
             f = path / rel
@@ -272,16 +263,16 @@ class Store:
             raise ArtifactError(f"artifact corrupt: {ref.uri} folder digest does not match its manifest")
 
     # -- manifests --------------------------------------------------------------------------------
-    def write_manifest(self, stage_uri: str, manifest: dict[str, Any]) -> Ref:
-        return self.write_json(f"{stage_uri}/{MANIFEST}", manifest)
+    def write_manifest(self, stage_uri: str, manifest: Manifest) -> ArtifactRef:
+        return self.write_json(f"{stage_uri}/{MANIFEST}", manifest.model_dump(mode="json"))
 
-    def read_manifest(self, stage_uri: str) -> dict[str, Any] | None:
+    def read_manifest(self, stage_uri: str) -> Manifest | None:
         uri = f"{stage_uri}/{MANIFEST}"
         if not self.exists(uri):
             return None
         try:
-            return self.read_json(uri)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            return Manifest.model_validate(self.read_json(uri))
+        except (json.JSONDecodeError, UnicodeDecodeError, pydantic.ValidationError) as e:
             raise ArtifactError(f"manifest corrupt: {uri}: {e}") from e
 
     def list_runs(self) -> list[str]:

@@ -13,44 +13,40 @@ from pathlib import Path
 from typing import Any
 
 from rl_core.context import RunContext
+from rl_core.manifest import ArtifactRef
 from rl_core.model import WEIGHTS, load_model, load_tokenizer, save_weights
 from rl_core.ppo import make_batch, sequence_logprobs
 from rl_core.seeding import derive_seed
-from rl_core.stage import StageResult, entry, ref_of
+from rl_core.stage import StageJob, StageResult
 from rl_core.train_engine import make_train_engine
 
-_ENGINE: dict[str, Any] = {}
-_REF: dict[str, Any] = {}
 
-
-def _engine_for(ctx: RunContext, policy: dict[str, Any], optimizer: dict[str, Any] | None) -> Any:
-    held = _ENGINE.get("engine")
-    want = (policy["sha256"], optimizer["sha256"] if optimizer else None)
-    if held is not None and _ENGINE.get("holds") == want and _ENGINE.get("cfg") == ctx.cfg.train:
-        return held
+def _engine_for(ctx: RunContext, policy: ArtifactRef, optimizer: ArtifactRef | None) -> Any:
+    held = ctx.held
+    want = (policy.sha256, optimizer.sha256 if optimizer else None)
+    if held.train is not None and held.train_holds == want and held.train_cfg == ctx.cfg.train:
+        return held.train
     model = load_model(ctx.local_checkpoint(policy))
     engine = make_train_engine(ctx.cfg.train.backend, model, ctx.cfg.train)
     if optimizer is not None:
-        engine.load_optimizer_state(ctx.store.read_bytes(ref_of(optimizer)))
-    _ENGINE.update(engine=engine, cfg=ctx.cfg.train.model_copy())
+        engine.load_optimizer_state(ctx.store.read_bytes(optimizer))
+    held.train, held.train_cfg = engine, ctx.cfg.train.model_copy()
     return engine
 
 
-def _reference(ctx: RunContext, ref_ckpt: dict[str, Any]) -> Any:
-    if _REF.get("sha") != ref_ckpt["sha256"]:
-        _REF.update(sha=ref_ckpt["sha256"], model=load_model(ctx.local_checkpoint(ref_ckpt)).eval())
-    return _REF["model"]
+def _reference(ctx: RunContext, ref_ckpt: ArtifactRef) -> Any:
+    if ctx.held.reference is None or ctx.held.reference[0] != ref_ckpt.sha256:
+        ctx.held.reference = (ref_ckpt.sha256, load_model(ctx.local_checkpoint(ref_ckpt)).eval())
+    return ctx.held.reference[1]
 
 
-def train_body(ctx: RunContext, iteration: int, inputs: dict[str, dict[str, Any]], uri: str) -> StageResult:
-    cfg = ctx.cfg
+def train_body(ctx: RunContext, job: StageJob) -> StageResult:
+    cfg, inputs, iteration = ctx.cfg, job.inputs, job.iteration
     policy = inputs["policy"]
-    rollouts = ctx.store.read_table(ref_of(inputs["rollouts"]))
-    rewards = ctx.store.read_table(ref_of(inputs["rewards"]))
+    rollouts = ctx.store.read_table(inputs["rollouts"])
+    rewards = ctx.store.read_table(inputs["rewards"])
     if len(rollouts) != len(rewards):
-        raise ValueError(
-            f"rewards {inputs['rewards']['uri']} do not line up with rollouts {inputs['rollouts']['uri']}"
-        )
+        raise ValueError(f"rewards {inputs['rewards'].uri} do not line up with rollouts {inputs['rollouts'].uri}")
     df = rollouts.assign(advantage=rewards["advantage"].to_numpy())
     seed = derive_seed(cfg.experiment.seed, iteration, "train")
     engine = _engine_for(ctx, policy, inputs.get("optimizer"))
@@ -75,12 +71,12 @@ def train_body(ctx: RunContext, iteration: int, inputs: dict[str, dict[str, Any]
             if f.is_file() and f.name != WEIGHTS and not f.name.startswith("."):
                 shutil.copy(f, Path(d) / f.name)
         save_weights(engine.weights(), d)
-        ref, files = ctx.store.put_dir(d, f"{uri}/checkpoint")
-    opt_ref = ctx.store.write_bytes(f"{uri}/optimizer.pt", engine.optimizer_state())
-    _ENGINE["holds"] = (ref.sha256, opt_ref.sha256)
+        ref = ctx.store.put_dir(d, f"{job.out_uri}/checkpoint")
+    opt_ref = ctx.store.write_bytes(f"{job.out_uri}/optimizer.pt", engine.optimizer_state())
+    ctx.held.train_holds = (ref.sha256, opt_ref.sha256)
     metrics["first_step_loss"] = losses[0] if losses else 0.0
     return StageResult(
-        outputs={"checkpoint": entry(ref, files=files), "optimizer": entry(opt_ref)},
-        metrics={**metrics, "policy_sha256": files[WEIGHTS]},
+        outputs={"checkpoint": ref, "optimizer": opt_ref},
+        metrics={**metrics, "policy_sha256": ref.files[WEIGHTS]},
         seeds={"train": seed},
     )

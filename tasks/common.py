@@ -1,16 +1,34 @@
-"""What every stage task does around its rl_core body: commit-or-skip, then log lineage."""
+"""What every stage task does around its rl_core body: resolve its inputs from the committed manifests (the
+stage table says which), commit-or-skip, then log lineage.
+
+One ``RunContext`` per (run, config) lives as long as this process, so the engines and pools it holds carry
+over from one iteration (and one flow run) to the next; the library itself keeps no process-wide state.
+Each stage's task is ``tasks/<stage name>.py``'s ``task`` (``task_for``).
+"""
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+import importlib
 from typing import Any
 
-from rl_core.config import Config
-from rl_core.context import RunContext, get_context
+from rl_core.config import Config, config_hash
+from rl_core.context import RunContext
 from rl_core.lineage import Lineage
-from rl_core.stage import StageResult, run_stage
+from rl_core.manifest import Manifest
+from rl_core.stage import committed, run_stage
+from rl_core.stages import STAGES
 from rl_core.store import with_retries
+
+_CONTEXTS: dict[tuple[str, str], RunContext] = {}
+
+
+def context(cfg: Config, run_id: str) -> RunContext:
+    """The context of ``run_id`` under ``cfg`` in this process (created on first use)."""
+    key = (run_id, config_hash(cfg))
+    if key not in _CONTEXTS:
+        _CONTEXTS[key] = RunContext(cfg, run_id)
+    return _CONTEXTS[key]
 
 
 @functools.cache
@@ -22,21 +40,27 @@ def lineage(cfg: Config) -> Lineage | None:
     return _lineage(cfg.model_dump_json())
 
 
-def stage(
-    cfg: Config,
-    run_id: str,
-    iteration: int,
-    name: str,
-    inputs: dict[str, dict[str, Any]],
-    body: Callable[[RunContext, str], StageResult],
-    mlflow_run: str | None,
-    *,
-    base: bool = False,
-) -> dict[str, Any]:
-    """Run one stage of ``run_id`` (or of the shared base model when ``base``) and log it to MLflow."""
-    ctx = get_context(cfg, run_id)
-    owner, chash = (ctx.base_id, ctx.base_hash) if base else (run_id, ctx.config_hash)
-    manifest = run_stage(ctx.store, owner, iteration, name, chash, inputs, lambda uri: body(ctx, uri))
+def task_for(stage: str) -> Any:
+    """The Prefect task of a stage of the table: ``task`` in ``tasks/<stage>.py``."""
+    return importlib.import_module(f"tasks.{stage}").task
+
+
+def run_table_stage(cfg: Config, run_id: str, name: str, iteration: int, mlflow_run: str | None) -> Manifest:
+    """Run stage ``name`` of ``run_id`` (of the shared base model for a base stage) at ``iteration``: its
+    inputs are the outputs its table entry names, read from the committed manifests; log it to MLflow."""
+    spec = STAGES[name]
+    ctx = context(cfg, run_id)
+
+    def owner(stage: str) -> str:
+        return ctx.base_id if STAGES[stage].base else run_id
+
+    from rl_core.stages import resolve_inputs
+
+    inputs = resolve_inputs(spec, cfg, iteration, lambda s, k: committed(ctx.store, owner(s), k, s))
+    chash = ctx.base_hash if spec.base else ctx.config_hash
+    manifest = run_stage(
+        ctx.store, owner(name), iteration, name, chash, inputs, lambda job: spec.body(ctx, job)
+    )
     lin = lineage(cfg)
     if lin is not None and mlflow_run is not None:
         if ctx.store.is_local:

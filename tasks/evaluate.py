@@ -1,19 +1,14 @@
-"""Prefect task: held-out greedy accuracy and pass@k of a checkpoint."""
+"""Prefect task of the evaluate stage: held-out greedy accuracy and pass@k of the policy (rl_core.stages)."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from prefect import task
+from prefect import task as prefect_task
 
 from rl_core.config import Config
-from rl_core.evaluate import evaluate_body
-from tasks.common import stage
+from rl_core.manifest import Manifest
+from tasks.common import run_table_stage
 
 
-@task(name="evaluate")
-def evaluate(
-    cfg: Config, run_id: str, iteration: int, policy: dict[str, Any], mlflow_run: str | None = None
-) -> dict[str, Any]:
-    body = lambda ctx, uri: evaluate_body(ctx, iteration, policy, uri)  # noqa: E731
-    return stage(cfg, run_id, iteration, "evaluate", {"policy": policy}, body, mlflow_run)
+@prefect_task(name="evaluate")
+def task(cfg: Config, run_id: str, iteration: int, mlflow_run: str | None = None) -> Manifest:
+    return run_table_stage(cfg, run_id, "evaluate", iteration, mlflow_run)

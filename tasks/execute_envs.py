@@ -1,20 +1,14 @@
-"""Prefect task: run every completion through its environment."""
+"""Prefect task of the execute_envs stage: run every completion through its environment (rl_core.stages)."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from prefect import task
+from prefect import task as prefect_task
 
 from rl_core.config import Config
-from rl_core.episodes import execute_envs_body
-from tasks.common import stage
+from rl_core.manifest import Manifest
+from tasks.common import run_table_stage
 
 
-@task(name="execute_envs")
-def execute_envs(
-    cfg: Config, run_id: str, iteration: int, gen: dict[str, Any], mlflow_run: str | None = None
-) -> dict[str, Any]:
-    rollouts = gen["outputs"]["rollouts"]
-    body = lambda ctx, uri: execute_envs_body(ctx, rollouts, uri)  # noqa: E731
-    return stage(cfg, run_id, iteration, "execute_envs", {"rollouts": rollouts}, body, mlflow_run)
+@prefect_task(name="execute_envs")
+def task(cfg: Config, run_id: str, iteration: int, mlflow_run: str | None = None) -> Manifest:
+    return run_table_stage(cfg, run_id, "execute_envs", iteration, mlflow_run)

@@ -1,29 +1,29 @@
-"""Prefect task: generate rollouts from the policy with the held rollout engine."""
+"""Prefect task of the generate stage: sample completions from the policy with the rollout engine (rl_core.stages)."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from prefect import task
+from prefect import task as prefect_task
 
 from rl_core.config import Config
-from rl_core.episodes import generate_body
-from tasks.common import stage
+from rl_core.manifest import Manifest
+from tasks.common import run_table_stage
 
 
-@task(name="generate")
-def generate(
-    cfg: Config, run_id: str, iteration: int, policy: dict[str, Any], mlflow_run: str | None = None
-) -> dict[str, Any]:
-    body = lambda ctx, uri: generate_body(ctx, iteration, policy, uri)  # noqa: E731
-    return stage(cfg, run_id, iteration, "generate", {"policy": policy}, body, mlflow_run)
+@prefect_task(name="generate")
+def task(cfg: Config, run_id: str, iteration: int, mlflow_run: str | None = None) -> Manifest:
+    return run_table_stage(cfg, run_id, "generate", iteration, mlflow_run)
 
 
-@task(name="start_rollout_engine")
-def start_rollout_engine(cfg: Config, run_id: str, policy: dict[str, Any]) -> None:
-    """Start (or reuse) the process-wide rollout engine on ``policy`` before any stage runs, so a resumed
-    process sets up its threads and memory exactly as an uninterrupted one did."""
-    from rl_core.context import get_context
+@prefect_task(name="start_rollout_engine")
+def start_rollout_engine(cfg: Config, run_id: str) -> None:
+    """Start the run's rollout engine on the warmed-up base model before any stage runs, so a resumed process
+    sets up its threads and memory exactly as an uninterrupted one did."""
     from rl_core.episodes import policy_engine
+    from rl_core.stage import committed
+    from tasks.common import context
 
-    policy_engine(get_context(cfg, run_id), policy)
+    ctx = context(cfg, run_id)
+    warm = committed(ctx.store, ctx.base_id, 0, "warmup")
+    if warm is None:
+        raise RuntimeError(f"run {run_id}: the base model's warm-up is not committed")
+    policy_engine(ctx, warm.outputs["checkpoint"], 0)

@@ -1,19 +1,14 @@
-"""Prefect task: supervised warm-up of the base model (shared by runs with the same base config)."""
+"""Prefect task of the warmup stage: supervised warm-up of the base model (rl_core.stages)."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from prefect import task
+from prefect import task as prefect_task
 
 from rl_core.config import Config
-from rl_core.sft import warmup_body
-from tasks.common import stage
+from rl_core.manifest import Manifest
+from tasks.common import run_table_stage
 
 
-@task(name="warmup")
-def warmup(cfg: Config, run_id: str, init: dict[str, Any], mlflow_run: str | None = None) -> dict[str, Any]:
-    inputs = {"checkpoint": init["outputs"]["checkpoint"]}
-    return stage(
-        cfg, run_id, 0, "warmup", inputs, lambda ctx, uri: warmup_body(ctx, init, uri), mlflow_run, base=True
-    )
+@prefect_task(name="warmup")
+def task(cfg: Config, run_id: str, iteration: int, mlflow_run: str | None = None) -> Manifest:
+    return run_table_stage(cfg, run_id, "warmup", iteration, mlflow_run)

@@ -18,7 +18,7 @@ from envs.shapes import CELL, COLORS, GRID, QUESTIONS
 from rl_core.config import load_config
 from rl_core.model import build_tokenizer, load_model, save_checkpoint, save_weights
 from rl_core.ppo import make_batch, sequence_logprobs
-from rl_core.rollout import HFEngine, Request, SamplingSpec, get_engine
+from rl_core.rollout import HFEngine, Request, SamplingSpec, start_engine
 from rl_core.vision import (
     IMAGE_TOKEN,
     allowed_token_ids,
@@ -164,7 +164,7 @@ def test_vllm_on_cpu_refuses_a_vision_model_with_a_clear_error(tmp_path):
     if torch.cuda.is_available():
         pytest.skip("this check is about CPU-only machines")
     with pytest.raises(ValueError, match="use rollout.engine=hf"):
-        get_engine("vllm", ckpt, CFG.rollout, max_model_len=32)
+        start_engine("vllm", ckpt, CFG.rollout, max_model_len=32)
 
 
 def test_the_image_placeholder_is_never_sampled(tmp_path):

@@ -3,8 +3,9 @@
 import pandas as pd
 import pytest
 
-from rl_core.stage import StageResult, entry, run_stage
-from rl_core.store import ArtifactError, Ref, Store
+from rl_core.manifest import ArtifactRef
+from rl_core.stage import StageResult, run_stage
+from rl_core.store import ArtifactError, Store
 
 
 def test_table_roundtrip_and_hash(tmp_path):
@@ -14,6 +15,7 @@ def test_table_roundtrip_and_hash(tmp_path):
     assert ref.uri.startswith("file://") and "iter-0001/generate" in ref.uri
     back = s.read_table(ref)
     assert back["a"].tolist() == [1, 2] and list(back["ids"][0]) == [1, 2]
+    assert ref.rows == 2
 
 
 def test_corrupt_artifact_is_detected_with_path(tmp_path):
@@ -27,7 +29,7 @@ def test_corrupt_artifact_is_detected_with_path(tmp_path):
 def test_missing_artifact_names_uri(tmp_path):
     s = Store(str(tmp_path))
     with pytest.raises(ArtifactError, match="missing: .*nope"):
-        s.read_bytes(Ref(s.root + "/nope", "0" * 64))
+        s.read_bytes(ArtifactRef(uri=s.root + "/nope", sha256="0" * 64))
 
 
 def test_checkpoint_folder_verified(tmp_path):
@@ -36,28 +38,33 @@ def test_checkpoint_folder_verified(tmp_path):
     src.mkdir()
     (src / "model.safetensors").write_bytes(b"w1")
     (src / "config.json").write_text("{}")
-    ref, files = s.put_dir(src, s.root + "/r/ck")
-    assert s.local_dir(ref, files, tmp_path / "cache").is_dir()
+    ref = s.put_dir(src, s.root + "/r/ck")
+    assert sorted(ref.files) == ["config.json", "model.safetensors"]
+    assert s.local_dir(ref, tmp_path / "cache").is_dir()
     (tmp_path / "store" / "r" / "ck" / "model.safetensors").write_bytes(b"w2")
     with pytest.raises(ArtifactError, match="model.safetensors"):
-        s.local_dir(ref, files, tmp_path / "cache")
+        s.local_dir(ref, tmp_path / "cache")
+    with pytest.raises(ArtifactError, match="not a folder"):
+        s.local_dir(ref.model_copy(update={"files": None}), tmp_path / "cache")
 
 
 def test_run_stage_commits_then_skips(tmp_path):
     s = Store(str(tmp_path))
     calls = []
 
-    def body(uri):
-        calls.append(uri)
-        return StageResult(outputs={"x": entry(s.write_bytes(uri + "/x", b"1"))}, metrics={"m": 1.0})
+    def body(job):
+        calls.append(job.out_uri)
+        return StageResult(outputs={"x": s.write_bytes(job.out_uri + "/x", b"1")}, metrics={"m": 1.0})
 
     m1 = run_stage(s, "r", 1, "generate", "h", {}, body)
     m2 = run_stage(s, "r", 1, "generate", "h", {}, body)
-    assert len(calls) == 1 and m2["reused"] and not m1["reused"]
-    assert m2["outputs"] == m1["outputs"]
-    # different inputs or config: not done, runs again
+    assert len(calls) == 1 and m2.reused and not m1.reused
+    assert m2.outputs == m1.outputs
+    # different config or inputs: not done, runs again
     run_stage(s, "r", 1, "generate", "h2", {}, body)
     assert len(calls) == 2
+    run_stage(s, "r", 1, "generate", "h2", {"policy": m1.outputs["x"]}, body)
+    assert len(calls) == 3
 
 
 def test_crashed_stage_leftovers_are_cleared(tmp_path):
@@ -65,12 +72,12 @@ def test_crashed_stage_leftovers_are_cleared(tmp_path):
     uri = s.stage_uri("r", 1, "train")
     s.write_bytes(uri + "/partial.bin", b"half")  # a crash before the manifest
 
-    def body(u):
-        return StageResult(outputs={"y": entry(s.write_bytes(u + "/y", b"2"))})
+    def body(job):
+        return StageResult(outputs={"y": s.write_bytes(job.out_uri + "/y", b"2")})
 
     run_stage(s, "r", 1, "train", "h", {}, body)
     assert not s.exists(uri + "/partial.bin")
-    assert s.read_manifest(uri)["outputs"]["y"]["uri"].endswith("/y")
+    assert s.read_manifest(uri).outputs["y"].uri.endswith("/y")
 
 
 def test_corrupt_manifest_reported(tmp_path):

@@ -1,0 +1,73 @@
+"""The typed records of the stage contract: an artifact reference and a stage's manifest.
+
+A manifest (``<stage folder>/_manifest.json``, written last: the commit marker) lists every input and output
+as an ``ArtifactRef``, the config hash, the code version, the seeds, timings and metrics. The JSON on disk is
+``Manifest.model_dump(mode="json")``; reading validates it, so a hand-edited or truncated manifest is reported
+as corrupt instead of failing later with a KeyError.
+
+    m = store.read_manifest(store.stage_uri(run_id, 3, "train"))
+    m.outputs["checkpoint"].files["model.safetensors"]     # the policy's sha256
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_serializer
+
+
+class ArtifactRef(BaseModel):
+    """A stored artifact: where it is and what its bytes hash to; for a table its row count, for a folder
+    (a checkpoint) the sha256 of each file, ``sha256`` being their ``dir_digest``. The one reference type of
+    manifests, stage inputs and the store's API.
+
+    >>> ArtifactRef(uri="s3://b/r/iter-0001/generate/rollouts.parquet", sha256="ab", rows=3).model_dump()
+    {'uri': 's3://b/r/iter-0001/generate/rollouts.parquet', 'sha256': 'ab', 'rows': 3}
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    uri: str
+    sha256: str
+    rows: int | None = None
+    files: dict[str, str] | None = None
+
+    @model_serializer(mode="wrap")
+    def _drop_unset(self, handler: Any) -> dict[str, Any]:
+        return {k: v for k, v in handler(self).items() if v is not None}
+
+    def same_artifact(self, other: ArtifactRef) -> bool:
+        """Same place, same bytes (what makes a committed stage's input still valid)."""
+        return (self.uri, self.sha256) == (other.uri, other.sha256)
+
+
+class Timings(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    seconds: float
+    started_at: float
+
+
+class Manifest(BaseModel):
+    """One committed stage run: (run id, iteration, stage) with its inputs, outputs and record."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    run_id: str
+    iteration: int
+    stage: str
+    status: str = "committed"
+    inputs: dict[str, ArtifactRef]
+    outputs: dict[str, ArtifactRef]
+    config_hash: str
+    code_version: str
+    seeds: dict[str, Any] = Field(default_factory=dict)
+    metrics: dict[str, Any] = Field(default_factory=dict)
+    timings: Timings
+    reused: bool = Field(False, exclude=True, description="Found committed in the store, not run now.")
+
+    def same_inputs(self, inputs: dict[str, ArtifactRef]) -> bool:
+        """Whether this manifest was committed from exactly these inputs (names, places and bytes)."""
+        return set(self.inputs) == set(inputs) and all(
+            self.inputs[k].same_artifact(v) for k, v in inputs.items()
+        )

@@ -1,0 +1,118 @@
+"""The stage table: every stage of a run, declared once.
+
+Each entry names the stage, its body (``body(ctx, job) -> StageResult``), the artifacts it reads — which
+stage wrote each and at which iteration, i.e. from which policy version — the artifacts it writes, and the
+metrics the run's summary reports. The Prefect tasks (``tasks/``), the iteration and experiment flows, replay,
+the CLI's choices and help, the deployments and the run summary all read this table; a new stage is its
+entry here, its body, and its task file.
+
+Policy versions: the base model's warm-up checkpoint is version 0; the train stage of iteration k writes
+version k. ``Source(offset=-1)`` reads the previous iteration's output (the policy the iteration starts
+from), and at iteration 1 falls back to ``initial`` (the warm-up checkpoint) or, without one, is absent.
+
+>>> [s.name for s in ITERATION]
+['generate', 'execute_envs', 'score_rewards', 'train', 'evaluate']
+>>> STAGES["train"].inputs["policy"]
+Source(stage='train', output='checkpoint', offset=-1, initial=('warmup', 'checkpoint'))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from rl_core.config import Config
+from rl_core.episodes import execute_envs_body, generate_body
+from rl_core.evaluate import evaluate_body
+from rl_core.manifest import ArtifactRef, Manifest
+from rl_core.rewards import score_rewards_body
+from rl_core.sft import init_body, warmup_body
+from rl_core.train import train_body
+
+if TYPE_CHECKING:
+    from rl_core.context import RunContext
+    from rl_core.stage import StageJob, StageResult
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where an input comes from: ``output`` of ``stage`` at this iteration (``offset`` 0) or the previous one
+    (-1); before iteration 1 the previous policy is the base model's ``initial`` output."""
+
+    stage: str
+    output: str
+    offset: int = 0
+    initial: tuple[str, str] | None = None
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    name: str
+    body: Callable[[RunContext, StageJob], StageResult]
+    inputs: dict[str, Source]
+    outputs: tuple[str, ...]
+    summary: tuple[str, ...] = ()
+    base: bool = False  # a stage of the shared base model (iteration 0 of ``_base/<hash>``), not of the run
+    doc: str = ""
+    needs: Callable[[Config, str], bool] = field(default=lambda cfg, name: True)  # is input ``name`` used?
+    due: Callable[[Config, int], bool] = field(default=lambda cfg, k: True)  # does it run at iteration k?
+
+
+POLICY = Source("train", "checkpoint", offset=-1, initial=("warmup", "checkpoint"))
+
+TABLE: tuple[StageSpec, ...] = (
+    StageSpec("init", init_body, {}, ("checkpoint",), base=True,
+              doc="build the tiny model and its tokenizer"),
+    StageSpec("warmup", warmup_body, {"checkpoint": Source("init", "checkpoint")}, ("checkpoint",), base=True,
+              doc="supervised warm-up of the base model"),
+    StageSpec("generate", generate_body, {"policy": POLICY}, ("rollouts",),
+              doc="sample completions from the policy with the rollout engine"),
+    StageSpec("execute_envs", execute_envs_body, {"rollouts": Source("generate", "rollouts")},
+              ("env_results",), doc="run every completion through its environment"),
+    StageSpec("score_rewards", score_rewards_body,
+              {"rollouts": Source("generate", "rollouts"), "env_results": Source("execute_envs", "env_results")},
+              ("rewards",), summary=("mean_reward",), doc="rewards and group advantages"),
+    StageSpec("train", train_body,
+              {"policy": POLICY, "optimizer": Source("train", "optimizer", offset=-1),
+               "reference": Source("warmup", "checkpoint"), "rollouts": Source("generate", "rollouts"),
+               "rewards": Source("score_rewards", "rewards")},
+              ("checkpoint", "optimizer"),
+              summary=("loss", "kl", "clip_frac", "entropy", "grad_norm", "logprob_mismatch_max"),
+              needs=lambda cfg, name: name != "reference" or cfg.train.kl_coef > 0,
+              doc="one policy update; writes the next policy version and the optimizer state"),
+    StageSpec("evaluate", evaluate_body,
+              {"policy": Source("train", "checkpoint", initial=("warmup", "checkpoint"))}, ("eval",),
+              summary=("*",),
+              due=lambda cfg, k: k == 0 or k % cfg.eval.every == 0 or k == cfg.experiment.iterations,
+              doc="held-out greedy accuracy and pass@k of the policy"),
+)  # fmt: skip
+
+STAGES: dict[str, StageSpec] = {s.name: s for s in TABLE}
+BASE = tuple(s for s in TABLE if s.base)
+ITERATION = tuple(s for s in TABLE if not s.base)
+ITERATION_STAGES = tuple(s.name for s in ITERATION)
+
+
+def resolve_inputs(
+    spec: StageSpec, cfg: Config, iteration: int, lookup: Callable[[str, int], Manifest | None]
+) -> dict[str, ArtifactRef]:
+    """The references ``spec`` reads at ``iteration``, from the manifests ``lookup(stage, iteration)`` finds
+    (base stages at iteration 0). A needed input whose stage is not committed is an error naming both."""
+    out: dict[str, ArtifactRef] = {}
+    for name, src in spec.inputs.items():
+        if not spec.needs(cfg, name):
+            continue
+        stage, output, at = src.stage, src.output, iteration + src.offset
+        if STAGES[stage].base:
+            at = 0
+        elif at == 0 and not STAGES[stage].base:
+            if src.initial is None:
+                continue  # nothing before the first iteration (e.g. no optimizer state yet)
+            stage, output = src.initial
+        m = lookup(stage, at)
+        if m is None:
+            raise RuntimeError(f"{spec.name} at iteration {iteration} reads {stage}.{output} of iteration {at}, "
+                               "which is not committed")  # fmt: skip
+        out[name] = m.outputs[output]
+    return out

@@ -1,0 +1,97 @@
+"""The stage table: what each stage reads (and from which policy version), resolved from committed manifests;
+the table is consistent with itself; a manifest is a typed record."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rl_core.config import load_config
+from rl_core.manifest import ArtifactRef, Manifest, Timings
+from rl_core.stages import ITERATION_STAGES, STAGES, TABLE, resolve_inputs
+from rl_core.store import ArtifactError, Store
+
+
+def _manifest(stage: str, k: int) -> Manifest:
+    outs = {
+        o: ArtifactRef(uri=f"s3://b/{stage}@{k}/{o}", sha256=f"{stage}{k}{o}") for o in STAGES[stage].outputs
+    }
+    return Manifest(run_id="r", iteration=k, stage=stage, inputs={}, outputs=outs, config_hash="c",
+                    code_version="v", timings=Timings(seconds=1.0, started_at=0.0))  # fmt: skip
+
+
+def _lookup(committed: set[tuple[str, int]]):
+    return lambda s, k: _manifest(s, k) if (s, k) in committed else None
+
+
+def _uris(refs: dict[str, ArtifactRef]) -> dict[str, str]:
+    return {name: ref.uri.removeprefix("s3://b/") for name, ref in refs.items()}
+
+
+ALL = {(s, 0) for s in ("init", "warmup")} | {(s, k) for s in ITERATION_STAGES for k in (1, 2, 3)}
+
+
+def test_the_first_iteration_starts_from_the_warmed_up_base_model():
+    cfg = load_config("configs/smoke.yaml")
+    assert _uris(resolve_inputs(STAGES["generate"], cfg, 1, _lookup(ALL))) == {
+        "policy": "warmup@0/checkpoint"
+    }
+    # no optimizer state before the first update; no reference model without a KL term
+    assert _uris(resolve_inputs(STAGES["train"], cfg, 1, _lookup(ALL))) == {
+        "policy": "warmup@0/checkpoint", "rollouts": "generate@1/rollouts", "rewards": "score_rewards@1/rewards",
+    }  # fmt: skip
+    assert _uris(resolve_inputs(STAGES["evaluate"], cfg, 0, _lookup(ALL))) == {
+        "policy": "warmup@0/checkpoint"
+    }
+
+
+def test_later_iterations_read_the_previous_policy_version():
+    cfg = load_config("configs/smoke.yaml", ["train.kl_coef=0.05"])
+    assert _uris(resolve_inputs(STAGES["train"], cfg, 3, _lookup(ALL))) == {
+        "policy": "train@2/checkpoint", "optimizer": "train@2/optimizer", "reference": "warmup@0/checkpoint",
+        "rollouts": "generate@3/rollouts", "rewards": "score_rewards@3/rewards",
+    }  # fmt: skip
+    assert _uris(resolve_inputs(STAGES["evaluate"], cfg, 2, _lookup(ALL))) == {"policy": "train@2/checkpoint"}
+    assert _uris(resolve_inputs(STAGES["score_rewards"], cfg, 2, _lookup(ALL))) == {
+        "rollouts": "generate@2/rollouts", "env_results": "execute_envs@2/env_results",
+    }  # fmt: skip
+
+
+def test_a_missing_upstream_stage_is_named():
+    cfg = load_config("configs/smoke.yaml")
+    with pytest.raises(
+        RuntimeError, match=r"train at iteration 2 reads score_rewards\.rewards of iteration 2"
+    ):
+        resolve_inputs(STAGES["train"], cfg, 2, _lookup(ALL - {("score_rewards", 2)}))
+
+
+def test_the_table_is_consistent():
+    names = [s.name for s in TABLE]
+    assert len(set(names)) == len(names)
+    for spec in TABLE:
+        for src in spec.inputs.values():
+            assert src.output in STAGES[src.stage].outputs, (spec.name, src)
+            if src.initial:
+                assert src.initial[1] in STAGES[src.initial[0]].outputs
+            # a stage reads only what is written before it (earlier in the table, or an earlier iteration)
+            assert src.offset < 0 or names.index(src.stage) < names.index(spec.name), (spec.name, src)
+        assert spec.doc and callable(spec.body)
+
+
+def test_evaluation_is_due_as_configured():
+    cfg = load_config("configs/smoke.yaml", ["eval.every=3", "experiment.iterations=7"])
+    assert [k for k in range(8) if STAGES["evaluate"].due(cfg, k)] == [0, 3, 6, 7]
+
+
+def test_a_manifest_missing_a_field_is_reported_corrupt(tmp_path):
+    store = Store(str(tmp_path))
+    uri = store.stage_uri("r", 1, "train")
+    m = _manifest("train", 1)
+    store.write_manifest(uri, m)
+    assert store.read_manifest(uri) == m
+    data = m.model_dump(mode="json")
+    del data["outputs"]["checkpoint"]["sha256"]
+    (tmp_path / "r" / "iter-0001" / "train" / "_manifest.json").write_text(json.dumps(data))
+    with pytest.raises(ArtifactError, match=r"manifest corrupt: .*/r/iter-0001/train/_manifest\.json"):
+        store.read_manifest(uri)
