@@ -64,8 +64,14 @@ def main() -> None:
         from vllm import LLM, SamplingParams
         from vllm.inputs import TokensPrompt
 
-        llm = LLM(model=d, dtype="float32", max_model_len=cfg.model.max_position, kv_cache_memory_bytes=256 << 20,
-                  enforce_eager=not args.compile, seed=0)  # fmt: skip
+        llm = LLM(
+            model=d,
+            dtype="float32",
+            max_model_len=cfg.model.max_position,
+            kv_cache_memory_bytes=256 << 20,
+            enforce_eager=not args.compile,
+            seed=0,
+        )
         params = [
             SamplingParams(n=args.n, temperature=1.0, max_tokens=args.max_tokens, ignore_eos=True, seed=i)
             for i in range(len(prompts))
@@ -89,8 +95,15 @@ def main() -> None:
         .long()
         .repeat_interleave(args.n, 0)
     )
-    gen_kwargs = dict(attention_mask=attn, do_sample=True, temperature=1.0, top_k=0, max_new_tokens=args.max_tokens,
-                      min_new_tokens=args.max_tokens, pad_token_id=pad)  # fmt: skip
+    gen_kwargs = dict(
+        attention_mask=attn,
+        do_sample=True,
+        temperature=1.0,
+        top_k=0,
+        max_new_tokens=args.max_tokens,
+        min_new_tokens=args.max_tokens,
+        pad_token_id=pad,
+    )
     with torch.no_grad():
         model.generate(ids, **gen_kwargs)
         hf_s = []

@@ -102,8 +102,11 @@ def main() -> None:
                     "fresh_container_ratio": round(f / b, 3),
                 }
             )
-            print(f"workers {w}: bare {b:.1f}/s  sandbox {s:.1f}/s  ratio {s / b:.2f}  "
-                  f"(a container per run: {f:.1f}/s, {f / b:.2f})", file=sys.stderr)  # fmt: skip
+            print(
+                f"workers {w}: bare {b:.1f}/s  sandbox {s:.1f}/s  ratio {s / b:.2f}  "
+                f"(a container per run: {f:.1f}/s, {f / b:.2f})",
+                file=sys.stderr,
+            )
     from envs.humaneval import canonical_completions, score
 
     t0 = time.perf_counter()

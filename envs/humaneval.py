@@ -73,8 +73,12 @@ def verdict(result: Any, nonce: str) -> tuple[bool, list[str]]:
     if result.stopped_reason:
         flags.append(result.stopped_reason)
     tail = result.stderr[-2000:]
-    for marker, flag in (("SyntaxError", "syntax_error"), ("IndentationError", "syntax_error"),
-                         ("AssertionError", "assertion_failed"), ("MemoryError", "memory")):  # fmt: skip
+    for marker, flag in (
+        ("SyntaxError", "syntax_error"),
+        ("IndentationError", "syntax_error"),
+        ("AssertionError", "assertion_failed"),
+        ("MemoryError", "memory"),
+    ):
         if marker in tail and flag not in flags:
             flags.append(flag)
     ended_with_nonce = result.stdout.rstrip("\n").endswith(nonce)

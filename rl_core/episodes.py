@@ -26,9 +26,19 @@ from rl_core.stage import StageJob, StageResult
 from rl_core.vision import image_prefix
 
 ROLLOUT_COLUMNS = [
-    "prompt_index", "sample_index", "task_id", "prompt", "answer", "seed",
-    "prompt_ids", "completion_ids", "logprobs", "loss_mask", "completion_text", "finish_reason",
-]  # fmt: skip
+    "prompt_index",
+    "sample_index",
+    "task_id",
+    "prompt",
+    "answer",
+    "seed",
+    "prompt_ids",
+    "completion_ids",
+    "logprobs",
+    "loss_mask",
+    "completion_text",
+    "finish_reason",
+]
 MULTI_TURN_COLUMNS = ["turns", "actions", "observations"]
 
 
@@ -108,13 +118,22 @@ def sample_table(
     for ep in episodes:
         i = ep.prompt_index
         row = {
-            "prompt_index": i, "sample_index": ep.sample_index, "task_id": tasks[i]["task_id"],
-            "prompt": prompts[i], "answer": tasks[i]["answer"], "seed": seeds[i], "prompt_ids": prompt_ids[i],
-            "completion_ids": ep.ids, "logprobs": ep.logprobs, "loss_mask": ep.mask,
+            "prompt_index": i,
+            "sample_index": ep.sample_index,
+            "task_id": tasks[i]["task_id"],
+            "prompt": prompts[i],
+            "answer": tasks[i]["answer"],
+            "seed": seeds[i],
+            "prompt_ids": prompt_ids[i],
+            "completion_ids": ep.ids,
+            "logprobs": ep.logprobs,
+            "loss_mask": ep.mask,
             # one engine turn: the engine's own text; several: the whole sequence, observations included
-            "completion_text": ep.last.text if max_turns == 1 else tok.decode(ep.ids, skip_special_tokens=False),
+            "completion_text": ep.last.text
+            if max_turns == 1
+            else tok.decode(ep.ids, skip_special_tokens=False),
             "finish_reason": ep.last.finish_reason,
-        }  # fmt: skip
+        }
         if max_turns > 1:
             row.update(turns=ep.turns, actions=ep.actions, observations=ep.observations)
         if images[i]:
@@ -125,9 +144,15 @@ def sample_table(
 
 
 def _more_turns(
-    episodes: list[Episode], engine: Any, tok: Any, prompt_ids: list[list[int]], seeds: list[int],
-    spec: SamplingSpec, limit: int, max_turns: int,
-) -> None:  # fmt: skip
+    episodes: list[Episode],
+    engine: Any,
+    tok: Any,
+    prompt_ids: list[list[int]],
+    seeds: list[int],
+    spec: SamplingSpec,
+    limit: int,
+    max_turns: int,
+) -> None:
     """Alternate environment and engine until every episode is done, truncated by ``max_turns`` or by the
     model's context (no room for the next observation and another turn)."""
     for turn in range(1, max_turns + 1):
@@ -152,9 +177,12 @@ def _more_turns(
         if not active:
             break
         reqs = [
-            Request(prompt_ids[ep.prompt_index] + ep.ids, derive_seed(seeds[ep.prompt_index], ep.sample_index, "turn", turn))
+            Request(
+                prompt_ids[ep.prompt_index] + ep.ids,
+                derive_seed(seeds[ep.prompt_index], ep.sample_index, "turn", turn),
+            )
             for ep, _ in active
-        ]  # fmt: skip
+        ]
         budget = min(spec.max_tokens, min(r for _, r in active) - 1)
         outs = engine.generate(
             reqs, SamplingSpec(n=1, temperature=spec.temperature, top_p=spec.top_p, max_tokens=budget)
@@ -217,8 +245,15 @@ def outcomes_for(
             if res.done:
                 break
         outcome = {**(res.outcome if res else {}), "truncated": not (res and res.done)}
-        out.append({**key, "done": bool(res and res.done), "turns": int(r["turns"]), "replay_mismatch": mismatch,
-                    **outcome})  # fmt: skip
+        out.append(
+            {
+                **key,
+                "done": bool(res and res.done),
+                "turns": int(r["turns"]),
+                "replay_mismatch": mismatch,
+                **outcome,
+            }
+        )
     return out
 
 
@@ -237,16 +272,26 @@ def _process_pool(ctx: RunContext) -> Any:
     return ctx.held.env_pool
 
 
-def _ray_map(address: str, workers: int, env_name: str, chunks: list[list[dict[str, Any]]],
-             tasks: dict[str, dict[str, Any]]) -> list[list[dict[str, Any]]]:  # fmt: skip
+def _ray_map(
+    address: str,
+    workers: int,
+    env_name: str,
+    chunks: list[list[dict[str, Any]]],
+    tasks: dict[str, dict[str, Any]],
+) -> list[list[dict[str, Any]]]:
     import ray
 
     if not ray.is_initialized():
         if address:
             ray.init(address=address, log_to_driver=False)
         else:  # a local single-node cluster on 127.0.0.1
-            ray.init(num_cpus=workers, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False,
-                     runtime_env={"env_vars": {"PYTHONPATH": str(PROJECT_ROOT)}})  # fmt: skip
+            ray.init(
+                num_cpus=workers,
+                include_dashboard=False,
+                _node_ip_address="127.0.0.1",
+                log_to_driver=False,
+                runtime_env={"env_vars": {"PYTHONPATH": str(PROJECT_ROOT)}},
+            )
     remote = ray.remote(num_cpus=1)(outcomes_for)
     tasks_ref = ray.put(tasks)
     return ray.get([remote.remote(env_name, c, tasks_ref) for c in chunks])
@@ -255,8 +300,20 @@ def _ray_map(address: str, workers: int, env_name: str, chunks: list[list[dict[s
 def env_outcomes(ctx: RunContext, df: pd.DataFrame) -> pd.DataFrame:
     """Outcomes of every row, in row order, computed by ``task.executor``: inline, a local process pool, or Ray."""
     tc = ctx.cfg.task
-    cols = [c for c in ("prompt_index", "sample_index", "task_id", "seed", "completion_text", "actions",
-                        "observations", "turns") if c in df.columns]  # fmt: skip
+    cols = [
+        c
+        for c in (
+            "prompt_index",
+            "sample_index",
+            "task_id",
+            "seed",
+            "completion_text",
+            "actions",
+            "observations",
+            "turns",
+        )
+        if c in df.columns
+    ]
     rows = df[cols].to_dict("records")
     for r in rows:
         for c in ("actions", "observations"):

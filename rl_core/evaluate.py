@@ -33,7 +33,11 @@ def evaluate_body(ctx: RunContext, job: StageJob) -> StageResult:
     seeds = [derive_seed(cfg.experiment.seed, "eval", i) for i in range(len(tasks))]
     # The same held-out seeds at every iteration: curves compare checkpoints, not sampling noise.
     greedy = sample_table(
-        ctx, policy, tasks, SamplingSpec(n=1, temperature=0.0, max_tokens=cfg.rollout.max_tokens), seeds,
+        ctx,
+        policy,
+        tasks,
+        SamplingSpec(n=1, temperature=0.0, max_tokens=cfg.rollout.max_tokens),
+        seeds,
         job.iteration,
     )
     g_out = env_outcomes(ctx, greedy)

@@ -33,14 +33,10 @@ def samples(
     env_m = store.read_manifest(store.stage_uri(run_id, iteration, "execute_envs"))
     rew_m = store.read_manifest(store.stage_uri(run_id, iteration, "score_rewards"))
     if env_m is not None:
-        env = store.read_table(env_m.outputs["env_results"]).drop(
-            columns=["prompt_index", "sample_index"]
-        )
+        env = store.read_table(env_m.outputs["env_results"]).drop(columns=["prompt_index", "sample_index"])
         df = df.join(env.add_prefix("env_"))
     if rew_m is not None:
-        rew = store.read_table(rew_m.outputs["rewards"]).drop(
-            columns=["prompt_index", "sample_index"]
-        )
+        rew = store.read_table(rew_m.outputs["rewards"]).drop(columns=["prompt_index", "sample_index"])
         df = df.join(rew)
     keep = [c for c in df.columns if c not in ("prompt_ids", "completion_ids", "logprobs", "loss_mask")]
     view = df[keep]

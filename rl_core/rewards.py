@@ -38,7 +38,7 @@ def score_rewards_body(ctx: RunContext, job: StageJob) -> StageResult:
             "format": formatted,
             "reward": reward,
             "advantage": adv,
-        }  # fmt: skip
+        }
     )
     ref = ctx.store.write_table(f"{job.out_uri}/rewards.parquet", out)
     groups = out.groupby("prompt_index")["reward"]

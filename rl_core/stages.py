@@ -62,31 +62,64 @@ class StageSpec:
 POLICY = Source("train", "checkpoint", offset=-1, initial=("warmup", "checkpoint"))
 
 TABLE: tuple[StageSpec, ...] = (
-    StageSpec("init", init_body, {}, ("checkpoint",), base=True,
-              doc="build the tiny model and its tokenizer"),
-    StageSpec("warmup", warmup_body, {"checkpoint": Source("init", "checkpoint")}, ("checkpoint",), base=True,
-              doc="supervised warm-up of the base model"),
-    StageSpec("generate", generate_body, {"policy": POLICY}, ("rollouts",),
-              doc="sample completions from the policy with the rollout engine"),
-    StageSpec("execute_envs", execute_envs_body, {"rollouts": Source("generate", "rollouts")},
-              ("env_results",), doc="run every completion through its environment"),
-    StageSpec("score_rewards", score_rewards_body,
-              {"rollouts": Source("generate", "rollouts"), "env_results": Source("execute_envs", "env_results")},
-              ("rewards",), summary=("mean_reward",), doc="rewards and group advantages"),
-    StageSpec("train", train_body,
-              {"policy": POLICY, "optimizer": Source("train", "optimizer", offset=-1),
-               "reference": Source("warmup", "checkpoint"), "rollouts": Source("generate", "rollouts"),
-               "rewards": Source("score_rewards", "rewards")},
-              ("checkpoint", "optimizer"),
-              summary=("loss", "kl", "clip_frac", "entropy", "grad_norm", "logprob_mismatch_max"),
-              needs=lambda cfg, name: name != "reference" or cfg.train.kl_coef > 0,
-              doc="one policy update; writes the next policy version and the optimizer state"),
-    StageSpec("evaluate", evaluate_body,
-              {"policy": Source("train", "checkpoint", initial=("warmup", "checkpoint"))}, ("eval",),
-              summary=("*",),
-              due=lambda cfg, k: k == 0 or k % cfg.eval.every == 0 or k == cfg.experiment.iterations,
-              doc="held-out greedy accuracy and pass@k of the policy"),
-)  # fmt: skip
+    StageSpec(
+        "init", init_body, {}, ("checkpoint",), base=True, doc="build the tiny model and its tokenizer"
+    ),
+    StageSpec(
+        "warmup",
+        warmup_body,
+        {"checkpoint": Source("init", "checkpoint")},
+        ("checkpoint",),
+        base=True,
+        doc="supervised warm-up of the base model",
+    ),
+    StageSpec(
+        "generate",
+        generate_body,
+        {"policy": POLICY},
+        ("rollouts",),
+        doc="sample completions from the policy with the rollout engine",
+    ),
+    StageSpec(
+        "execute_envs",
+        execute_envs_body,
+        {"rollouts": Source("generate", "rollouts")},
+        ("env_results",),
+        doc="run every completion through its environment",
+    ),
+    StageSpec(
+        "score_rewards",
+        score_rewards_body,
+        {"rollouts": Source("generate", "rollouts"), "env_results": Source("execute_envs", "env_results")},
+        ("rewards",),
+        summary=("mean_reward",),
+        doc="rewards and group advantages",
+    ),
+    StageSpec(
+        "train",
+        train_body,
+        {
+            "policy": POLICY,
+            "optimizer": Source("train", "optimizer", offset=-1),
+            "reference": Source("warmup", "checkpoint"),
+            "rollouts": Source("generate", "rollouts"),
+            "rewards": Source("score_rewards", "rewards"),
+        },
+        ("checkpoint", "optimizer"),
+        summary=("loss", "kl", "clip_frac", "entropy", "grad_norm", "logprob_mismatch_max"),
+        needs=lambda cfg, name: name != "reference" or cfg.train.kl_coef > 0,
+        doc="one policy update; writes the next policy version and the optimizer state",
+    ),
+    StageSpec(
+        "evaluate",
+        evaluate_body,
+        {"policy": Source("train", "checkpoint", initial=("warmup", "checkpoint"))},
+        ("eval",),
+        summary=("*",),
+        due=lambda cfg, k: k == 0 or k % cfg.eval.every == 0 or k == cfg.experiment.iterations,
+        doc="held-out greedy accuracy and pass@k of the policy",
+    ),
+)
 
 STAGES: dict[str, StageSpec] = {s.name: s for s in TABLE}
 BASE = tuple(s for s in TABLE if s.base)
@@ -112,7 +145,9 @@ def resolve_inputs(
             stage, output = src.initial
         m = lookup(stage, at)
         if m is None:
-            raise RuntimeError(f"{spec.name} at iteration {iteration} reads {stage}.{output} of iteration {at}, "
-                               "which is not committed")  # fmt: skip
+            raise RuntimeError(
+                f"{spec.name} at iteration {iteration} reads {stage}.{output} of iteration {at}, "
+                "which is not committed"
+            )
         out[name] = m.outputs[output]
     return out

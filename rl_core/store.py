@@ -104,8 +104,6 @@ def with_retries(fn: Callable[[], T], *, what: str, attempts: int, max_wait_s: f
     raise AssertionError("unreachable")
 
 
-
-
 def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 

@@ -46,7 +46,9 @@ def train_body(ctx: RunContext, job: StageJob) -> StageResult:
     rollouts = ctx.store.read_table(inputs["rollouts"])
     rewards = ctx.store.read_table(inputs["rewards"])
     if len(rollouts) != len(rewards):
-        raise ValueError(f"rewards {inputs['rewards'].uri} do not line up with rollouts {inputs['rollouts'].uri}")
+        raise ValueError(
+            f"rewards {inputs['rewards'].uri} do not line up with rollouts {inputs['rollouts'].uri}"
+        )
     df = rollouts.assign(advantage=rewards["advantage"].to_numpy())
     seed = derive_seed(cfg.experiment.seed, iteration, "train")
     engine = _engine_for(ctx, policy, inputs.get("optimizer"))

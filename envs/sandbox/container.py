@@ -57,10 +57,16 @@ class Container:
         system = {"/.sandbox/zygote.py": zfd, "/.sandbox/run.bpf": rfd}
         try:
             self.proc = subprocess.Popen(
-                bwrap_command({}, argv, 1, sfd, system), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL, pass_fds=[zfd, rfd, sfd, theirs.fileno()], env={},
-                start_new_session=True, close_fds=True, **self.slot.popen_ids(),
-            )  # fmt: skip
+                bwrap_command({}, argv, 1, sfd, system),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                pass_fds=[zfd, rfd, sfd, theirs.fileno()],
+                env={},
+                start_new_session=True,
+                close_fds=True,
+                **self.slot.popen_ids(),
+            )
         finally:
             for fd in (zfd, rfd, sfd):
                 os.close(fd)

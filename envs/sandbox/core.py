@@ -36,9 +36,19 @@ from envs.sandbox.seccomp import run_filter, supervisor_filter
 from envs.sandbox.slots import SLOTS, UID_BASE, slot_processes
 
 __all__ = [
-    "OUTPUT_KILL_FACTOR", "PYTHON", "SLOTS", "UID_BASE", "Limits", "Mode", "Sandbox", "SandboxResult",
-    "SandboxUnavailable", "check_available", "configured_mode", "slot_processes",
-]  # fmt: skip
+    "OUTPUT_KILL_FACTOR",
+    "PYTHON",
+    "SLOTS",
+    "UID_BASE",
+    "Limits",
+    "Mode",
+    "Sandbox",
+    "SandboxResult",
+    "SandboxUnavailable",
+    "check_available",
+    "configured_mode",
+    "slot_processes",
+]
 _PR_SET_CHILD_SUBREAPER = 36
 
 
@@ -178,9 +188,13 @@ def _check_namespaces() -> None:
     sfd = memfd("seccomp", run_filter())
     try:
         r = subprocess.run(
-            bwrap_command({}, ["/usr/bin/true"], 1, sfd), pass_fds=[sfd], env={}, capture_output=True, timeout=30,
+            bwrap_command({}, ["/usr/bin/true"], 1, sfd),
+            pass_fds=[sfd],
+            env={},
+            capture_output=True,
+            timeout=30,
             preexec_fn=_as_first_slot if os.geteuid() == 0 else None,
-        )  # fmt: skip
+        )
     finally:
         os.close(sfd)
     if r.returncode != 0:

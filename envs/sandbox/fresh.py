@@ -79,19 +79,41 @@ def run_fresh(
 def _prlimit(lim: Limits) -> list[str]:
     """rlimits through util-linux prlimit, so the child needs no Python between fork and exec."""
     cpu = lim.cpu_seconds
-    return ["prlimit", f"--as={lim.memory_mb << 20}", f"--cpu={cpu}:{cpu + 1}", f"--fsize={lim.disk_mb << 20}",
-            "--nofile=256", f"--nproc={lim.max_procs + 2}", "--core=0", "--"]  # fmt: skip
+    return [
+        "prlimit",
+        f"--as={lim.memory_mb << 20}",
+        f"--cpu={cpu}:{cpu + 1}",
+        f"--fsize={lim.disk_mb << 20}",
+        "--nofile=256",
+        f"--nproc={lim.max_procs + 2}",
+        "--core=0",
+        "--",
+    ]
 
 
 def _execute(
-    cmd: list[str], stdin_fd: int, pass_fds: list[int], child: Callable[[], None] | None, slot: Slot,
-    lim: Limits, cg: Cgroup | None, ooms_before: int,
-) -> SandboxResult:  # fmt: skip
+    cmd: list[str],
+    stdin_fd: int,
+    pass_fds: list[int],
+    child: Callable[[], None] | None,
+    slot: Slot,
+    lim: Limits,
+    cg: Cgroup | None,
+    ooms_before: int,
+) -> SandboxResult:
     t0 = time.monotonic()
     proc = subprocess.Popen(
-        cmd, stdin=stdin_fd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=pass_fds,
-        env={}, start_new_session=True, preexec_fn=child, close_fds=True, **slot.popen_ids(),
-    )  # fmt: skip
+        cmd,
+        stdin=stdin_fd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        pass_fds=pass_fds,
+        env={},
+        start_new_session=True,
+        preexec_fn=child,
+        close_fds=True,
+        **slot.popen_ids(),
+    )
     assert proc.stdout is not None and proc.stderr is not None
     out = Output(proc.stdout.fileno(), proc.stderr.fileno(), lim)
     reason = out.drain(t0 + lim.timeout_s)

@@ -91,9 +91,14 @@ class Output:
 
 
 def verdict(
-    code: int | None, reason: str | None, out: Output, lim: Limits, cg: Cgroup | None, ooms_before: int,
+    code: int | None,
+    reason: str | None,
+    out: Output,
+    lim: Limits,
+    cg: Cgroup | None,
+    ooms_before: int,
     t0: float,
-) -> SandboxResult:  # fmt: skip
+) -> SandboxResult:
     stdout, out_cut = out.text(0)
     err, err_cut = out.text(1)
     if reason is None:

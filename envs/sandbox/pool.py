@@ -63,8 +63,9 @@ class SandboxPool:
         a /proc and a /work of its own (see ``envs/sandbox/zygote.py``); False: a new container per job."""
         check_available(mode)  # refuse here, in the caller, with the reason
         self.workers = workers or os.cpu_count() or 1
-        self._ex = ProcessPoolExecutor(self.workers, mp_context=mp.get_context("spawn"), initializer=_init,
-                                       initargs=(mode, reuse))  # fmt: skip
+        self._ex = ProcessPoolExecutor(
+            self.workers, mp_context=mp.get_context("spawn"), initializer=_init, initargs=(mode, reuse)
+        )
         # Closed at exit before multiprocessing joins a process's children: a pool held by a pool worker (the
         # tool environment's py calls inside an env worker) would otherwise keep its parent from exiting.
         mp_util.Finalize(self, self.close, exitpriority=100)  # before the queues' own finalizers (10)

@@ -102,8 +102,13 @@ def _exec_program(req: dict, fds: list) -> None:
             os.dup2(fd, i)
         os.closerange(3, 1 << 16)
         lim = req["limits"]
-        for name, value in (("RLIMIT_AS", lim["as"]), ("RLIMIT_FSIZE", lim["fsize"]),
-                            ("RLIMIT_NOFILE", 256), ("RLIMIT_NPROC", lim["nproc"]), ("RLIMIT_CORE", 0)):  # fmt: skip
+        for name, value in (
+            ("RLIMIT_AS", lim["as"]),
+            ("RLIMIT_FSIZE", lim["fsize"]),
+            ("RLIMIT_NOFILE", 256),
+            ("RLIMIT_NPROC", lim["nproc"]),
+            ("RLIMIT_CORE", 0),
+        ):
             resource.setrlimit(getattr(resource, name), (value, value))
         resource.setrlimit(resource.RLIMIT_CPU, (lim["cpu"], lim["cpu"] + 1))
         os.chdir(_WORK)

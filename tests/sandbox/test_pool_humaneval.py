@@ -49,8 +49,12 @@ def test_ten_thousand_executions_leave_nothing_behind():
         res = pool.map([{"files": {"main.py": f"print({i})"}} for i in range(10_000)])
         kept1 = {c.pid for c in me.children(recursive=True)}
         rss1 = sum(c.memory_info().rss for c in me.children(recursive=True))
-        cgroup_mem = [int(p.read_text()) for name in ("memory.current", "memory.usage_in_bytes")  # v2, v1
-                      for w in me.children() for p in cg.glob(f"**/rlfoundry-sandbox/worker-{w.pid}-*/{name}")]  # fmt: skip
+        cgroup_mem = [
+            int(p.read_text())
+            for name in ("memory.current", "memory.usage_in_bytes")  # v2, v1
+            for w in me.children()
+            for p in cg.glob(f"**/rlfoundry-sandbox/worker-{w.pid}-*/{name}")
+        ]
     assert all(r.exit_code == 0 for r in first + res)
     assert [r.stdout for r in res[:3]] == ["0\n", "1\n", "2\n"]
     assert kept1 == kept0, "a pool process or container was replaced or added during plain runs"
@@ -108,13 +112,25 @@ def test_humaneval_results_in_input_order_and_failures_flagged():
 def test_cli_score_humaneval(tmp_path):
     f = tmp_path / "samples.jsonl"
     ref = problems()
-    f.write_text("\n".join(json.dumps(s) for s in [
-        {"task_id": "HumanEval/0", "completion": ref["HumanEval/0"]["canonical_solution"]},
-        {"task_id": "HumanEval/0", "completion": "    return True\n"},
-    ]) + "\n")  # fmt: skip
+    f.write_text(
+        "\n".join(
+            json.dumps(s)
+            for s in [
+                {"task_id": "HumanEval/0", "completion": ref["HumanEval/0"]["canonical_solution"]},
+                {"task_id": "HumanEval/0", "completion": "    return True\n"},
+            ]
+        )
+        + "\n"
+    )
     env = {**os.environ}
-    r = subprocess.run([sys.executable, "-m", "flows.cli", "score", "humaneval", "--completions", str(f), "--json"],
-                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    r = subprocess.run(
+        [sys.executable, "-m", "flows.cli", "score", "humaneval", "--completions", str(f), "--json"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert [x["passed"] for x in out["results"]] == [True, False]
@@ -122,8 +138,14 @@ def test_cli_score_humaneval(tmp_path):
     assert out["pass_rate"] == 0.5
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"task_id": "HumanEval/0"}\nnot json\n')
-    r = subprocess.run([sys.executable, "-m", "flows.cli", "score", "humaneval", "--completions", str(bad)],
-                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    r = subprocess.run(
+        [sys.executable, "-m", "flows.cli", "score", "humaneval", "--completions", str(bad)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 2 and "bad.jsonl:1" in r.stderr and "completion" in r.stderr
 
 

@@ -58,8 +58,18 @@ def test_runs_code_and_reports(sb):
 def test_cannot_read_files_outside_workdir(sb, tmp_path):
     secret = tmp_path / "host-secret.txt"
     secret.write_text("TOP-SECRET-HOST-FILE")
-    paths = ["/etc/passwd", "/etc/shadow", "/root", str(secret), str(ROOT / "pyproject.toml"), "/home",
-             "/proc/1/root/etc/passwd", "/sys/kernel", "/var/log", "/tmp"]  # fmt: skip
+    paths = [
+        "/etc/passwd",
+        "/etc/shadow",
+        "/root",
+        str(secret),
+        str(ROOT / "pyproject.toml"),
+        "/home",
+        "/proc/1/root/etc/passwd",
+        "/sys/kernel",
+        "/var/log",
+        "/tmp",
+    ]
     r = run(
         sb,
         f"""
@@ -157,14 +167,18 @@ def test_fork_bomb_is_contained(sb):
     run(sb, "pass")
     container = set(slot_processes())  # the worker's container (bubblewrap and the supervisor)
     t0 = time.monotonic()
-    r = run(sb, """
+    r = run(
+        sb,
+        """
         import os
         while True:
             try:
                 os.fork()
             except OSError:
                 pass
-    """, timeout_s=4)  # fmt: skip
+    """,
+        timeout_s=4,
+    )
     assert time.monotonic() - t0 < 15
     assert r.timed_out and r.stopped_reason == "timeout"
     assert _slot_processes(before=container) == []
@@ -192,7 +206,9 @@ def test_cpu_limit_below_timeout(sb):
 
 
 def test_disk_fill_is_capped(sb):
-    r = run(sb, """
+    r = run(
+        sb,
+        """
         import os
         n = 0
         try:
@@ -209,7 +225,9 @@ def test_disk_fill_is_capped(sb):
             print('root writable')
         except OSError:
             print('root read-only')
-    """, disk_mb=16)  # fmt: skip
+    """,
+        disk_mb=16,
+    )
     lines = r.stdout.split()
     assert "stopped" in r.stdout or r.stopped_reason is not None
     assert int(r.stdout.splitlines()[-2]) <= 16
@@ -320,8 +338,10 @@ def test_huge_output_is_capped(sb):
 def test_no_process_left_behind(sb):
     run(sb, "pass")
     container = set(slot_processes())
-    workers = {w: set((w / "cgroup.procs").read_text().split())
-               for w in Path("/sys/fs/cgroup").rglob("rlfoundry-sandbox/worker-*")}  # fmt: skip
+    workers = {
+        w: set((w / "cgroup.procs").read_text().split())
+        for w in Path("/sys/fs/cgroup").rglob("rlfoundry-sandbox/worker-*")
+    }
     before = (
         set(Path("/sys/fs/cgroup").rglob("rlfoundry-sandbox/run-*"))
         if Path("/sys/fs/cgroup").exists()
@@ -409,8 +429,25 @@ def test_refuses_when_a_mechanism_is_missing(monkeypatch):
 def test_cli_sandbox_exec(tmp_path):
     prog = tmp_path / "p.py"
     prog.write_text("import sys\nprint('hi')\nsys.stdout.write('z' * 200000)\n")
-    r = subprocess.run([sys.executable, "-m", "flows.cli", "sandbox", "exec", str(prog), "--timeout", "5",
-                        "--memory-mb", "256", "--json"], cwd=ROOT, capture_output=True, text=True, timeout=120)  # fmt: skip
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "flows.cli",
+            "sandbox",
+            "exec",
+            str(prog),
+            "--timeout",
+            "5",
+            "--memory-mb",
+            "256",
+            "--json",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["exit_code"] == 0 and out["timed_out"] is False and out["stdout"].startswith("hi\n")
@@ -418,15 +455,22 @@ def test_cli_sandbox_exec(tmp_path):
     assert set(out) >= {"exit_code", "timed_out", "stdout", "stderr", "stopped_reason"}
     loop = tmp_path / "loop.py"
     loop.write_text("while True: pass\n")
-    r = subprocess.run([sys.executable, "-m", "flows.cli", "sandbox", "exec", str(loop), "--timeout", "1", "--json"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=120)  # fmt: skip
+    r = subprocess.run(
+        [sys.executable, "-m", "flows.cli", "sandbox", "exec", str(loop), "--timeout", "1", "--json"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     out = json.loads(r.stdout)
     assert out["timed_out"] is True and out["stopped_reason"] == "timeout"
 
 
 # -- the pool's long-lived containers (Sandbox(reuse=True)): runs must not see or touch each other ----------
 def test_a_run_sees_nothing_of_the_previous_one(sb):
-    r = run(sb, """
+    r = run(
+        sb,
+        """
         import os, subprocess
         os.makedirs('d/e', exist_ok=True)
         open('d/e/left.txt', 'w').write('secret of run 1')
@@ -434,19 +478,25 @@ def test_a_run_sees_nothing_of_the_previous_one(sb):
         os.chmod('d/e', 0)  # a directory its own owner cannot list
         subprocess.Popen(['sleep', '300'])
         print('done')
-    """)  # fmt: skip
+    """,
+    )
     assert r.exit_code == 0, r.stderr
-    r = run(sb, """
+    r = run(
+        sb,
+        """
         import os
         print(sorted(os.listdir('.')))
         print([p for p in os.listdir('/proc') if p.isdigit() and 'sleep' in open(f'/proc/{p}/cmdline').read()])
-    """)  # fmt: skip
+    """,
+    )
     assert r.exit_code == 0, r.stderr
     assert r.stdout.splitlines() == ["['main.py']", "[]"]
 
 
 def test_a_run_cannot_read_or_steer_its_supervisor(sb):
-    r = run(sb, """
+    r = run(
+        sb,
+        """
         import os, resource
         sup = os.getppid()
         out = {}
@@ -463,18 +513,22 @@ def test_a_run_cannot_read_or_steer_its_supervisor(sb):
         except (ValueError, OSError):
             out['raise_limit'] = 'refused'
         print(out)
-    """)  # fmt: skip
+    """,
+    )
     assert r.exit_code == 0, r.stderr
     assert "READ" not in r.stdout and "RAISED" not in r.stdout, r.stdout
 
 
-@pytest.mark.parametrize("attack", [
-    "os.kill(os.getppid(), 9)",  # its parent is the run's own init, which ignores signals from inside
-    "try:\n    os.kill(-1, 9)\nexcept ProcessLookupError:\n    pass",  # all it may signal: no one but itself
-    "os.kill(os.getppid(), signal.SIGSTOP)",
-    "os.kill(1, signal.SIGTERM)",
-    "os.chmod('/work', 0)",  # harmless to this run; the next one gets a new /work
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "attack",
+    [
+        "os.kill(os.getppid(), 9)",  # its parent is the run's own init, which ignores signals from inside
+        "try:\n    os.kill(-1, 9)\nexcept ProcessLookupError:\n    pass",  # all it may signal: no one but itself
+        "os.kill(os.getppid(), signal.SIGSTOP)",
+        "os.kill(1, signal.SIGTERM)",
+        "os.chmod('/work', 0)",  # harmless to this run; the next one gets a new /work
+    ],
+)
 def test_a_run_cannot_reach_its_container(sb, attack):
     """The supervisor is outside the run's pid namespace: a run cannot kill or stop it, and the next run
     finds the same container working."""

@@ -35,41 +35,62 @@ def err():
 
 # kind: (writer, reader); the reader prints one JSON value
 CHANNELS = {
-    "sysv_shm": (_IPC + """
+    "sysv_shm": (
+        _IPC
+        + """
 sid = libc.shmget(KEY, 4096, CREAT | 0o666)
 ctypes.memmove(libc.shmat(sid, None, 0), b"secret-417", 10)
-""", _IPC + """
+""",
+        _IPC
+        + """
 sid = libc.shmget(KEY, 0, 0)
 print(json.dumps(ctypes.string_at(libc.shmat(sid, None, 0), 10).decode() if sid >= 0 else err()))
-"""),
-    "sysv_semaphore": (_IPC + """
+""",
+    ),
+    "sysv_semaphore": (
+        _IPC
+        + """
 sem = libc.semget(KEY, 1, CREAT | 0o666)
 assert libc.semctl(sem, 0, 16, ctypes.c_int(417)) == 0  # SETVAL
-""", _IPC + """
+""",
+        _IPC
+        + """
 sem = libc.semget(KEY, 0, 0)
 print(json.dumps(libc.semctl(sem, 0, 12) if sem >= 0 else err()))  # GETVAL
-"""),
-    "sysv_message_queue": (_IPC + """
+""",
+    ),
+    "sysv_message_queue": (
+        _IPC
+        + """
 mid = libc.msgget(KEY, CREAT | 0o666)
 buf = ctypes.create_string_buffer((1).to_bytes(8, "little") + b"secret-417")
 assert libc.msgsnd(mid, buf, 10, 0) == 0
-""", _IPC + """
+""",
+        _IPC
+        + """
 mid = libc.msgget(KEY, 0)
 buf = ctypes.create_string_buffer(8 + 64)
 n = libc.msgrcv(mid, buf, 64, 0, NOWAIT) if mid >= 0 else -1
 print(json.dumps(buf.raw[8:8 + n].decode() if n > 0 else err()))
-"""),
-    "posix_message_queue": (_IPC + """
+""",
+    ),
+    "posix_message_queue": (
+        _IPC
+        + """
 mq = libc.mq_open(b"/secret", os.O_CREAT | os.O_RDWR, 0o666, None)
 assert libc.mq_send(mq, b"secret-417", 10, 0) == 0
-""", _IPC + """
+""",
+        _IPC
+        + """
 mq = libc.mq_open(b"/secret", os.O_RDONLY | os.O_NONBLOCK, 0, None)
 buf = ctypes.create_string_buffer(8192)
 n = libc.mq_receive(mq, buf, 8192, None) if mq >= 0 else -1
 print(json.dumps(buf.raw[:n].decode() if n > 0 else err()))
-"""),
+""",
+    ),
     # a bound socket kept alive after its process died by a reference to itself in flight
-    "abstract_unix_socket": ("""
+    "abstract_unix_socket": (
+        """
 import socket
 a = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
 a.bind(b"\\0secret-417")
@@ -80,7 +101,8 @@ s.bind(b"\\0secret-stream")
 s.listen()
 b1, b2 = socket.socketpair()
 socket.send_fds(b1, [b"x"], [s.fileno(), b1.fileno(), b2.fileno()])
-""", """
+""",
+        """
 import json, socket
 out = {}
 for key, name, kind in (("dgram", b"\\0secret-417", socket.SOCK_DGRAM),
@@ -92,32 +114,40 @@ for key, name, kind in (("dgram", b"\\0secret-417", socket.SOCK_DGRAM),
         out[key] = e.strerror
 out["unix"] = [line.split()[-1] for line in open("/proc/net/unix").read().splitlines()[1:] if "@" in line]
 print(json.dumps(out))
-"""),
-    "pid_counter": ("""
+""",
+    ),
+    "pid_counter": (
+        """
 import os
 for _ in range(417):
     pid = os.fork()
     if pid == 0:
         os._exit(0)
     os.waitpid(pid, 0)
-""", """
+""",
+        """
 import json, os
 print(json.dumps([os.getpid(), open("/proc/sys/kernel/ns_last_pid").read(), open("/proc/loadavg").read().split()[-1]]))
-"""),
-    "workdir_metadata": ("""
+""",
+    ),
+    "workdir_metadata": (
+        """
 import os
 for i in range(417):
     open(f"f{i}", "w").close()
 os.chmod("/work", 0o700 | 0o41)
 os.setxattr("/work", "user.secret", b"secret-417")
 os.utime("/work", (2_000_000_417, 2_000_000_417))
-""", """
+""",
+        """
 import json, os
 st = os.stat("/work")
 print(json.dumps([os.listdir("/work"), oct(st.st_mode), os.stat("main.py").st_ino, os.listxattr("/work"),
                   st.st_atime < 2_000_000_000, st.st_mtime < 2_000_000_000]))
-"""),
-    "hostname": ("""
+""",
+    ),
+    "hostname": (
+        """
 import ctypes, socket
 libc = ctypes.CDLL(None)
 for call in (socket.sethostname, lambda s: libc.setdomainname(s.encode(), len(s))):
@@ -125,11 +155,14 @@ for call in (socket.sethostname, lambda s: libc.setdomainname(s.encode(), len(s)
         call("secret-417")
     except OSError:
         pass
-""", """
+""",
+        """
 import json, os, socket
 print(json.dumps([socket.gethostname(), open("/proc/sys/kernel/domainname").read()]))
-"""),
-    "proc_sys": ("""
+""",
+    ),
+    "proc_sys": (
+        """
 import os
 for root, _, files in os.walk("/proc/sys"):
     for f in files:
@@ -138,7 +171,8 @@ for root, _, files in os.walk("/proc/sys"):
                 fh.write("417")
         except OSError:
             pass
-""", """
+""",
+        """
 import json, os
 hits = []
 for root, _, files in os.walk("/proc/sys"):
@@ -149,9 +183,11 @@ for root, _, files in os.walk("/proc/sys"):
         except OSError:
             pass
 print(json.dumps(hits))
-"""),
+""",
+    ),
     # device nodes are the host's inodes: their timestamps would carry bits to any later run
-    "device_timestamps": ("""
+    "device_timestamps": (
+        """
 import os
 for d in ("null", "zero", "random", "urandom"):
     try:
@@ -162,12 +198,15 @@ for d in ("null", "zero", "random", "urandom"):
         os.utime(f"/dev/{d}")
     except OSError:
         pass
-""", """
+""",
+        """
 import json, os
 print(json.dumps([os.stat(f"/dev/{d}").st_mtime_ns for d in ("null", "zero", "random", "urandom")]))
-"""),
+""",
+    ),
     # anything writable outside /work (a /tmp, /dev/shm, /run) would outlive the run's tmpfs
-    "writable_paths": ("""
+    "writable_paths": (
+        """
 import os
 for root, dirs, _ in os.walk("/"):
     if root.startswith(("/proc", "/work", "/usr")):  # /usr: a read-only bind, tested on its own
@@ -177,7 +216,8 @@ for root, dirs, _ in os.walk("/"):
         open(os.path.join(root, ".secret-417"), "w").close()
     except OSError:
         pass
-""", """
+""",
+        """
 import json, os
 found = []
 for root, dirs, files in os.walk("/"):
@@ -186,16 +226,19 @@ for root, dirs, files in os.walk("/"):
         continue
     found += [os.path.join(root, f) for f in files if "secret" in f]
 print(json.dumps(found))
-"""),
+""",
+    ),
     # a daemon holding a lock: killed with the run, so the lock cannot be seen held
-    "file_lock": ("""
+    "file_lock": (
+        """
 import fcntl, os, time
 fd = os.open("/usr/bin/python3", os.O_RDONLY)
 fcntl.flock(fd, fcntl.LOCK_EX)
 if os.fork() == 0:
     os.setsid()
     time.sleep(300)
-""", """
+""",
+        """
 import fcntl, json, os
 fd = os.open("/usr/bin/python3", os.O_RDONLY)
 try:
@@ -203,8 +246,9 @@ try:
     print(json.dumps("free"))
 except OSError as e:
     print(json.dumps(e.strerror))
-"""),
-}  # fmt: skip
+""",
+    ),
+}
 
 
 @pytest.fixture(scope="module")

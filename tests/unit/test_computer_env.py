@@ -9,8 +9,12 @@ from envs.base import make_env
 from envs.computer import ComputerEnv
 from rl_core.config import TaskSection
 
-TASK = {"task_id": "t", "prompt": "task: name=ada food=pie then submit\n", "answer": "submitted",
-        "goal": {"name": "ada", "food": "pie"}}  # fmt: skip
+TASK = {
+    "task_id": "t",
+    "prompt": "task: name=ada food=pie then submit\n",
+    "answer": "submitted",
+    "goal": {"name": "ada", "food": "pie"},
+}
 
 
 def test_filling_the_form_with_scrolling_succeeds():

@@ -126,10 +126,17 @@ def test_engine_conditions_on_the_image_and_trainer_agrees(tmp_path):
 
     # trainer side: logprobs recomputed from the stored rollout (ids + PNG) equal the engine's sampling logprobs
     rows = [
-        {"prompt_ids": x, "completion_ids": c.token_ids, "logprobs": c.logprobs,
-         "loss_mask": [1] * len(c.token_ids), "advantage": 0.0, "image": env.image(t)}
-        for x, t, o in zip(ids, tasks, outs, strict=True) for c in o
-    ]  # fmt: skip
+        {
+            "prompt_ids": x,
+            "completion_ids": c.token_ids,
+            "logprobs": c.logprobs,
+            "loss_mask": [1] * len(c.token_ids),
+            "advantage": 0.0,
+            "image": env.image(t),
+        }
+        for x, t, o in zip(ids, tasks, outs, strict=True)
+        for c in o
+    ]
     batch = make_batch(pd.DataFrame(rows), pad_id=tok.pad_token_id, ckpt_dir=ckpt)
     assert batch.pixel_values.shape == (len(rows), 3, 32, 32)
     lp, _ = sequence_logprobs(model, batch, chunk=7)
@@ -189,8 +196,17 @@ def test_the_image_placeholder_is_never_sampled(tmp_path):
     assert all(image_id not in c.token_ids for c in outs[0])
     allowed = allowed_token_ids(biased)  # vLLM's allow-list on GPUs: the same restriction
     assert image_id not in allowed and len(allowed) == model.config.text_config.vocab_size - 1
-    rows = [{"prompt_ids": ids, "completion_ids": c.token_ids, "logprobs": c.logprobs,
-             "loss_mask": [1] * len(c.token_ids), "advantage": 0.0, "image": env.image(task)} for c in outs[0]]  # fmt: skip
+    rows = [
+        {
+            "prompt_ids": ids,
+            "completion_ids": c.token_ids,
+            "logprobs": c.logprobs,
+            "loss_mask": [1] * len(c.token_ids),
+            "advantage": 0.0,
+            "image": env.image(task),
+        }
+        for c in outs[0]
+    ]
     batch = make_batch(pd.DataFrame(rows), pad_id=eng.tokenizer.pad_token_id, ckpt_dir=biased)
     lp, ent = sequence_logprobs(load_model(biased).eval(), batch, chunk=16)
     assert ((lp - batch.rollout_logp).abs() * batch.loss_mask).max() < 1e-4

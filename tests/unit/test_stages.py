@@ -17,8 +17,16 @@ def _manifest(stage: str, k: int) -> Manifest:
     outs = {
         o: ArtifactRef(uri=f"s3://b/{stage}@{k}/{o}", sha256=f"{stage}{k}{o}") for o in STAGES[stage].outputs
     }
-    return Manifest(run_id="r", iteration=k, stage=stage, inputs={}, outputs=outs, config_hash="c",
-                    code_version="v", timings=Timings(seconds=1.0, started_at=0.0))  # fmt: skip
+    return Manifest(
+        run_id="r",
+        iteration=k,
+        stage=stage,
+        inputs={},
+        outputs=outs,
+        config_hash="c",
+        code_version="v",
+        timings=Timings(seconds=1.0, started_at=0.0),
+    )
 
 
 def _lookup(committed: set[tuple[str, int]]):
@@ -39,8 +47,10 @@ def test_the_first_iteration_starts_from_the_warmed_up_base_model():
     }
     # no optimizer state before the first update; no reference model without a KL term
     assert _uris(resolve_inputs(STAGES["train"], cfg, 1, _lookup(ALL))) == {
-        "policy": "warmup@0/checkpoint", "rollouts": "generate@1/rollouts", "rewards": "score_rewards@1/rewards",
-    }  # fmt: skip
+        "policy": "warmup@0/checkpoint",
+        "rollouts": "generate@1/rollouts",
+        "rewards": "score_rewards@1/rewards",
+    }
     assert _uris(resolve_inputs(STAGES["evaluate"], cfg, 0, _lookup(ALL))) == {
         "policy": "warmup@0/checkpoint"
     }
@@ -49,13 +59,17 @@ def test_the_first_iteration_starts_from_the_warmed_up_base_model():
 def test_later_iterations_read_the_previous_policy_version():
     cfg = load_config("configs/smoke.yaml", ["train.kl_coef=0.05"])
     assert _uris(resolve_inputs(STAGES["train"], cfg, 3, _lookup(ALL))) == {
-        "policy": "train@2/checkpoint", "optimizer": "train@2/optimizer", "reference": "warmup@0/checkpoint",
-        "rollouts": "generate@3/rollouts", "rewards": "score_rewards@3/rewards",
-    }  # fmt: skip
+        "policy": "train@2/checkpoint",
+        "optimizer": "train@2/optimizer",
+        "reference": "warmup@0/checkpoint",
+        "rollouts": "generate@3/rollouts",
+        "rewards": "score_rewards@3/rewards",
+    }
     assert _uris(resolve_inputs(STAGES["evaluate"], cfg, 2, _lookup(ALL))) == {"policy": "train@2/checkpoint"}
     assert _uris(resolve_inputs(STAGES["score_rewards"], cfg, 2, _lookup(ALL))) == {
-        "rollouts": "generate@2/rollouts", "env_results": "execute_envs@2/env_results",
-    }  # fmt: skip
+        "rollouts": "generate@2/rollouts",
+        "env_results": "execute_envs@2/env_results",
+    }
 
 
 def test_a_missing_upstream_stage_is_named():

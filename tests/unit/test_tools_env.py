@@ -99,9 +99,15 @@ def test_tasks_are_deterministic_and_splits_disjoint():
 
 def test_observation_tokens_carry_no_loss():
     # prompt 3 tokens; completion: 2 model tokens, 2 observation tokens, 1 model token
-    df = pd.DataFrame({"prompt_ids": [[5, 6, 7]], "completion_ids": [[10, 11, 20, 21, 12]],
-                       "logprobs": [[-0.5, -0.25, 0.0, 0.0, -1.0]], "loss_mask": [[1, 1, 0, 0, 1]],
-                       "advantage": [1.0]})  # fmt: skip
+    df = pd.DataFrame(
+        {
+            "prompt_ids": [[5, 6, 7]],
+            "completion_ids": [[10, 11, 20, 21, 12]],
+            "logprobs": [[-0.5, -0.25, 0.0, 0.0, -1.0]],
+            "loss_mask": [[1, 1, 0, 0, 1]],
+            "advantage": [1.0],
+        }
+    )
     b = make_batch(df, pad_id=0)
     # target positions 2..6 hold the completion tokens; observation targets (positions 4, 5) are masked out
     assert b.loss_mask[0].tolist() == [0, 0, 1, 1, 0, 0, 1]
