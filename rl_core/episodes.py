@@ -70,6 +70,35 @@ class Episode:
     actions: list[str] = field(default_factory=list)
     observations: list[str] = field(default_factory=list)
 
+    def row(
+        self,
+        task: dict[str, Any],
+        prompt: str,
+        seed: int,
+        prompt_ids: list[int],
+        text: str,
+        *,
+        multi_turn: bool,
+    ) -> dict[str, Any]:
+        """The episode's rollout row (``ROLLOUT_COLUMNS``, plus ``MULTI_TURN_COLUMNS`` when multi-turn)."""
+        row = {
+            "prompt_index": self.prompt_index,
+            "sample_index": self.sample_index,
+            "task_id": task["task_id"],
+            "prompt": prompt,
+            "answer": task["answer"],
+            "seed": seed,
+            "prompt_ids": prompt_ids,
+            "completion_ids": self.ids,
+            "logprobs": self.logprobs,
+            "loss_mask": self.mask,
+            "completion_text": text,
+            "finish_reason": self.last.finish_reason,
+        }
+        if multi_turn:
+            row.update(turns=self.turns, actions=self.actions, observations=self.observations)
+        return row
+
     def add(self, ids: list[int], logprobs: list[float], trained: bool) -> None:
         self.ids += ids
         self.logprobs += logprobs
@@ -117,25 +146,9 @@ def sample_table(
     rows = []
     for ep in episodes:
         i = ep.prompt_index
-        row = {
-            "prompt_index": i,
-            "sample_index": ep.sample_index,
-            "task_id": tasks[i]["task_id"],
-            "prompt": prompts[i],
-            "answer": tasks[i]["answer"],
-            "seed": seeds[i],
-            "prompt_ids": prompt_ids[i],
-            "completion_ids": ep.ids,
-            "logprobs": ep.logprobs,
-            "loss_mask": ep.mask,
-            # one engine turn: the engine's own text; several: the whole sequence, observations included
-            "completion_text": ep.last.text
-            if max_turns == 1
-            else tok.decode(ep.ids, skip_special_tokens=False),
-            "finish_reason": ep.last.finish_reason,
-        }
-        if max_turns > 1:
-            row.update(turns=ep.turns, actions=ep.actions, observations=ep.observations)
+        # one engine turn: the engine's own text; several: the whole sequence, observations included
+        text = ep.last.text if max_turns == 1 else tok.decode(ep.ids, skip_special_tokens=False)
+        row = ep.row(tasks[i], prompts[i], seeds[i], prompt_ids[i], text, multi_turn=max_turns > 1)
         if images[i]:
             row["image"] = images[i][0]
         rows.append(row)

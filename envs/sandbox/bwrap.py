@@ -51,7 +51,10 @@ def bwrap_command(
     seccomp_fd: int,
     system: dict[str, int] | None = None,
 ) -> list[str]:
-    """``files``: memfds placed in /work; ``system``: memfds placed at absolute paths (read-only after setup)."""
+    """``files``: memfds placed in /work; ``system``: memfds placed at absolute paths (read-only after setup).
+
+    Long: the command line is one list of bubblewrap flags, one per line, each next to the claim it enforces;
+    split up, the order in which bubblewrap applies them would no longer be visible."""
     cmd = [
         "bwrap",
         "--unshare-all",
