@@ -2,7 +2,7 @@
 
 - ``experiment``: one parameter ``config`` typed by the pydantic Config, so the UI renders it as a form with
   every field's default and description; ``run_id`` optional (a new id when empty; an existing run with the
-  same config is resumed).
+  same config is resumed: ``rl_core.runs.create_or_resume``, the rule ``rlfoundry run`` / ``resume`` follow).
 - ``evaluation-sweep`` (cron): evaluates every checkpoint of the chosen runs that has no evaluation yet. A
   checkpoint the run already evaluated is reused; a new one is evaluated into ``<run>/sweep/iter-K/evaluate``
   (commit-or-skip like every stage, so each checkpoint is evaluated once however often the sweep fires).
@@ -21,6 +21,9 @@ from pydantic import Field
 
 from rl_core.config import Config
 from rl_core.runs import OptionalRunId, RunId, check_run_id
+from rl_core.stages import STAGES
+
+StageName = Literal[tuple(STAGES)]  # type: ignore[valid-type]  (the stage table's names: the form's choices)
 
 
 @flow(name="experiment", validate_parameters=True)
@@ -35,16 +38,11 @@ def experiment(config: Config, run_id: OptionalRunId = "") -> dict[str, Any]:
         check_run_id(run_id)  # also when called as a plain function, before anything is read or written
     from flows.experiment import experiment_flow, with_result_storage
     from rl_core.context import get_context
-    from rl_core.runs import RunError, config_diff, create_run, load_run, new_run_id
+    from rl_core.runs import create_or_resume, new_run_id
 
     rid = run_id or new_run_id()
     ctx = get_context(config, rid)
-    try:
-        create_run(ctx)
-    except RunError:
-        diff = config_diff(load_run(ctx.store, rid)["config"], config.model_dump(mode="json"))
-        if diff:
-            raise RunError(f"run {rid} exists with another config: " + "; ".join(diff)) from None
+    if create_or_resume(ctx, "either") == "resumed":
         get_run_logger().info("run %s exists with this config: resuming it", rid)
     result = with_result_storage(experiment_flow, ctx.store)(config, rid)
     create_markdown_artifact(
@@ -124,7 +122,7 @@ def evaluation_sweep(
 def replay_stage(
     run_id: RunId,
     iteration: Annotated[int, Field(ge=0)] = 1,
-    stage: Literal["generate", "execute_envs", "score_rewards", "train", "evaluate"] = "train",
+    stage: StageName = "train",
     store: str = "",
 ) -> dict[str, Any]:
     """Re-execute one stage from its stored inputs into a scratch prefix and compare with the stored outputs.

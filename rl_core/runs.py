@@ -1,7 +1,9 @@
 """Run records: ``<store>/<run id>/run.json`` holds the config a run was started with.
 
-A second run with an existing id is refused; resuming with a different config is refused (with the
-difference) unless forced.
+Whether a run id may start a new run or continue an existing one is decided in one place,
+``create_or_resume``: ``rlfoundry run`` creates (an existing id is refused), ``rlfoundry resume`` continues
+(an unknown id is refused), the experiment deployment does either; continuing with a config other than the
+recorded one is refused, with the difference, unless forced.
 
 A run id names a folder (or S3 prefix) directly under the store's root, and it arrives from the command line
 and from the Prefect UI's form, so it is checked against one rule before anything is read or written:
@@ -25,7 +27,7 @@ from __future__ import annotations
 import datetime as dt
 import re
 import secrets
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, WithJsonSchema
 
@@ -98,22 +100,35 @@ def config_diff(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> l
     return out
 
 
-def create_run(ctx: RunContext) -> None:
+def create_or_resume(
+    ctx: RunContext, mode: Literal["new", "resume", "either"] = "either", *, force: bool = False
+) -> Literal["created", "resumed"]:
+    """The one create-or-resume rule: create ``ctx``'s run record, or accept the existing one.
+
+    ``mode`` "new" refuses an existing run, "resume" an unknown one, "either" takes whichever applies. An
+    existing run continues only with the config it was started with (``ctx.cfg`` is compared with the record),
+    unless ``force``. Raises RunError (and RunIdError for a bad id) before anything is written.
+    """
     check_run_id(ctx.run_id)
     uri = f"{ctx.store.run_uri(ctx.run_id)}/{RUN_RECORD}"
-    if ctx.store.exists(uri):
+    if not ctx.store.exists(uri):
+        if mode == "resume":
+            raise RunError(f"no run {ctx.run_id!r} in {ctx.store.root}")
+        record = {"run_id": ctx.run_id, "config": ctx.cfg.model_dump(mode="json"),
+                  "config_hash": ctx.config_hash, "base_id": ctx.base_id}
+        ctx.store.write_json(uri, record)
+        return "created"
+    if mode == "new":
         raise RunError(
             f"run id {ctx.run_id!r} already exists in {ctx.store.root}; use `rlfoundry resume {ctx.run_id}`"
         )
-    ctx.store.write_json(
-        uri,
-        {
-            "run_id": ctx.run_id,
-            "config": ctx.cfg.model_dump(mode="json"),
-            "config_hash": ctx.config_hash,
-            "base_id": ctx.base_id,
-        },
-    )
+    diff = config_diff(ctx.store.read_json(uri)["config"], ctx.cfg.model_dump(mode="json"))
+    if diff and not force:
+        raise RunError(
+            f"run {ctx.run_id!r} exists with another config; resuming with a changed config is refused "
+            "(rlfoundry resume --force overrides):\n  " + "\n  ".join(diff)
+        )
+    return "resumed"
 
 
 def load_run(store: Store, run_id: str) -> dict[str, Any]:

@@ -1,4 +1,7 @@
-"""Shared fixtures: every test gets its own state dir (store, MLflow DB, Prefect home)."""
+"""Shared fixtures: every test gets its own state dir (store, MLflow DB, Prefect home).
+
+Tests outside tests/unit share one Prefect server for the session (``prefect_api``, requested by the autouse
+fixtures of tests/integration/conftest.py and tests/sandbox/conftest.py); unit tests start no server."""
 
 from __future__ import annotations
 
@@ -27,24 +30,32 @@ _API: dict[str, str] = {}
 
 
 @pytest.fixture(scope="session", autouse=True)
-def prefect_api(tmp_path_factory: pytest.TempPathFactory):
-    """One Prefect API server for the whole session (127.0.0.1), shared by every `rlfoundry` subprocess."""
+def session_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The session's Prefect home and state dir, under pytest's temp dir: no test writes to the project's
+    .state. Starts nothing."""
     home = tmp_path_factory.mktemp("prefect-home")
     os.environ["PREFECT_HOME"] = str(home)
     os.environ["RLFOUNDRY_STATE_DIR"] = str(home / "state")
-    from flows.server import free_port, start_server, wait_healthy
+    return home
 
+
+@pytest.fixture(scope="session")
+def prefect_api(session_home: Path):
+    """One Prefect API server for the whole session (127.0.0.1, UI on for the browser test), shared by every
+    `rlfoundry` subprocess; it dies with pytest however pytest ends."""
+    from infra.localstack import prefect_server
+    from rl_core.paths import free_port
+
+    home = session_home
     port = free_port()
-    proc = start_server(port, ui=True, log=home / "server.log")  # the UI for the browser test
-    url = f"http://127.0.0.1:{port}/api"
-    wait_healthy(url, proc)
-    _API["url"] = url
-    yield url
-    proc.terminate()
+    srv = prefect_server.start(port, home, home / "server.log", ui=True, tie_to_parent=True)
     try:
-        proc.wait(timeout=10)
-    except Exception:
-        proc.kill()
+        srv.wait_http(prefect_server.health_url(port), timeout_s=120)
+        _API["url"] = f"http://127.0.0.1:{port}/api"
+        yield _API["url"]
+    finally:
+        _API.pop("url", None)
+        srv.stop(timeout_s=10)
 
 
 def cli_env(state: Path) -> dict[str, str]:
@@ -78,7 +89,7 @@ S3_KEY, S3_SECRET = "rlf-test-key", "rlf-test-secret-d1e4f0c9a7"
 def s3(tmp_path_factory: pytest.TempPathFactory):
     """A real S3 server (SeaweedFS on 127.0.0.1) for one test module, with the bucket ``rlf-test``; yields the
     environment that points clients at it (also set in this process while the module runs)."""
-    from rl_core.s3server import S3Server
+    from infra.localstack.s3_server import S3Server
 
     srv = S3Server.start(tmp_path_factory.mktemp("weed"), access_key=S3_KEY, secret_key=S3_SECRET)
     env = {

@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from rl_core.s3server import S3Server
+from infra.localstack.s3_server import S3Server
 from rl_core.store import ArtifactError, Store
 from tests.conftest import S3_KEY as KEY
 from tests.conftest import S3_SECRET as SECRET

@@ -1,0 +1,41 @@
+"""The ``rlfoundry`` command line (stable: scripts and checks depend on it), one module per command group.
+
+    rlfoundry run configs/default.yaml --set train.lr=1e-4
+    rlfoundry show RUN_ID --json
+    python -m flows.cli --help        # the same program
+
+- ``experiment``: ``run``, ``resume`` and the progress display.
+- ``inspection``: ``show``, ``replay``, ``rollouts``, ``lineage``.
+- ``operations``: ``up``, ``down`` (the local stack, ``infra.localstack``) and ``serve`` (the deployments).
+- ``sandbox``: ``sandbox exec`` and ``score humaneval``.
+- ``common``: the options and helpers they share (run-id check, store, ``--json`` output).
+
+Heavy libraries (torch, vLLM, Prefect, MLflow) are imported inside the commands, so ``--help`` is fast.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from flows.cli import experiment, inspection, operations, sandbox
+
+app = typer.Typer(
+    add_completion=False, no_args_is_help=True, help="RL post-training as resumable Prefect workflows."
+)
+
+
+@app.callback()
+def _use_stack(ctx: typer.Context) -> None:
+    """While ``rlfoundry up`` is running, every command uses its Prefect server and S3 endpoint."""
+    if ctx.invoked_subcommand not in ("up", "down"):
+        from infra.localstack.stack import apply_env
+
+        apply_env()
+
+
+for _group in (experiment, inspection, operations, sandbox):
+    _group.register(app)
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,168 @@
+"""``rlfoundry run`` and ``rlfoundry resume``: start an experiment, or continue one from its last committed
+stage, with a progress display (one line per iteration above a bar).
+
+    rlfoundry run configs/default.yaml --set train.lr=1e-4 [--run-id ID] [--curve curve.json]
+    rlfoundry resume RUN_ID [--set key=value --force]
+
+Whether the run id may be created or continued is ``rl_core.runs.create_or_resume`` (the experiment deployment
+uses the same rule). Without PREFECT_API_URL (or ``rlfoundry up``), the run gets a private Prefect server that
+dies with it (``infra.localstack.prefect_server.ensure_api``).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import typer
+
+from flows.cli.common import ConfigArg, RunIdArg, SetOpt, StoreOpt, checked_run_id, fail, store_for
+
+
+class Progress:
+    """One line per iteration above a progress bar: reward, accuracy and stage timings."""
+
+    def __init__(self, total: int):
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.console = Console(stderr=False, soft_wrap=True)
+        self.progress = Progress(TextColumn("[bold]RL iterations"), BarColumn(), MofNCompleteColumn(),
+                                 TimeElapsedColumn(), console=self.console)  # fmt: skip
+        self.task = self.progress.add_task("rl", total=total)
+        self.curve: list[dict[str, Any]] = []
+
+    def __call__(self, ev: dict[str, Any]) -> None:
+        if ev["kind"] == "status":
+            self.console.print(f"[dim]{ev['text']}[/]")
+            return
+        k, t, e = ev["iteration"], ev["timings"], ev.get("eval") or {}
+        acc = f"acc {e['accuracy']:.3f}" if e else "         "
+        pk = " ".join(f"{m} {v:.2f}" for m, v in e.items() if m.startswith("pass@"))
+        if k == 0:
+            self.console.print(
+                f"[bold]base model[/]  {acc}  {pk}  (init {t.get('init', 0):.1f}s, warm-up {t.get('warmup', 0):.1f}s)"
+            )
+        else:
+            times = " ".join(
+                f"{s[:3]} {t.get(s, 0):.1f}s"
+                for s in ("generate", "execute_envs", "score_rewards", "train", "evaluate")
+                if s in t
+            )
+            self.console.print(f"iter {k:4d}  reward {ev['mean_reward']:.3f}  {acc}  {pk}  [dim]{times}[/]")
+            self.progress.advance(self.task)
+        self.curve.append(ev)
+
+
+def run(
+    config: ConfigArg,
+    set_: SetOpt = None,
+    run_id: Annotated[
+        str | None, typer.Option("--run-id", help="Run id (default: a new one).", callback=checked_run_id)
+    ] = None,
+    curve: Annotated[Path | None, typer.Option(help="Write the per-iteration curve (JSON) here.")] = None,
+) -> None:
+    """Start an experiment; prints the run id."""
+    from rl_core.config import ConfigError, load_config
+
+    try:
+        cfg = load_config(config, set_ or [])
+    except ConfigError as e:
+        fail(str(e))
+    launch(cfg, run_id, "new", curve=curve)
+
+
+def resume(
+    run_id: RunIdArg,
+    set_: SetOpt = None,
+    force: Annotated[
+        bool, typer.Option("--force", help="Resume even though --set changes the config.")
+    ] = False,
+    store: StoreOpt = None,
+) -> None:
+    """Continue a crashed or stopped run from its last committed stage."""
+    from rl_core.config import ConfigError, apply_overrides, config_from_dict
+    from rl_core.runs import RunError, run_config
+
+    try:
+        cfg = run_config(store_for(store), run_id)
+        if set_:
+            cfg = config_from_dict(apply_overrides(cfg.model_dump(mode="json"), set_), "--set")
+    except (RunError, ConfigError) as e:
+        fail(str(e))
+    launch(cfg, run_id, "resume", force=force)
+
+
+def launch(
+    cfg: Any,
+    run_id: str | None,
+    mode: Literal["new", "resume"],
+    *,
+    force: bool = False,
+    curve: Path | None = None,
+) -> None:
+    """Create or resume the run record (``create_or_resume``), then run the experiment flow with progress."""
+    from infra.localstack.prefect_server import ensure_api
+    from rl_core.context import get_context
+    from rl_core.report import subscribe
+    from rl_core.runs import RunError, create_or_resume, new_run_id
+    from rl_core.store import StoreUnavailable
+
+    rid = run_id or new_run_id()
+    ctx = get_context(cfg, rid)
+    try:
+        create_or_resume(ctx, mode, force=force)
+    except (RunError, StoreUnavailable) as e:
+        fail(str(e), 3 if isinstance(e, StoreUnavailable) else 2)
+    typer.echo(f"run id: {rid}")
+    typer.echo(f"artifacts: {ctx.store.run_uri(rid)}")
+    ensure_api()
+    from flows.experiment import experiment_flow, with_result_storage
+
+    prog = Progress(cfg.experiment.iterations)
+    t0 = time.time()
+
+    def record(ev: dict[str, Any]) -> None:
+        ev["elapsed_s"] = round(time.time() - t0, 2)
+
+    unsubscribe = [subscribe(record), subscribe(prog)]
+    try:
+        with prog.progress:
+            result = with_result_storage(experiment_flow, ctx.store)(cfg, rid)
+    except StoreUnavailable as e:
+        fail(f"{e}\nevery committed stage is kept; once the store answers again: rlfoundry resume {rid}", 3)
+    finally:
+        for unsub in unsubscribe:
+            unsub()
+    if curve:
+        curve.parent.mkdir(parents=True, exist_ok=True)
+        curve.write_text(
+            json.dumps({"run_id": rid, "config": cfg.model_dump(mode="json"), "curve": prog.curve}, indent=1)
+        )
+    _summary(cfg, rid, ctx.store.run_uri(rid), result)
+
+
+def _summary(cfg: Any, rid: str, run_uri: str, result: dict[str, Any]) -> None:
+    from infra.localstack.stack import is_up, status
+    from rl_core.lineage import tracking_uri
+
+    base, final = result["base_accuracy"], result["final"]["accuracy"]
+    typer.echo(
+        f"\nrun {rid} finished: held-out accuracy {base:.3f} (base) -> {final:.3f} ({(final - base) * 100:+.1f} points)"
+    )
+    typer.echo(f"artifacts: {run_uri}")
+    typer.echo(f"inspect:   rlfoundry show {rid}")
+    stack = status()
+    if is_up(stack):
+        svc = stack["services"]
+        typer.echo(f"MLflow UI: {svc['mlflow']['url']}   Prefect UI: {svc['prefect']['url']}/runs")
+    else:
+        uri = tracking_uri(cfg)
+        typer.echo(f"MLflow UI: .venv/bin/mlflow ui --backend-store-uri {uri} --host 127.0.0.1 --port 5000")
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(run)
+    app.command()(resume)

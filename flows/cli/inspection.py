@@ -1,0 +1,164 @@
+"""Looking into a run: ``show`` (iterations x stages), ``replay`` (re-execute one stage and diff it with the
+stored outputs), ``rollouts`` (best, worst and random samples as a table) and ``lineage`` (from a checkpoint
+back to what produced it).
+
+    rlfoundry show RUN_ID [--json]
+    rlfoundry replay RUN_ID --iteration 1 --stage train [--json]
+    rlfoundry rollouts RUN_ID --iteration 1 [-k 3] [--json]
+    rlfoundry lineage RUN_ID --iteration 2 [--json]
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from flows.cli.common import JsonOpt, RunIdArg, StoreOpt, fail, quiet_stdout, store_for
+
+ROLLOUT_COLUMNS = ("prompt", "image", "completion_text", "answer", "reward", "correct", "format", "env_parsed",
+                   "finish_reason")  # fmt: skip
+
+
+def stage_name(value: str) -> str:
+    """``--stage`` must name a stage of the stage table (``rl_core.stages.STAGES``), imported only once a value
+    is given (the import loads torch, which ``rlfoundry --help`` must not wait for)."""
+    from rl_core.stages import STAGES
+
+    if value not in STAGES:
+        raise typer.BadParameter(f"{value!r} is not a stage; the stages: {', '.join(STAGES)}")
+    return value
+
+
+def show(
+    run_id: RunIdArg,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+    store: StoreOpt = None,
+) -> None:
+    """Iterations x stages with status, timings, metrics, artifact URIs and policy sha256."""
+    from rl_core.runs import RunError
+    from rl_core.show import collect, render
+
+    try:
+        data = collect(store_for(store), run_id)
+    except RunError as e:
+        fail(str(e))
+    if as_json:
+        json.dump(data, sys.stdout, indent=1)
+        sys.stdout.write("\n")
+    else:
+        from rich.console import Console
+
+        Console().print(render(data))
+
+
+def replay(
+    run_id: RunIdArg,
+    iteration: Annotated[int, typer.Option("--iteration", help="Iteration number (0 = base evaluation).")],
+    stage: Annotated[
+        str,
+        typer.Option(
+            "--stage",
+            help="Stage to replay (a name from rl_core.stages.STAGES; a wrong one lists them).",
+            metavar="STAGE",
+            callback=stage_name,
+        ),
+    ],
+    as_json: JsonOpt = False,
+    store: StoreOpt = None,
+) -> None:
+    """Re-execute one stage from its stored inputs into a scratch prefix and diff it with the stored outputs."""
+    from rl_core.paths import configure_env
+
+    configure_env()
+    from rl_core.replay import replay as do_replay
+    from rl_core.runs import RunError
+    from rl_core.store import ArtifactError
+
+    try:
+        with quiet_stdout():
+            report = do_replay(store_for(store), run_id, iteration, stage)
+    except (RunError, FileNotFoundError, ValueError, ArtifactError) as e:
+        fail(str(e))
+    if as_json:
+        typer.echo(json.dumps(report, indent=1))
+    else:
+        verdict = "identical" if report["identical"] else "DIFFERENT"
+        typer.echo(f"{run_id} iteration {iteration} {stage}: {verdict}")
+        for name, a in report["artifacts"].items():
+            brief = {k: v for k, v in a.items() if k not in ("stored", "replayed")}
+            typer.echo(f"  {name}: {json.dumps(brief)}")
+    raise typer.Exit(0 if report["identical"] else 1)
+
+
+def rollouts(
+    run_id: RunIdArg,
+    iteration: Annotated[int, typer.Option("--iteration", help="Iteration number.")],
+    k: Annotated[int, typer.Option("-k", help="How many best, worst and random samples.")] = 3,
+    as_json: JsonOpt = False,
+    store: StoreOpt = None,
+    images: Annotated[
+        Path | None, typer.Option(help="Write multimodal samples' images here as PNG files.")
+    ] = None,
+) -> None:
+    """Best, worst and random samples of an iteration: prompt, completion, reward components, env outcome."""
+    from rl_core.inspect_run import samples
+
+    try:
+        data = samples(store_for(store), run_id, iteration, k, image_dir=images)
+    except FileNotFoundError as e:
+        fail(str(e))
+    if as_json:
+        typer.echo(json.dumps(data, indent=1, default=str))
+        return
+    from rich.console import Console
+
+    for name, rows in data.items():
+        Console().print(_table(f"{run_id} iteration {iteration}: {name}", rows))
+
+
+def _table(title: str, rows: list[dict[str, Any]]) -> Any:
+    """A rich table of ``rows`` with the columns of ROLLOUT_COLUMNS that they have."""
+    from rich.table import Table
+
+    t = Table(title=title)
+    cols = [c for c in ROLLOUT_COLUMNS if rows and c in rows[0]]
+    for c in cols:
+        t.add_column(c)
+    for r in rows:
+        t.add_row(*[str(r[c]) for c in cols])
+    return t
+
+
+def lineage(
+    run_id: RunIdArg,
+    iteration: Annotated[
+        int, typer.Option("--iteration", help="Iteration whose checkpoint to walk back from.")
+    ],
+    as_json: JsonOpt = False,
+    store: StoreOpt = None,
+) -> None:
+    """Walk back from a checkpoint to the rollouts, rewards and parent checkpoints that produced it."""
+    from rl_core.inspect_run import lineage as walk
+
+    try:
+        chain = walk(store_for(store), run_id, iteration)
+    except FileNotFoundError as e:
+        fail(str(e))
+    if as_json:
+        typer.echo(json.dumps(chain, indent=1))
+        return
+    for link in chain:
+        typer.echo(f"iter {link['iteration']:4d}  policy {link['policy_sha256'][:16]}  {link['checkpoint']}")
+        for key in ("rollouts", "env_results", "rewards", "optimizer_state"):
+            if link.get(key):
+                typer.echo(f"           {key:<15} {link[key]}")
+        typer.echo(f"           {'parent':<15} {link['parent_checkpoint']}")
+
+
+def register(app: typer.Typer) -> None:
+    for command in (replay, rollouts, lineage, show):
+        app.command()(command)

@@ -1,0 +1,59 @@
+"""The Prefect API server, started one way for every use: the local stack's (UI on), a run's private one (UI
+off, dies with the run) and the test suite's (UI on, for the browser test).
+
+It is ``uvicorn prefect.server.api.server:create_app`` on 127.0.0.1 (the app runs Prefect's services, the
+scheduler included), with SQLite under ``home``, analytics off and its own log file.
+
+    url = ensure_api()   # PREFECT_API_URL if set, else a private server tied to this process
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from infra.localstack.process import Server, clean_env, spawn
+from rl_core.paths import free_port, state_dir
+
+
+def server_env(port: int, home: Path, *, ui: bool) -> dict[str, str]:
+    """The one Prefect server configuration; only the port, the home folder and the UI switch vary."""
+    return clean_env(
+        PREFECT_HOME=str(home),
+        PREFECT_UI_ENABLED="true" if ui else "false",
+        PREFECT_UI_API_URL=f"http://127.0.0.1:{port}/api",  # else the UI calls the default port 4200
+        PREFECT_SERVER_ANALYTICS_ENABLED="false",
+        DO_NOT_TRACK="true",
+    )
+
+
+def start(port: int, home: Path, log: Path, *, ui: bool, tie_to_parent: bool) -> Server:
+    """Start the server on 127.0.0.1:``port`` (not waiting for it: ``Server.wait_http(health_url(port))``)."""
+    import prefect
+
+    app_dir = str(Path(prefect.__file__).parent.parent)
+    cmd = [sys.executable, "-m", "uvicorn", "--app-dir", app_dir, "--factory", "prefect.server.api.server:create_app",
+           "--host", "127.0.0.1", "--port", str(port), "--log-level", "error", "--lifespan", "on"]  # fmt: skip
+    return spawn(
+        "Prefect server", cmd, env=server_env(port, home, ui=ui), log=log, tie_to_parent=tie_to_parent
+    )
+
+
+def health_url(port: int) -> str:
+    return f"http://127.0.0.1:{port}/api/health"
+
+
+def ensure_api() -> str:
+    """PREFECT_API_URL if set, else a private server that dies with this process (set as PREFECT_API_URL);
+    returns the API URL. Prefect's own ephemeral server would outlive a run killed with SIGKILL and keep its
+    stdout open."""
+    url = os.environ.get("PREFECT_API_URL")
+    if url:
+        return url
+    port = free_port()
+    home = Path(os.environ.get("PREFECT_HOME") or state_dir() / "prefect")
+    log = state_dir() / "logs" / f"prefect-server-{port}.log"
+    start(port, home, log, ui=False, tie_to_parent=True).wait_http(health_url(port), timeout_s=120)
+    os.environ["PREFECT_API_URL"] = url = f"http://127.0.0.1:{port}/api"
+    return url

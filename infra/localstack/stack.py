@@ -1,0 +1,181 @@
+"""The local stack: a real S3 server (SeaweedFS), a Prefect server with its UI and an MLflow server with its UI,
+all on 127.0.0.1, started by ``rlfoundry up`` and stopped by ``rlfoundry down``.
+
+State lives in ``<state dir>/stack/`` between the two: the S3 data, Prefect's database, the ports (kept, so
+URLs recorded in MLflow stay valid after a restart), the logs and ``stack.json`` with each server's identity
+(pid and create time: ``down`` stops exactly those processes, never a reused pid). MLflow's server reads the
+same SQLite database that runs write, so every run is in its UI. The servers are started and stopped by
+``infra.localstack.process``, like every other server rlfoundry starts.
+
+S3 credentials come from the environment (``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY``); without them
+``up`` generates a pair into ``stack/credentials.json`` (mode 600). They are passed to the servers through
+their environment or a mode-600 file, never on a command line, and never printed.
+
+While the stack is up, every ``rlfoundry`` command uses it (``apply_env``): Prefect API, S3 endpoint and
+credentials, unless the environment already names its own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from infra.localstack import prefect_server
+from infra.localstack.process import Server, ServerError, clean_env, spawn
+from rl_core.paths import free_port, state_dir
+
+BUCKET = "rlfoundry"
+
+
+def stack_dir() -> Path:
+    d = state_dir() / "stack"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def _read(name: str) -> dict[str, Any]:
+    p = stack_dir() / name
+    return json.loads(p.read_text()) if p.exists() else {}
+
+
+def _write(name: str, data: dict[str, Any], mode: int = 0o644) -> None:
+    p = stack_dir() / name
+    tmp = p.with_suffix(".tmp")
+    tmp.touch(mode=mode)
+    tmp.chmod(mode)  # before anything secret is written
+    tmp.write_text(json.dumps(data, indent=1))
+    os.replace(tmp, p)
+
+
+def credentials() -> dict[str, str]:
+    """The S3 key pair: from the environment, else the stack's generated one (created on first use)."""
+    key, secret = os.environ.get("AWS_ACCESS_KEY_ID"), os.environ.get("AWS_SECRET_ACCESS_KEY")
+    if key and secret:
+        return {"AWS_ACCESS_KEY_ID": key, "AWS_SECRET_ACCESS_KEY": secret}
+    saved = _read("credentials.json")
+    if not saved:
+        saved = {
+            "AWS_ACCESS_KEY_ID": "rlf-" + secrets.token_hex(8),
+            "AWS_SECRET_ACCESS_KEY": secrets.token_urlsafe(30),
+        }
+        _write("credentials.json", saved, mode=0o600)
+    return saved
+
+
+def status() -> dict[str, Any]:
+    """The running stack (``stack.json``) with each service's liveness, or {} when it is not up."""
+    data = _read("stack.json")
+    for svc in data.get("services", {}).values():
+        svc["alive"] = Server.from_record(svc).alive()
+    return data
+
+
+def is_up(data: dict[str, Any] | None = None) -> bool:
+    services = (status() if data is None else data).get("services", {})
+    return bool(services) and all(s["alive"] for s in services.values())
+
+
+def _start_s3(d: Path, ports: dict[str, Any], creds: dict[str, str]) -> tuple[Any, dict[str, Any]]:
+    from infra.localstack.s3_server import S3Server
+
+    s3 = S3Server.start(d / "s3", access_key=creds["AWS_ACCESS_KEY_ID"],
+                        secret_key=creds["AWS_SECRET_ACCESS_KEY"], ports=ports.get("s3"))  # fmt: skip
+    ports["s3"] = s3.ports
+    return s3, s3.server.record(url=s3.endpoint, bucket=BUCKET)
+
+
+def _start_mlflow(port: int, s3_endpoint: str, creds: dict[str, str], log: Path) -> Server:
+    env = clean_env(**creds, AWS_ENDPOINT_URL=s3_endpoint, MLFLOW_S3_ENDPOINT_URL=s3_endpoint,
+                    MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false", MLFLOW_DISABLE_TELEMETRY="true",
+                    DO_NOT_TRACK="true")  # fmt: skip
+    cmd = [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
+           "--backend-store-uri", f"sqlite:///{state_dir() / 'mlflow.db'}",
+           "--default-artifact-root", (state_dir() / "mlartifacts").as_uri(), "--workers", "1"]  # fmt: skip
+    return spawn("MLflow server", cmd, env=env, log=log)
+
+
+def up() -> dict[str, Any]:
+    """Start the three services (or report the running ones); returns ``status()``."""
+    current = status()
+    if is_up(current):
+        return current
+    if current.get("services"):
+        down()  # a half-dead stack: stop what is left, start afresh on the same ports
+    d = stack_dir()
+    ports = _read("ports.json")
+    creds = credentials()
+    started: dict[str, Server] = {}
+    records: dict[str, Any] = {}
+    try:
+        s3, records["s3"] = _start_s3(d, ports, creds)
+        started["s3"] = s3.server
+        _ensure_bucket(s3.endpoint, creds)
+        ports.setdefault("prefect", free_port())
+        ports.setdefault("mlflow", free_port())
+        pf = prefect_server.start(
+            ports["prefect"], d / "prefect", d / "logs" / "prefect.log", ui=True, tie_to_parent=False
+        )
+        started["prefect"] = pf
+        url = f"http://127.0.0.1:{ports['prefect']}"
+        records["prefect"] = pf.record(url=url, api=f"{url}/api")
+        ml = _start_mlflow(ports["mlflow"], s3.endpoint, creds, d / "logs" / "mlflow.log")
+        started["mlflow"] = ml
+        records["mlflow"] = ml.record(url=f"http://127.0.0.1:{ports['mlflow']}")
+        pf.wait_http(
+            prefect_server.health_url(ports["prefect"])
+        )  # both start at once: ~15 s instead of ~25 s
+        ml.wait_http(f"{records['mlflow']['url']}/health")
+    except BaseException:
+        for srv in started.values():
+            srv.stop()
+        raise
+    _write("ports.json", ports)
+    _write("stack.json", {"services": records, "started_at": time.time()})
+    return status()
+
+
+def _ensure_bucket(endpoint: str, creds: dict[str, str]) -> None:
+    import s3fs
+
+    fs = s3fs.S3FileSystem(endpoint_url=endpoint, key=creds["AWS_ACCESS_KEY_ID"],
+                           secret=creds["AWS_SECRET_ACCESS_KEY"], skip_instance_cache=True)  # fmt: skip
+    if not fs.exists(BUCKET):
+        fs.mkdir(BUCKET)
+
+
+def down() -> dict[str, bool]:
+    """Stop the servers recorded by ``up`` (and their children); returns {service: was running}."""
+    services = _read("stack.json").get("services", {})
+    stopped = {name: Server.from_record(rec).stop() for name, rec in services.items()}
+    (stack_dir() / "stack.json").unlink(missing_ok=True)
+    return stopped
+
+
+def apply_env() -> dict[str, str]:
+    """Point this process at the running stack (Prefect API, S3 endpoint and credentials); values already in
+    the environment win. Returns what was set (credentials masked)."""
+    data = status()
+    if not is_up(data):
+        return {}
+    services = data["services"]
+    want = {
+        "PREFECT_API_URL": services["prefect"]["api"],
+        "AWS_ENDPOINT_URL": services["s3"]["url"],
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
+    if not (os.environ.get("AWS_ACCESS_KEY_ID") and os.environ.get("AWS_SECRET_ACCESS_KEY")):
+        want.update(credentials())
+    applied = {}
+    for k, v in want.items():
+        if not os.environ.get(k):
+            os.environ[k] = v
+            applied[k] = "***" if "SECRET" in k or "KEY_ID" in k else v
+    return applied
+
+
+__all__ = ["BUCKET", "ServerError", "apply_env", "credentials", "down", "is_up", "stack_dir", "status", "up"]
