@@ -4,9 +4,10 @@
 
 For each worker count, the same programs run (a) bare: `/usr/bin/python3 -E -s file.py` from a thread pool of
 that size, files written beforehand, (b) through `SandboxPool` (each worker's long-lived container runs every
-job as a fresh interpreter in an emptied workdir, with its rlimits, cgroup limits and timeout), and (c) through
-`SandboxPool(reuse=False)` (a new bubblewrap container per job). Both are timed after a warm-up. Then every HumanEval canonical solution is scored in the
-sandbox (time and pass rate), and leftovers are counted: processes of sandbox uids, cgroups, slot files.
+job as a fresh interpreter in an emptied workdir, with its rlimits, cgroup limits and timeout), and (c)
+through `SandboxPool(reuse=False)` (a new bubblewrap container per job). Both are timed after a warm-up. Then
+every HumanEval canonical solution is scored in the sandbox (time and pass rate), and leftovers are counted:
+processes of sandbox uids, cgroups, slot files.
 
 The last line is one JSON object; ``ratio`` = sandbox / bare executions per second at workers = CPU count.
 """
@@ -36,7 +37,10 @@ def programs(n: int) -> list[str]:
     kinds = [
         "print(sum(i * i for i in range({k} * 100)))",
         "s = ''.join(chr(97 + (i * 7) % 26) for i in range({k} * 50))\nprint(s.count('a'), s[:10])",
-        "import random\nr = random.Random({k})\nxs = [r.random() for _ in range(2000)]\nprint(sorted(xs)[{k} % 100])",
+        (
+            "import random\nr = random.Random({k})\nxs = [r.random() for _ in range(2000)]\n"
+            "print(sorted(xs)[{k} % 100])"
+        ),
         "def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\nassert fib(15) == 610\nprint({k})",
         "import json\nprint(json.dumps({{'k': {k}, 'v': list(range(50))}})[:20])",
     ]
@@ -127,7 +131,9 @@ def main() -> None:
         "leftovers": left,
         "machine": machine(),
         "ratio": headline["ratio"],
-        "ratio_definition": f"sandbox pool / bare python3 executions per second, {headline['workers']} workers",
+        "ratio_definition": (
+            f"sandbox pool / bare python3 executions per second, {headline['workers']} workers"
+        ),
     }
     if args.json:
         print(json.dumps(out))

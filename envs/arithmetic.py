@@ -74,7 +74,7 @@ def make_tasks(split: str, task_cfg: Any, seed: int) -> list[dict[str, Any]]:
 
 
 def digit_match(predicted: str, answer: str) -> float:
-    """Share of right-aligned character positions (digits and sign) where the prediction agrees with the answer.
+    """Share of right-aligned character positions (digits and sign) where the prediction matches the answer.
 
     >>> digit_match("128", "130"), digit_match("130", "130"), digit_match("", "7")
     (0.3333333333333333, 1.0, 0.0)

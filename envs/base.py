@@ -70,8 +70,8 @@ def draw_tasks(
     name: str, split: str, task_cfg: Any, seed: int, draw: Callable[[random.Random], dict[str, Any]]
 ) -> list[dict[str, Any]]:
     """Distinct tasks of one split from a seeded generator: ``draw(rng)`` makes one task (with "prompt", and a
-    "key" when the prompt alone does not identify it, e.g. an image task); a task belongs to the held-out split
-    by a hash of its key (``is_heldout``), so the splits are disjoint."""
+    "key" when the prompt alone does not identify it, e.g. an image task); a task belongs to the held-out
+    split by a hash of its key (``is_heldout``), so the splits are disjoint."""
     if split not in ("train", "heldout"):
         raise ValueError(f"split must be 'train' or 'heldout', got {split!r}")
     want = task_cfg.train_size if split == "train" else task_cfg.heldout_size

@@ -1,8 +1,8 @@
 """Computer use: a simulated form on a small screen, driven with click / type / scroll actions.
 
 The screen shows three rows of a five-field form at a time plus a Submit button at the end, as text (each
-visible element numbered) and, optionally, as a PNG screenshot (``screenshot()``). A task asks to set two fields
-and submit. Actions, one per turn:
+visible element numbered) and, optionally, as a PNG screenshot (``screenshot()``). A task asks to set two
+fields and submit. Actions, one per turn:
 
 - ``click(N)``: focus the visible element numbered N (or press it, for the button);
 - ``type(TEXT)``: replace the focused field's value with TEXT;

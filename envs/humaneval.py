@@ -9,7 +9,7 @@ exits 0 *and* its stdout ends with the nonce, so a completion that exits early (
 that walks the harness's stack frames could still find it (documented limit of in-process testing).
 
     results = score([{"task_id": "HumanEval/0", "completion": "    return True\\n"}])
-    results["results"][0]     # {"task_id": ..., "reward": 0.0, "passed": False, "flags": ["assertion_failed"]}
+    results["results"][0]  # {"task_id": ..., "reward": 0.0, "passed": False, "flags": ["assertion_failed"]}
 """
 
 from __future__ import annotations

@@ -86,8 +86,9 @@ class WarmupSection(_Section):
         0.0,
         ge=0.0,
         le=1.0,
-        description="Share of warm-up demonstrations given with the flawed teacher's answer (off by one) instead of "
-        "the true one: imitation learns the teacher's mistakes, RL against the verifier has to unlearn them.",
+        description="Share of warm-up demonstrations given with the flawed teacher's answer (off by one) "
+        "instead of the true one: imitation learns the teacher's mistakes, RL against the verifier has to "
+        "unlearn them.",
     )
 
 

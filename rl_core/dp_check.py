@@ -1,6 +1,6 @@
 """Data-parallel equivalence check: the same policy update on 1 or N DeepSpeed ranks gives the same losses.
 
-    OMP_NUM_THREADS=1 torchrun --nproc_per_node=2 -m rl_core.dp_check --zero-stage 2 --steps 5 --out losses.json
+    OMP_NUM_THREADS=1 torchrun --nproc_per_node=2 -m rl_core.dp_check --zero-stage 2 --out losses.json
 
 Every rank builds the same tiny model and synthetic RL batch from fixed seeds; ``ppo_update`` splits each
 mini-batch over the ranks and normalises by the global token count, so the losses must match a single process.

@@ -237,7 +237,8 @@ def outcomes_for(
     """Each row's outcome from a fresh environment (pure: runs in any worker process or Ray task).
 
     Multi-turn rows are replayed from their stored actions, and every observation the environment gives is
-    checked against the one the model saw: a difference (a non-hermetic environment) sets ``replay_mismatch``."""
+    checked against the one the model saw: a difference (a non-hermetic environment) sets ``replay_mismatch``.
+    """
     from envs.base import make_env
 
     out = []
@@ -311,7 +312,9 @@ def _ray_map(
 
 
 def env_outcomes(ctx: RunContext, df: pd.DataFrame) -> pd.DataFrame:
-    """Outcomes of every row, in row order, computed by ``task.executor``: inline, a local process pool, or Ray."""
+    """Outcomes of every row, in row order.
+
+    Computed where ``task.executor`` says: inline, a local process pool, or Ray."""
     tc = ctx.cfg.task
     cols = [
         c

@@ -26,8 +26,8 @@ def samples(
 ) -> dict[str, list[dict[str, Any]]]:
     """The ``k`` best, ``k`` worst and ``k`` random completions of an iteration (by reward).
 
-    Multimodal rollouts carry the prompt's image: it is written to ``image_dir`` as PNG (the row then names the
-    file), or summarised as ``<image: N bytes>``."""
+    Multimodal rollouts carry the prompt's image: it is written to ``image_dir`` as PNG (the row then names
+    the file), or summarised as ``<image: N bytes>``."""
     gen = _manifest(store, run_id, iteration, "generate")
     df = store.read_table(gen.outputs["rollouts"])
     env_m = store.read_manifest(store.stage_uri(run_id, iteration, "execute_envs"))

@@ -105,7 +105,7 @@ def clipped_pg_loss(
     """PPO-clip surrogate with per-sequence advantages broadcast over tokens, plus optional k3 KL.
 
     ``advantages`` is ``[batch]`` (one per sequence). Returns the scalar loss and detached statistics:
-    ``pg_loss``, ``clip_frac`` (share of loss tokens where the clipped branch was taken), ``kl``, ``ratio_mean``.
+    ``pg_loss``, ``clip_frac`` (share of loss tokens that took the clipped branch), ``kl``, ``ratio_mean``.
     """
     adv = advantages.unsqueeze(1).to(logp.dtype)
     ratio = torch.exp(logp - old_logp)

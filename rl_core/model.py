@@ -56,7 +56,7 @@ def text_config(model_cfg: Any, tokenizer: Any) -> Any:
         num_attention_heads=model_cfg.num_heads,
         num_key_value_heads=model_cfg.num_heads,
         max_position_embeddings=model_cfg.max_position,
-        # Untied: vLLM's in-place weight reload does not re-tie a shared LM head (measured: logprobs off by 8).
+        # Untied: vLLM's in-place weight reload never re-ties a shared LM head (measured: logprobs off by 8).
         tie_word_embeddings=False,
         bos_token_id=tokenizer.eos_token_id,
         eos_token_id=tokenizer.eos_token_id,
@@ -78,7 +78,7 @@ def build_model(model_cfg: Any, tokenizer: Any, seed: int) -> Any:
 
 
 def save_checkpoint(model: Any, tokenizer: Any, out_dir: str | Path) -> Path:
-    """Write a Hugging Face folder: config.json, generation_config.json, tokenizer files, model.safetensors."""
+    """Save a Hugging Face folder: config.json, generation_config.json, tokenizer files, model.safetensors."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
@@ -110,8 +110,8 @@ def load_model(ckpt_dir: str | Path) -> Any:
 def load_tokenizer(ckpt_dir: str | Path) -> Any:
     from transformers import PreTrainedTokenizerFast
 
-    # Not AutoTokenizer: for a qwen2 config it builds Qwen2's tokenizer, whose byte-level pre-tokenizer replaces
-    # ours and silently drops spaces and newlines that our vocabulary spells as plain characters.
+    # Not AutoTokenizer: for a qwen2 config it builds Qwen2's tokenizer, whose byte-level pre-tokenizer
+    # replaces ours and silently drops spaces and newlines that our vocabulary spells as plain characters.
     tok = PreTrainedTokenizerFast.from_pretrained(str(ckpt_dir))
     tok.padding_side = "left"
     return tok

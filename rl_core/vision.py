@@ -1,7 +1,7 @@
 """The tiny vision-language policy: LLaVA (a SigLIP vision tower, a 2-layer projector, the Qwen2 text model).
 
 A standard Hugging Face architecture, so the same checkpoint folder loads in transformers (the HF engine, the
-trainer) and in vLLM on GPUs. An image becomes ``(image_size / patch_size) ** 2`` patch embeddings that replace
+trainer) and in vLLM on GPUs. An image becomes ``(image_size / patch_size) ** 2`` patch embeddings replacing
 as many ``<image>`` placeholder tokens at the start of the prompt; the rollout stores those placeholder ids in
 ``prompt_ids`` and the image itself (PNG) beside them, so the trainer sees exactly what the engine saw.
 

@@ -1,4 +1,4 @@
-"""Prefect layer of rlfoundry; importing it sets the process defaults (state dir, quiet logs, no telemetry)."""
+"""Prefect layer of rlfoundry; importing it sets process defaults (state dir, quiet logs, no telemetry)."""
 
 from rl_core.paths import configure_env
 

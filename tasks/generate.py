@@ -1,4 +1,4 @@
-"""Prefect task of the generate stage: sample completions from the policy with the rollout engine (rl_core.stages)."""
+"""Prefect task of the generate stage: sample policy completions with the rollout engine (rl_core.stages)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Prefect task of the train stage: one policy update; writes the next policy version and the optimizer state (rl_core.stages)."""
+"""Prefect task of the train stage: one policy update, which writes the next policy version and the
+optimizer state (rl_core.stages)."""
 
 from __future__ import annotations
 

@@ -4,10 +4,10 @@ Each run executes ``argv`` (by default ``python3 main.py``) in a fresh bubblewra
 
 - **Namespaces**: user, mount, pid, net, ipc, uts, cgroup (``--unshare-all``). The filesystem is a new root
   holding only read-only ``/usr`` (with the ``/bin``, ``/lib``, ``/lib64`` links), a private ``/proc`` of the
-  sandbox's own pid namespace, four device nodes in ``/dev`` (null, zero, random, urandom; mounted read-only, so their host
-  timestamps cannot be set), and the workdir ``/work``: a tmpfs capped at
-  ``disk_mb``, holding the run's files, written from memory (never a host path). The root is remounted
-  read-only. The network namespace has only a down loopback.
+  sandbox's own pid namespace, four device nodes in ``/dev`` (null, zero, random, urandom; mounted read-only,
+  so their host timestamps cannot be set), and the workdir ``/work``: a tmpfs capped at ``disk_mb``, holding
+  the run's files, written from memory (never a host path). The root is remounted read-only. The network
+  namespace has only a down loopback.
 - **Identity**: the process runs as uid 65534 inside and, outside, as a uid of its own (``UID_BASE`` + slot),
   never root: it cannot signal, trace or read anything of another uid, and per-uid limits count only it.
 - **seccomp**: a filter (libseccomp) refuses with EPERM ptrace, mount/umount, namespace creation
@@ -26,16 +26,16 @@ Each run executes ``argv`` (by default ``python3 main.py``) in a fresh bubblewra
   (the pool's workers) are child subreapers and reap bubblewrap's briefly orphaned pid-1 process after every
   run; long-lived callers should run sandboxes through ``SandboxPool`` rather than ``Sandbox`` directly.
 
-**Pool workers reuse their container** (``SandboxPool``, the default ``reuse=True``; ``Sandbox(dedicated=True,
-reuse=True)``): each worker starts one container as above, running the supervisor ``zygote.py``, and gives every
-run namespaces of its own inside it: new user, mount, pid, IPC, UTS and network namespaces, a fresh /proc and a
-fresh tmpfs /work, then the run's seccomp filter, hard rlimits, and the worker's cgroup set to the run's limits.
-Nothing a run leaves in kernel state (SysV shared memory, semaphores and message queues, POSIX message queues,
-abstract Unix sockets, the pid counter, /work's inode numbers, mode, times and xattrs) reaches the next run;
-``tests/sandbox/test_sandbox_reuse.py`` attacks each kind. The supervisor is outside the run's pid namespace and
-not dumpable; if it stops answering or cannot set a run up, the next run gets a new container. This saves the
-container set-up per run (``benchmarks/sandbox.py``); ``reuse=False`` gives every run a new container, as
-``Sandbox.run`` outside a pool always does.
+**Pool workers reuse their container** (``SandboxPool``, the default ``reuse=True``;
+``Sandbox(dedicated=True, reuse=True)``): each worker starts one container as above, running the supervisor
+``zygote.py``, and gives every run namespaces of its own inside it: new user, mount, pid, IPC, UTS and network
+namespaces, a fresh /proc and a fresh tmpfs /work, then the run's seccomp filter, hard rlimits, and the
+worker's cgroup set to the run's limits. Nothing a run leaves in kernel state (SysV shared memory, semaphores
+and message queues, POSIX message queues, abstract Unix sockets, the pid counter, /work's inode numbers, mode,
+times and xattrs) reaches the next run; ``tests/sandbox/test_sandbox_reuse.py`` attacks each kind. The
+supervisor is outside the run's pid namespace and not dumpable; if it stops answering or cannot set a run up,
+the next run gets a new container. This saves the container set-up per run (``benchmarks/sandbox.py``);
+``reuse=False`` gives every run a new container, as ``Sandbox.run`` outside a pool always does.
 
 Module layout, one mechanism each (its docstring states what it covers and what it does not): ``seccomp.py``,
 ``cgroup.py``, ``slots.py`` (per-run host uid), ``bwrap.py`` (namespaces and filesystem), ``output.py``
@@ -49,8 +49,8 @@ memory bandwidth), and anything mounted into the sandbox on purpose (``/usr`` is
 programs and libraries are visible). Without cgroup access the per-run memory and pids limits fall back to
 rlimits only; without user namespaces bubblewrap cannot run at all. In either case ``Sandbox`` refuses with
 ``SandboxUnavailable`` unless the weaker mode is named explicitly: ``Sandbox(mode="rlimits")``,
-``rlfoundry sandbox exec --mode rlimits``, or ``RLFOUNDRY_SANDBOX_MODE=rlimits`` for the environments (no per-run
-cgroup; rlimits, namespaces, seccomp and the timeout stay). There is no mode that runs code without bubblewrap.
+``rlfoundry sandbox exec --mode rlimits``, or ``RLFOUNDRY_SANDBOX_MODE=rlimits`` for the environments (no
+per-run cgroup; rlimits, namespaces, seccomp and the timeout stay). No mode runs code without bubblewrap.
 
     from envs.sandbox import Sandbox, Limits
     sb = Sandbox()

@@ -3,8 +3,8 @@
 Covers: a run's processes cannot together use more than ``memory_mb`` of memory (page cache and tmpfs
 included; swap is set to 0 where the kernel allows) or hold more than ``max_procs`` (+ the sandbox's own few)
 processes at once, whatever their uids or sessions; ``kill_all`` finds every process a run started, including
-daemons that left its session or process group; ``oom_kills`` tells a memory kill from a crash. Works on cgroup
-v2 and on v1's pids and memory hierarchies.
+daemons that left its session or process group; ``oom_kills`` tells a memory kill from a crash. Works on
+cgroup v2 and on v1's pids and memory hierarchies.
 
 Does not cover: CPU share (only the per-process RLIMIT_CPU and the wall-clock timeout bound CPU), I/O
 bandwidth, kernel memory outside the memory controller. Without write access to /sys/fs/cgroup there is no
@@ -73,7 +73,7 @@ class Cgroup:
         return out
 
     def kill_all(self, timeout_s: float = 5.0, spare: int | set[int] | None = None) -> None:
-        """SIGKILL every process in the cgroup (but ``spare``: a pid or a set) and wait until they are gone."""
+        """SIGKILL every process in the cgroup (but ``spare``: a pid or a set) and wait until all are gone."""
         keep = spare if isinstance(spare, set) else set() if spare is None else {spare}
         deadline = time.monotonic() + timeout_s
         pids = self.pids() - keep

@@ -11,8 +11,8 @@ before its code starts. So a run cannot read what an earlier run left in SysV IP
 message queues), POSIX message queues, the hostname, abstract Unix sockets or other network state, the pid
 counter, or /work (files, inode numbers, the directory's mode, times and xattrs); ``test_sandbox_reuse.py``
 attacks each. Within a run: the worker's cgroup is set to the run's limits (pids, memory: the container's own
-usage + ``memory_mb``), the program has hard rlimits, and after it exits (or at its timeout) every process in the
-cgroup but the container's own is killed. The supervisor is in none of the run's namespaces but the user
+usage + ``memory_mb``), the program has hard rlimits, and after it exits (or at its timeout) every process in
+the cgroup but the container's own is killed. The supervisor is in none of the run's namespaces but the user
 namespace's parent and is not dumpable; a run that kills its pid-1 or ends abnormally cannot damage the
 container, and if the supervisor stops answering or cannot set a run up, the container is replaced.
 

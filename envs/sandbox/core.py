@@ -60,9 +60,9 @@ class Sandbox:
     the process becomes a child subreaper and reaps every orphan after each run (bubblewrap's pid-1 process
     outlives its parent for a moment, and a host init that does not reap would keep it as a zombie, charged to
     the slot uid's process limit), and it moves once into a cgroup of its own so every run it starts is born
-    inside it (no per-run cgroup migration, ~7 ms on cgroup v1); before each run that cgroup's limits are set to
-    the run's (memory: the process's own usage + ``memory_mb``), after it every process in it but this one is
-    killed. Otherwise each run gets a cgroup of its own; use the pool from long-lived processes.
+    inside it (no per-run cgroup migration, ~7 ms on cgroup v1); before each run that cgroup's limits are set
+    to the run's (memory: the process's own usage + ``memory_mb``), after it every process in it but this one
+    is killed. Otherwise each run gets a cgroup of its own; use the pool from long-lived processes.
     """
 
     def __init__(self, mode: Mode = "strict", *, dedicated: bool = False, reuse: bool = False):
@@ -173,8 +173,9 @@ def _check_cgroups() -> None:
         Cgroup(f"probe-{os.getpid()}-{secrets.token_hex(3)}", 4, 64 << 20).remove()
     except OSError as e:
         raise SandboxUnavailable(
-            f"cannot create a per-run cgroup under {cgroup.CG_ROOT} ({e}); without it memory and process limits "
-            f"are rlimits only. To accept that weaker isolation, use the rlimits mode: {WEAKER_MODE_HINT}."
+            f"cannot create a per-run cgroup under {cgroup.CG_ROOT} ({e}); without it memory and process "
+            "limits are rlimits only. To accept that weaker isolation, use the rlimits mode: "
+            f"{WEAKER_MODE_HINT}."
         ) from e
 
 
@@ -199,8 +200,8 @@ def _check_namespaces() -> None:
         os.close(sfd)
     if r.returncode != 0:
         raise SandboxUnavailable(
-            "bubblewrap cannot create its namespaces here (user namespaces disabled, or a container whose seccomp "
-            f"profile forbids them): {r.stderr.decode(errors='replace').strip()}. The sandbox refuses to run code "
-            "without them; in Kubernetes give the pod a seccomp profile allowing user namespaces, or a gVisor/Kata "
-            "runtime class."
+            "bubblewrap cannot create its namespaces here (user namespaces disabled, or a container whose "
+            f"seccomp profile forbids them): {r.stderr.decode(errors='replace').strip()}. The sandbox "
+            "refuses to run code without them; in Kubernetes give the pod a seccomp profile allowing user "
+            "namespaces, or a gVisor/Kata runtime class."
         )

@@ -16,7 +16,10 @@ from typing import Literal
 Mode = Literal["strict", "rlimits"]
 MODE_ENV = "RLFOUNDRY_SANDBOX_MODE"
 # How to accept the weaker mode, named in every refusal that suggests it.
-WEAKER_MODE_HINT = f'Sandbox(mode="rlimits"), `rlfoundry sandbox exec --mode rlimits`, or {MODE_ENV}=rlimits for the environments'
+WEAKER_MODE_HINT = (
+    f'Sandbox(mode="rlimits"), `rlfoundry sandbox exec --mode rlimits`, or {MODE_ENV}=rlimits '
+    "for the environments"
+)
 
 
 class SandboxUnavailable(RuntimeError):

@@ -1,8 +1,8 @@
 """Output capture and the verdict of a run: what the caller gets back.
 
 Covers: stdout and stderr are read concurrently until both close (a program cannot block the caller by filling
-one pipe), each kept up to ``output_bytes``; a program that writes more than ``OUTPUT_KILL_FACTOR`` times that in
-total is stopped ("output_limit"), so output cannot exhaust the caller's memory or time; the wall-clock
+one pipe), each kept up to ``output_bytes``; a program that writes more than ``OUTPUT_KILL_FACTOR`` times that
+in total is stopped ("output_limit"), so output cannot exhaust the caller's memory or time; the wall-clock
 deadline is enforced while reading. The verdict names why a run stopped (timeout, memory, cpu, output_limit,
 signal, sandbox_error) from the exit status, the cgroup's OOM-kill count and the limits.
 

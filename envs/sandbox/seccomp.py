@@ -4,12 +4,12 @@ Covers: the kernel's most exposed interfaces are refused with EPERM (ptrace and 
 mount and the new mount API, namespace creation: unshare, setns, clone with namespace flags, kernel keyrings,
 bpf, perf_event_open, userfaultfd, io_uring, kernel modules, kexec, reboot, swap, clock changes,
 open_by_handle_at, syslog, quotactl, fanotify, personality, ioperm/iopl), sockets of any family but AF_UNIX
-with EAFNOSUPPORT, and clone3 with ENOSYS (its flags sit in a struct a filter cannot read; libc then falls back
-to clone, whose flags are checked). Every name must resolve on this architecture: a misspelt or unknown
+with EAFNOSUPPORT, and clone3 with ENOSYS (its flags sit in a struct a filter cannot read; libc then falls
+back to clone, whose flags are checked). Every name must resolve on this architecture: a misspelt or unknown
 syscall is an error (``SandboxUnavailable``), never a rule silently left out.
 
-Two programs: ``run_filter()`` for the code being run, and ``supervisor_filter()`` for the supervisor of a reused
-container (``zygote.py``), which additionally may call ``unshare`` with exactly ``RUN_NAMESPACES`` and
+Two programs: ``run_filter()`` for the code being run, and ``supervisor_filter()`` for the supervisor of a
+reused container (``zygote.py``), which additionally may call ``unshare`` with exactly ``RUN_NAMESPACES`` and
 ``mount`` so it can give each run namespaces, a /proc and a /work of its own; it installs ``run_filter()`` in
 each run before the run's code starts (filters stack, so the run gets the stricter one).
 
@@ -92,7 +92,7 @@ _CLONE_NS_FLAGS = (
     CLONE_NEWNET,
     CLONE_NEWTIME,
 )
-# The namespaces each run of a reused container gets (zygote.py spells the same number out: it imports nothing).
+# The namespaces each run of a reused container gets (zygote.py spells the number out: it imports nothing).
 RUN_NAMESPACES = CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWPID | CLONE_NEWNET
 _AF_UNIX = 1
 # What the supervisor of a reused container needs beyond a run: per-run namespaces and mounts.

@@ -1,10 +1,10 @@
 """Slots: each concurrent sandbox run of this machine gets a host uid of its own.
 
 Covers: a run executes (outside its user namespace) as ``UID_BASE + slot``, a uid no other run and no host
-process has while the slot is held (an flock on a private lock file, across every process of the machine). So a
-run cannot signal, trace or read /proc of another run or of the host, and per-uid kernel limits (RLIMIT_NPROC)
-count only its own processes. Only when the caller is root: otherwise every run keeps the caller's uid and this
-isolation rests on the namespaces alone.
+process has while the slot is held (an flock on a private lock file, across every process of the machine). So
+a run cannot signal, trace or read /proc of another run or of the host, and per-uid kernel limits
+(RLIMIT_NPROC) count only its own processes. Only when the caller is root: otherwise every run keeps the
+caller's uid and this isolation rests on the namespaces alone.
 
 Does not cover: anything the uid does not decide (shared kernel state is the namespaces' job, resources the
 cgroup's).
@@ -57,7 +57,7 @@ class Slot:
         return UID_BASE + self.index if os.geteuid() == 0 else None
 
     def popen_ids(self) -> dict[str, Any]:
-        """``subprocess.Popen`` arguments that start the run as the slot's uid and gid, with no extra groups."""
+        """``subprocess.Popen`` arguments to start the run as the slot's uid and gid, with no extra groups."""
         uid = self.uid
         return {"user": uid, "group": uid, "extra_groups": []} if uid is not None else {}
 

@@ -1,9 +1,9 @@
 """The supervisor inside a pool worker's container (stdlib only; run by the container's /usr/bin/python3).
 
 The worker starts one container (every namespace, read-only root, the supervisor's seccomp filter, its slot
-uid, its cgroup) running this file, then sends it one request per run over a Unix socket: a JSON header and the
-run's file descriptors (stdin, stdout, stderr, and a memfd holding the files). Each run gets namespaces of its
-own, so nothing a run leaves in kernel state reaches the next one:
+uid, its cgroup) running this file, then sends it one request per run over a Unix socket: a JSON header and
+the run's file descriptors (stdin, stdout, stderr, and a memfd holding the files). Each run gets namespaces of
+its own, so nothing a run leaves in kernel state reaches the next one:
 
     supervisor --fork--> setup: unshare(user, mount, pid, ipc, uts, net), map its own uid and gid
                    --fork--> init (pid 1 of the new pid namespace): mount a fresh /proc and a fresh tmpfs on
@@ -15,9 +15,9 @@ namespace with only a down loopback, a pid namespace whose counter starts at 1 (
 own processes), and a /work that no earlier run ever touched (no inode numbers, modes, times or xattrs carried
 over). When the program exits, init exits and the kernel kills everything left in its pid namespace; the
 namespaces and the tmpfs go with the last process. The new user namespace maps only the run's own uid and gid,
-and the program execs as that non-root uid, so it holds no capability; the run's seccomp filter (stacked on the
-container's) refuses namespace creation and mount again. Init and the supervisor are not dumpable: the program
-cannot read their memory or fds through /proc, and the supervisor is not in its pid namespace at all.
+and the program execs as that non-root uid, so it holds no capability; the run's seccomp filter (stacked on
+the container's) refuses namespace creation and mount again. Init and the supervisor are not dumpable: the
+program cannot read their memory or fds through /proc, and the supervisor is not in its pid namespace at all.
 
 It reports the exit code (128 + N when killed by signal N), or that the run could not be set up (the worker
 then starts a new container). This file is executed, never imported, by the sandbox.

@@ -308,7 +308,8 @@ def test_symlink_tricks(sb, tmp_path):
         f"""
         import os
         got = []
-        for i, target in enumerate(['{secret}', '/etc/passwd', '/proc/1/root{secret}', '/proc/self/root/../../{secret}']):
+        targets = ['{secret}', '/etc/passwd', '/proc/1/root{secret}', '/proc/self/root/../../{secret}']
+        for i, target in enumerate(targets):
             os.symlink(target, f'/work/l{{i}}')
             try:
                 got.append(open(f'/work/l{{i}}').read())
@@ -486,7 +487,8 @@ def test_a_run_sees_nothing_of_the_previous_one(sb):
         """
         import os
         print(sorted(os.listdir('.')))
-        print([p for p in os.listdir('/proc') if p.isdigit() and 'sleep' in open(f'/proc/{p}/cmdline').read()])
+        print([p for p in os.listdir('/proc')
+               if p.isdigit() and 'sleep' in open(f'/proc/{p}/cmdline').read()])
     """,
     )
     assert r.exit_code == 0, r.stderr
@@ -523,7 +525,7 @@ def test_a_run_cannot_read_or_steer_its_supervisor(sb):
     "attack",
     [
         "os.kill(os.getppid(), 9)",  # its parent is the run's own init, which ignores signals from inside
-        "try:\n    os.kill(-1, 9)\nexcept ProcessLookupError:\n    pass",  # all it may signal: no one but itself
+        "try:\n    os.kill(-1, 9)\nexcept ProcessLookupError:\n    pass",  # all it may signal: only itself
         "os.kill(os.getppid(), signal.SIGSTOP)",
         "os.kill(1, signal.SIGTERM)",
         "os.chmod('/work', 0)",  # harmless to this run; the next one gets a new /work

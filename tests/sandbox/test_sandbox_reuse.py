@@ -3,7 +3,7 @@
 Each test runs, in the same container (checked: no container was replaced in between), a reader, then a writer
 that leaves a secret in one kind of state that outlives its processes, then the reader again. The reader must
 see exactly what it saw before the writer ran. Before each run got namespaces of its own (``zygote.py``), the
-SysV IPC, POSIX message queue, abstract socket, pid counter and /work metadata channels all carried the secret.
+SysV IPC, POSIX message queue, abstract socket, pid counter and /work metadata channels all leaked the secret.
 
     .venv/bin/pytest -q tests/sandbox/test_sandbox_reuse.py
 """
@@ -127,7 +127,11 @@ for _ in range(417):
 """,
         """
 import json, os
-print(json.dumps([os.getpid(), open("/proc/sys/kernel/ns_last_pid").read(), open("/proc/loadavg").read().split()[-1]]))
+print(json.dumps([
+    os.getpid(),
+    open("/proc/sys/kernel/ns_last_pid").read(),
+    open("/proc/loadavg").read().split()[-1],
+]))
 """,
     ),
     "workdir_metadata": (

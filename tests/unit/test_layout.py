@@ -1,4 +1,4 @@
-"""The house's rules, read from the code itself: who may import whom, and how big a module or function gets."""
+"""The house rules, read from the code itself: who may import whom, and how big a module or function gets."""
 
 from __future__ import annotations
 

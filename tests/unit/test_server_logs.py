@@ -9,9 +9,11 @@ SCHEDULER_FAILING = """\
 13:01:00.113 | INFO    | prefect.server.services.scheduler - Scheduling runs
 13:01:00.250 | ERROR   | prefect.server.services.scheduler - Unexpected error in: Scheduler
 Traceback (most recent call last):
-  File "/v/lib/python3.11/site-packages/prefect/server/services/scheduler.py", line 301, in _insert_scheduled_flow_runs
+  File "/v/lib/python3.11/site-packages/prefect/server/services/scheduler.py", line 301, \
+in _insert_scheduled_flow_runs
     await session.execute(stmt)
-sqlalchemy.exc.InvalidRequestError: Can't evaluate bulk DML statement; please supply a bulk_dml decorated function
+sqlalchemy.exc.InvalidRequestError: Can't evaluate bulk DML statement; \
+please supply a bulk_dml decorated function
 13:02:00.101 | INFO    | prefect.server.services.scheduler - Scheduling runs
 """
 HEALTHY = """\

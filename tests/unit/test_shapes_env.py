@@ -1,6 +1,6 @@
-"""The multimodal counting environment and the tiny LLaVA policy: the answer is in the pixels (checked from the
-rendered image, not from the scene), tasks and images are reproducible, the HF engine conditions on the image,
-and the trainer recomputes exactly the logprobs the engine sampled with."""
+"""The multimodal counting environment and the tiny LLaVA policy: the answer is in the pixels (checked from
+the rendered image, not from the scene), tasks and images are reproducible, the HF engine conditions on the
+image, and the trainer recomputes exactly the logprobs the engine sampled with."""
 
 from __future__ import annotations
 
@@ -124,7 +124,7 @@ def test_engine_conditions_on_the_image_and_trainer_agrees(tmp_path):
         b = model(input_ids=x, pixel_values=pixel_values(ckpt, [env.image(other)])).logits[0, -1]
     assert (a - b).abs().max() > 1e-4
 
-    # trainer side: logprobs recomputed from the stored rollout (ids + PNG) equal the engine's sampling logprobs
+    # trainer side: logprobs recomputed from the stored rollout (ids + PNG) equal the engine's logprobs
     rows = [
         {
             "prompt_ids": x,
