@@ -79,33 +79,11 @@ def evaluation_sweep(
         run_ids: Runs to sweep; empty = every run in the store.
         store: Store root; empty = the configured one.
     """
-    from rl_core.context import RunContext
-    from rl_core.evaluate import evaluate_body
-    from rl_core.runs import run_config
-    from rl_core.stage import committed, run_stage
-
     for rid in run_ids or []:
         check_run_id(rid)
     st = _store(store)
     runs = run_ids or [r for r in st.list_runs() if _is_run_id(r)]
-    out: dict[str, dict[int, dict[str, Any]]] = {}
-    for rid in runs:
-        cfg = run_config(st, rid)
-        ctx = RunContext(cfg, rid, store=st)
-        out[rid] = {}
-        for k in range(1, cfg.experiment.iterations + 1):
-            tr = committed(st, rid, k, "train")
-            if tr is None:
-                break  # iterations commit in order: nothing newer
-            ckpt = tr["outputs"]["checkpoint"]
-            own = committed(st, rid, k, "evaluate")
-            if own is not None and own["inputs"]["policy"]["sha256"] == ckpt["sha256"]:
-                m, source = own, "run"
-            else:
-                m = run_stage(st, f"{rid}/sweep", k, "evaluate", ctx.config_hash, {"policy": ckpt},
-                              lambda uri, c=ctx, k=k, p=ckpt: evaluate_body(c, k, p, uri))  # fmt: skip
-                source = "sweep (reused)" if m.get("reused") else "sweep (new)"
-            out[rid][k] = {"accuracy": m["metrics"]["accuracy"], "source": source}
+    out = {rid: _sweep_run(st, rid) for rid in runs}
     rows = [
         f"| {r} | {k} | {v['accuracy']:.3f} | {v['source']} |"
         for r, its in out.items()
@@ -115,6 +93,32 @@ def evaluation_sweep(
         "| run | iteration | accuracy | evaluated by |\n|---|---|---|---|\n" + "\n".join(rows),
         key="evaluation-sweep",
     )
+    return out
+
+
+def _sweep_run(st: Any, rid: str) -> dict[int, dict[str, Any]]:
+    """{iteration: accuracy and who evaluated it} for every trained checkpoint of run ``rid``."""
+    from rl_core.context import RunContext
+    from rl_core.evaluate import evaluate_body
+    from rl_core.runs import run_config
+    from rl_core.stage import committed, run_stage
+
+    cfg = run_config(st, rid)
+    ctx = RunContext(cfg, rid, store=st)
+    out: dict[int, dict[str, Any]] = {}
+    for k in range(1, cfg.experiment.iterations + 1):
+        tr = committed(st, rid, k, "train")
+        if tr is None:
+            break  # iterations commit in order: nothing newer
+        ckpt = tr.outputs["checkpoint"]
+        own = committed(st, rid, k, "evaluate")
+        if own is not None and own.inputs["policy"].sha256 == ckpt.sha256:
+            m, source = own, "run"
+        else:
+            m = run_stage(st, f"{rid}/sweep", k, "evaluate", ctx.config_hash, {"policy": ckpt},
+                          lambda job, c=ctx: evaluate_body(c, job))  # fmt: skip
+            source = "sweep (reused)" if m.reused else "sweep (new)"
+        out[k] = {"accuracy": m.metrics["accuracy"], "source": source}
     return out
 
 
