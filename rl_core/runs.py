@@ -114,8 +114,12 @@ def create_or_resume(
     if not ctx.store.exists(uri):
         if mode == "resume":
             raise RunError(f"no run {ctx.run_id!r} in {ctx.store.root}")
-        record = {"run_id": ctx.run_id, "config": ctx.cfg.model_dump(mode="json"),
-                  "config_hash": ctx.config_hash, "base_id": ctx.base_id}
+        record = {
+            "run_id": ctx.run_id,
+            "config": ctx.cfg.model_dump(mode="json"),
+            "config_hash": ctx.config_hash,
+            "base_id": ctx.base_id,
+        }
         ctx.store.write_json(uri, record)
         return "created"
     if mode == "new":
