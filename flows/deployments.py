@@ -37,11 +37,11 @@ def experiment(config: Config, run_id: OptionalRunId = "") -> dict[str, Any]:
     if run_id:
         check_run_id(run_id)  # also when called as a plain function, before anything is read or written
     from flows.experiment import experiment_flow, with_result_storage
-    from rl_core.context import get_context
+    from rl_core.context import RunContext
     from rl_core.runs import create_or_resume, new_run_id
 
     rid = run_id or new_run_id()
-    ctx = get_context(config, rid)
+    ctx = RunContext(config, rid)
     if create_or_resume(ctx, "either") == "resumed":
         get_run_logger().info("run %s exists with this config: resuming it", rid)
     result = with_result_storage(experiment_flow, ctx.store)(config, rid)

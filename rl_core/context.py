@@ -88,8 +88,3 @@ class RunContext:
 
     def max_model_len(self) -> int:
         return self.cfg.model.max_position
-
-
-def get_context(cfg: Config, run_id: str) -> RunContext:
-    """A new context for ``run_id`` (no cache: who needs one context for a run's life holds it)."""
-    return RunContext(cfg, run_id)

@@ -105,13 +105,13 @@ def launch(
 ) -> None:
     """Create or resume the run record (``create_or_resume``), then run the experiment flow with progress."""
     from infra.localstack.prefect_server import ensure_api
-    from rl_core.context import get_context
+    from rl_core.context import RunContext
     from rl_core.report import subscribe
     from rl_core.runs import RunError, create_or_resume, new_run_id
     from rl_core.store import StoreUnavailable
 
     rid = run_id or new_run_id()
-    ctx = get_context(cfg, rid)
+    ctx = RunContext(cfg, rid)
     try:
         create_or_resume(ctx, mode, force=force)
     except (RunError, StoreUnavailable) as e:

@@ -25,6 +25,10 @@ def server_env(port: int, home: Path, *, ui: bool) -> dict[str, str]:
         PREFECT_UI_API_URL=f"http://127.0.0.1:{port}/api",  # else the UI calls the default port 4200
         PREFECT_SERVER_ANALYTICS_ENABLED="false",
         DO_NOT_TRACK="true",
+        # SQLite serialises writers: on a busy 2-core machine Prefect's background services waited past the
+        # default 10 s and logged "database is locked". Wait longer instead of failing.
+        PREFECT_SERVER_DATABASE_TIMEOUT="60",
+        PREFECT_SERVER_DATABASE_CONNECTION_TIMEOUT="30",
     )
 
 
