@@ -1,4 +1,4 @@
-"""Prefect layer of rlfoundry; importing it sets the process defaults (state dir, quiet logs, no telemetry)."""
+"""The Prefect layer; importing it sets the process defaults (state dir, quiet logs, telemetry off)."""
 
 from rl_core.paths import configure_env
 

@@ -46,7 +46,8 @@ def experiment(config: Config, run_id: OptionalRunId = "") -> dict[str, Any]:
         get_run_logger().info("run %s exists with this config: resuming it", rid)
     result = with_result_storage(experiment_flow, ctx.store)(config, rid)
     create_markdown_artifact(
-        f"run `{rid}`: held-out accuracy {result['base_accuracy']:.3f} (base) -> {result['final']['accuracy']:.3f}\n\n"
+        f"run `{rid}`: held-out accuracy {result['base_accuracy']:.3f} (base) -> "
+        f"{result['final']['accuracy']:.3f}\n\n"
         f"artifacts: `{ctx.store.run_uri(rid)}`",
         key="experiment-result",
     )
@@ -115,8 +116,15 @@ def _sweep_run(st: Any, rid: str) -> dict[int, dict[str, Any]]:
         if own is not None and own.inputs["policy"].sha256 == ckpt.sha256:
             m, source = own, "run"
         else:
-            m = run_stage(st, f"{rid}/sweep", k, "evaluate", ctx.config_hash, {"policy": ckpt},
-                          lambda job, c=ctx: evaluate_body(c, job))  # fmt: skip
+            m = run_stage(
+                st,
+                f"{rid}/sweep",
+                k,
+                "evaluate",
+                ctx.config_hash,
+                {"policy": ckpt},
+                lambda job, c=ctx: evaluate_body(c, job),
+            )
             source = "sweep (reused)" if m.reused else "sweep (new)"
         out[k] = {"accuracy": m.metrics["accuracy"], "source": source}
     return out
@@ -144,7 +152,8 @@ def replay_stage(
     check_run_id(run_id)
     report = replay(_store(store), run_id, iteration, stage)
     create_markdown_artifact(
-        f"replay of `{run_id}` iteration {iteration} `{stage}`: **{'identical' if report['identical'] else 'DIFFERENT'}**"
+        f"replay of `{run_id}` iteration {iteration} `{stage}`: "
+        f"**{'identical' if report['identical'] else 'DIFFERENT'}**"
         f"\n\n```json\n{json.dumps(report['artifacts'], indent=1, default=str)}\n```",
         key="replay",
     )
@@ -157,13 +166,19 @@ def deployments(config: Config, *, sweep_runs: list[str], sweep_cron: str, store
     """The three deployments, with the experiment form defaulting to ``config``."""
     return [
         experiment.to_deployment(
-            name="experiment", parameters={"config": config.model_dump(mode="json"), "run_id": ""},
+            name="experiment",
+            parameters={"config": config.model_dump(mode="json"), "run_id": ""},
             description="An RL experiment: edit any config field in the form.",
         ),
         evaluation_sweep.to_deployment(
-            name="evaluation-sweep", cron=sweep_cron, parameters={"run_ids": sweep_runs, "store": store},
+            name="evaluation-sweep",
+            cron=sweep_cron,
+            parameters={"run_ids": sweep_runs, "store": store},
             description="Evaluates new checkpoints of the chosen runs on a schedule.",
         ),
-        replay_stage.to_deployment(name="replay", parameters={"store": store},
-                                   description="Replays one stage and diffs it with the stored outputs."),
-    ]  # fmt: skip
+        replay_stage.to_deployment(
+            name="replay",
+            parameters={"store": store},
+            description="Replays one stage and diffs it with the stored outputs.",
+        ),
+    ]

@@ -59,7 +59,7 @@ def prefect_api(session_home: Path):
 
 
 def cli_env(state: Path) -> dict[str, str]:
-    """Environment for a `rlfoundry` subprocess writing under ``state``, using the session's Prefect server."""
+    """Environment for a `rlfoundry` subprocess writing under ``state``, on the session's Prefect server."""
     env = dict(os.environ)
     env.update(RLFOUNDRY_STATE_DIR=str(state), TQDM_DISABLE="1")
     if "url" in _API:
@@ -113,7 +113,7 @@ def s3(tmp_path_factory: pytest.TempPathFactory):
     srv.stop()
 
 
-# -- servers' logs: a test fails when a server it talks to logs an error or a traceback while it runs ------------
+# -- servers' logs: a test fails when a server it talks to logs an error or a traceback while it runs --------
 # Every server the suite starts (the session's Prefect server, `rlfoundry up`'s S3/Prefect/MLflow, a run's
 # private Prefect server, the S3 fixture's SeaweedFS) writes its log under pytest's base temp dir with one of
 # these names, so a broken background service (a scheduler failing every loop) cannot hide behind a passing

@@ -29,8 +29,13 @@ class Progress:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         self.console = Console(stderr=False, soft_wrap=True)
-        self.progress = Progress(TextColumn("[bold]RL iterations"), BarColumn(), MofNCompleteColumn(),
-                                 TimeElapsedColumn(), console=self.console)  # fmt: skip
+        self.progress = Progress(
+            TextColumn("[bold]RL iterations"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=self.console,
+        )
         self.task = self.progress.add_task("rl", total=total)
         self.curve: list[dict[str, Any]] = []
 
@@ -43,7 +48,8 @@ class Progress:
         pk = " ".join(f"{m} {v:.2f}" for m, v in e.items() if m.startswith("pass@"))
         if k == 0:
             self.console.print(
-                f"[bold]base model[/]  {acc}  {pk}  (init {t.get('init', 0):.1f}s, warm-up {t.get('warmup', 0):.1f}s)"
+                f"[bold]base model[/]  {acc}  {pk}  "
+                f"(init {t.get('init', 0):.1f}s, warm-up {t.get('warmup', 0):.1f}s)"
             )
         else:
             times = " ".join(
@@ -150,7 +156,8 @@ def _summary(cfg: Any, rid: str, run_uri: str, result: dict[str, Any]) -> None:
 
     base, final = result["base_accuracy"], result["final"]["accuracy"]
     typer.echo(
-        f"\nrun {rid} finished: held-out accuracy {base:.3f} (base) -> {final:.3f} ({(final - base) * 100:+.1f} points)"
+        f"\nrun {rid} finished: held-out accuracy {base:.3f} (base) -> {final:.3f} "
+        f"({(final - base) * 100:+.1f} points)"
     )
     typer.echo(f"artifacts: {run_uri}")
     typer.echo(f"inspect:   rlfoundry show {rid}")

@@ -19,13 +19,22 @@ import typer
 
 from flows.cli.common import JsonOpt, RunIdArg, StoreOpt, fail, quiet_stdout, store_for
 
-ROLLOUT_COLUMNS = ("prompt", "image", "completion_text", "answer", "reward", "correct", "format", "env_parsed",
-                   "finish_reason")  # fmt: skip
+ROLLOUT_COLUMNS = (
+    "prompt",
+    "image",
+    "completion_text",
+    "answer",
+    "reward",
+    "correct",
+    "format",
+    "env_parsed",
+    "finish_reason",
+)
 
 
 def stage_name(value: str) -> str:
-    """``--stage`` must name a stage of the stage table (``rl_core.stages.STAGES``), imported only once a value
-    is given (the import loads torch, which ``rlfoundry --help`` must not wait for)."""
+    """``--stage`` must name a stage of the stage table (``rl_core.stages.STAGES``), imported only once a
+    value is given (the import loads torch, which ``rlfoundry --help`` must not wait for)."""
     from rl_core.stages import STAGES
 
     if value not in STAGES:
@@ -70,7 +79,7 @@ def replay(
     as_json: JsonOpt = False,
     store: StoreOpt = None,
 ) -> None:
-    """Re-execute one stage from its stored inputs into a scratch prefix and diff it with the stored outputs."""
+    """Re-execute one stage from its stored inputs into a scratch prefix; diff it with the stored outputs."""
     from rl_core.paths import configure_env
 
     configure_env()

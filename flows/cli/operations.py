@@ -60,7 +60,7 @@ def serve(
     ] = "",
     limit: Annotated[int, typer.Option(help="Flow runs executed at once (2 cores here: 1).")] = 1,
 ) -> None:
-    """Register the experiment, evaluation-sweep and replay deployments and execute their runs (Ctrl-C stops)."""
+    """Register the experiment, evaluation-sweep and replay deployments and run them (Ctrl-C stops)."""
     from rl_core.config import ConfigError, load_config
     from rl_core.paths import PROJECT_ROOT, configure_env
 
@@ -80,7 +80,8 @@ def serve(
     from flows.deployments import deployments
 
     typer.echo(
-        f"Prefect API {api}: deployments experiment/experiment, evaluation-sweep/evaluation-sweep ({sweep_cron}), replay/replay"
+        f"Prefect API {api}: deployments experiment/experiment, "
+        f"evaluation-sweep/evaluation-sweep ({sweep_cron}), replay/replay"
     )
     deps = deployments(cfg, sweep_runs=sweep_run or [], sweep_cron=sweep_cron, store=store)
     prefect_serve(*deps, limit=limit, print_starting_message=False)

@@ -32,7 +32,8 @@ def sandbox_exec(
     ] = "strict",
     as_json: JsonOpt = False,
 ) -> None:
-    """Run FILE in a fresh sandbox; prints exit_code, timed_out, stdout, stderr (64 KiB each at most), why it stopped."""
+    """Run FILE in a fresh sandbox; prints exit code, timeout, stdout, stderr (64 KiB each at most), why it
+    stopped."""
     from envs.sandbox import Limits, Sandbox, SandboxUnavailable
 
     try:

@@ -37,8 +37,23 @@ def start(port: int, home: Path, log: Path, *, ui: bool, tie_to_parent: bool) ->
     import prefect
 
     app_dir = str(Path(prefect.__file__).parent.parent)
-    cmd = [sys.executable, "-m", "uvicorn", "--app-dir", app_dir, "--factory", "prefect.server.api.server:create_app",
-           "--host", "127.0.0.1", "--port", str(port), "--log-level", "error", "--lifespan", "on"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "uvicorn",
+        "--app-dir",
+        app_dir,
+        "--factory",
+        "prefect.server.api.server:create_app",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--log-level",
+        "error",
+        "--lifespan",
+        "on",
+    ]
     return spawn(
         "Prefect server", cmd, env=server_env(port, home, ui=ui), log=log, tie_to_parent=tie_to_parent
     )

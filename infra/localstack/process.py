@@ -62,8 +62,13 @@ class Server:
 
     def record(self, **extra: Any) -> dict[str, Any]:
         """JSON-able identity, for ``from_record`` in a later command."""
-        return {"name": self.name, "pid": self.pid, "create_time": self.create_time, "log": str(self.log),
-                **extra}  # fmt: skip
+        return {
+            "name": self.name,
+            "pid": self.pid,
+            "create_time": self.create_time,
+            "log": str(self.log),
+            **extra,
+        }
 
     @classmethod
     def from_record(cls, rec: dict[str, Any]) -> Server:
@@ -102,7 +107,7 @@ class Server:
         raise ServerError(f"{self.name} not answering at {url} after {timeout_s:.0f} s; see {self.log}")
 
     def stop(self, timeout_s: float = 6.0) -> bool:
-        """SIGTERM to its process group, SIGKILL to what is left after ``timeout_s``; True if it was running."""
+        """SIGTERM to its process group, SIGKILL to what is left after ``timeout_s``; True if it ran."""
         leader = self._process()
         if leader is None:
             self._reap()
@@ -150,8 +155,14 @@ def spawn(
         cmd = [sys.executable, "-P", str(TETHER), str(me.pid), repr(me.create_time()), "--", *cmd]
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as out:
-        proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)  # fmt: skip
+        proc = subprocess.Popen(
+            cmd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         created = psutil.Process(proc.pid).create_time()
     except psutil.NoSuchProcess as e:

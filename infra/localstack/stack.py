@@ -1,5 +1,5 @@
-"""The local stack: a real S3 server (SeaweedFS), a Prefect server with its UI and an MLflow server with its UI,
-all on 127.0.0.1, started by ``rlfoundry up`` and stopped by ``rlfoundry down``.
+"""The local stack: a real S3 server (SeaweedFS), a Prefect server with its UI and an MLflow server with its
+UI, all on 127.0.0.1, started by ``rlfoundry up`` and stopped by ``rlfoundry down``.
 
 State lives in ``<state dir>/stack/`` between the two: the S3 data, Prefect's database, the ports (kept, so
 URLs recorded in MLflow stay valid after a restart), the logs and ``stack.json`` with each server's identity
@@ -83,19 +83,41 @@ def is_up(data: dict[str, Any] | None = None) -> bool:
 def _start_s3(d: Path, ports: dict[str, Any], creds: dict[str, str]) -> tuple[Any, dict[str, Any]]:
     from infra.localstack.s3_server import S3Server
 
-    s3 = S3Server.start(d / "s3", access_key=creds["AWS_ACCESS_KEY_ID"],
-                        secret_key=creds["AWS_SECRET_ACCESS_KEY"], ports=ports.get("s3"))  # fmt: skip
+    s3 = S3Server.start(
+        d / "s3",
+        access_key=creds["AWS_ACCESS_KEY_ID"],
+        secret_key=creds["AWS_SECRET_ACCESS_KEY"],
+        ports=ports.get("s3"),
+    )
     ports["s3"] = s3.ports
     return s3, s3.server.record(url=s3.endpoint, bucket=BUCKET)
 
 
 def _start_mlflow(port: int, s3_endpoint: str, creds: dict[str, str], log: Path) -> Server:
-    env = clean_env(**creds, AWS_ENDPOINT_URL=s3_endpoint, MLFLOW_S3_ENDPOINT_URL=s3_endpoint,
-                    MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false", MLFLOW_DISABLE_TELEMETRY="true",
-                    DO_NOT_TRACK="true")  # fmt: skip
-    cmd = [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
-           "--backend-store-uri", f"sqlite:///{state_dir() / 'mlflow.db'}",
-           "--default-artifact-root", (state_dir() / "mlartifacts").as_uri(), "--workers", "1"]  # fmt: skip
+    env = clean_env(
+        **creds,
+        AWS_ENDPOINT_URL=s3_endpoint,
+        MLFLOW_S3_ENDPOINT_URL=s3_endpoint,
+        MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false",
+        MLFLOW_DISABLE_TELEMETRY="true",
+        DO_NOT_TRACK="true",
+    )
+    cmd = [
+        sys.executable,
+        "-m",
+        "mlflow",
+        "server",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--backend-store-uri",
+        f"sqlite:///{state_dir() / 'mlflow.db'}",
+        "--default-artifact-root",
+        (state_dir() / "mlartifacts").as_uri(),
+        "--workers",
+        "1",
+    ]
     return spawn("MLflow server", cmd, env=env, log=log)
 
 
@@ -142,8 +164,12 @@ def up() -> dict[str, Any]:
 def _ensure_bucket(endpoint: str, creds: dict[str, str]) -> None:
     import s3fs
 
-    fs = s3fs.S3FileSystem(endpoint_url=endpoint, key=creds["AWS_ACCESS_KEY_ID"],
-                           secret=creds["AWS_SECRET_ACCESS_KEY"], skip_instance_cache=True)  # fmt: skip
+    fs = s3fs.S3FileSystem(
+        endpoint_url=endpoint,
+        key=creds["AWS_ACCESS_KEY_ID"],
+        secret=creds["AWS_SECRET_ACCESS_KEY"],
+        skip_instance_cache=True,
+    )
     if not fs.exists(BUCKET):
         fs.mkdir(BUCKET)
 

@@ -121,8 +121,22 @@ def _dp_losses(tmp_path: Path, nproc: int, stage: int) -> list[float]:
     }
     env.update(OMP_NUM_THREADS="1", TQDM_DISABLE="1")
     port = free_port()  # torchrun hangs with --master_port=0
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--master_addr=127.0.0.1",
-           f"--master_port={port}", "-m", "rl_core.dp_check", "--zero-stage", str(stage), "--steps", "5", "--out", str(out)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc_per_node={nproc}",
+        "--master_addr=127.0.0.1",
+        f"--master_port={port}",
+        "-m",
+        "rl_core.dp_check",
+        "--zero-stage",
+        str(stage),
+        "--steps",
+        "5",
+        "--out",
+        str(out),
+    ]
     r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     data = json.loads(out.read_text())

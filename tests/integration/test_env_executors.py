@@ -1,9 +1,9 @@
 """execute_envs scales out: the same outcomes, in the same order, inline, from a process pool, and from Ray
 tasks on a local Ray cluster.
 
-Ray's servers listen on every interface of the node whatever node IP they are given, so the Ray cluster of this
-test runs inside a network namespace of its own (``unshare --net``, loopback only): nothing of it is reachable
-from outside the test."""
+Ray's servers listen on every interface of the node whatever node IP they are given, so the Ray cluster of
+this test runs inside a network namespace of its own (``unshare --net``, loopback only): nothing of it is
+reachable from outside the test."""
 
 from __future__ import annotations
 
@@ -26,8 +26,13 @@ def _rows(ctx: RunContext, multi: bool) -> pd.DataFrame:
     rows = []
     for i, t in enumerate(ctx.train_tasks[:40]):
         for k in range(3):
-            r = {"prompt_index": i, "sample_index": k, "task_id": t["task_id"], "seed": 100 + i,
-                 "completion_text": t["answer"] if k == 0 else str(int(t["answer"]) + k) if k == 1 else "x"}  # fmt: skip
+            r = {
+                "prompt_index": i,
+                "sample_index": k,
+                "task_id": t["task_id"],
+                "seed": 100 + i,
+                "completion_text": t["answer"] if k == 0 else str(int(t["answer"]) + k) if k == 1 else "x",
+            }
             if multi:
                 p = t["a"] * t["b"]
                 r["actions"] = [
@@ -65,9 +70,26 @@ def test_inline_process_pool_and_ray_agree(config, state_dir, tmp_path):
         assert not inline["replay_mismatch"].any()
     pdt.assert_frame_equal(inline, outcomes(config, "process"))
     out = tmp_path / "ray.parquet"
-    code = f"from tests.integration.test_env_executors import ray_outcomes_in_netns as f; f({config!r}, {str(out)!r})"
-    r = subprocess.run(["unshare", "--net", "--", "sh", "-c", 'ip link set lo up && exec "$0" -c "$1"',
-                        sys.executable, code], cwd=ROOT, capture_output=True, text=True, timeout=600,
-                       env={**__import__("os").environ, "RAY_USAGE_STATS_ENABLED": "0"})  # fmt: skip
+    code = (
+        "from tests.integration.test_env_executors import ray_outcomes_in_netns as f; "
+        f"f({config!r}, {str(out)!r})"
+    )
+    r = subprocess.run(
+        [
+            "unshare",
+            "--net",
+            "--",
+            "sh",
+            "-c",
+            'ip link set lo up && exec "$0" -c "$1"',
+            sys.executable,
+            code,
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**__import__("os").environ, "RAY_USAGE_STATS_ENABLED": "0"},
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     pdt.assert_frame_equal(inline, pd.read_parquet(out))

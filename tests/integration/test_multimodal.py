@@ -15,9 +15,22 @@ from rl_core.config import load_config
 from rl_core.vision import image_prefix
 from tests.conftest import run_cli
 
-SMALL = ["--set", "experiment.iterations=1", "--set", "warmup.steps=30", "--set", "rollout.prompts_per_iteration=8",
-         "--set", "rollout.n=4", "--set", "task.train_size=300", "--set", "task.heldout_size=16",
-         "--set", "eval.every=1"]  # fmt: skip
+SMALL = [
+    "--set",
+    "experiment.iterations=1",
+    "--set",
+    "warmup.steps=30",
+    "--set",
+    "rollout.prompts_per_iteration=8",
+    "--set",
+    "rollout.n=4",
+    "--set",
+    "task.train_size=300",
+    "--set",
+    "task.heldout_size=16",
+    "--set",
+    "eval.every=1",
+]
 
 
 @pytest.mark.slow
@@ -40,8 +53,11 @@ def test_shapes_run_stores_images_and_replays(tmp_path):
     assert train["logprob_mismatch_max"] < 1e-4  # the trainer saw the same pixels as the engine
     evals = json.loads((it / "evaluate" / "_manifest.json").read_text())["metrics"]
     assert {"accuracy_all", "accuracy_red", "pass@4"} <= set(evals)
-    shown = run_cli(["rollouts", "mm", "--iteration", "1", "-k", "2", "--json", "--images", str(tmp_path / "png")],
-                 tmp_path, timeout=300)  # fmt: skip
+    shown = run_cli(
+        ["rollouts", "mm", "--iteration", "1", "-k", "2", "--json", "--images", str(tmp_path / "png")],
+        tmp_path,
+        timeout=300,
+    )
     assert shown.returncode == 0, shown.stderr[-2000:]
     for row in json.loads(shown.stdout)["best"]:
         png = Path(row["image"]).read_bytes()

@@ -13,10 +13,28 @@ import pytest
 from rl_core.model import load_tokenizer
 from tests.conftest import run_cli
 
-SMALL = ["--set", "experiment.iterations=1", "--set", "warmup.steps=40", "--set", "model.hidden_size=64",
-         "--set", "model.num_layers=2", "--set", "rollout.prompts_per_iteration=8", "--set", "rollout.n=4",
-         "--set", "task.train_size=400", "--set", "task.heldout_size=16", "--set", "eval.every=1",
-         "--set", "warmup.examples=400"]  # fmt: skip
+SMALL = [
+    "--set",
+    "experiment.iterations=1",
+    "--set",
+    "warmup.steps=40",
+    "--set",
+    "model.hidden_size=64",
+    "--set",
+    "model.num_layers=2",
+    "--set",
+    "rollout.prompts_per_iteration=8",
+    "--set",
+    "rollout.n=4",
+    "--set",
+    "task.train_size=400",
+    "--set",
+    "task.heldout_size=16",
+    "--set",
+    "eval.every=1",
+    "--set",
+    "warmup.examples=400",
+]
 
 
 @pytest.mark.slow
@@ -38,7 +56,7 @@ def test_tool_use_run_is_token_in_token_out(tmp_path):
                 runs.append((int(m), [int(t)]))
         obs_runs = [r_ for m, r_ in runs if m == 0]
         model_runs = [r_ for m, r_ in runs if m == 1]
-        # observation tokens are exactly the tokenized observations, in order; model turns are the actions taken
+        # observation tokens are exactly the tokenized observations, in order; model turns are the actions
         assert obs_runs == [tok(o, add_special_tokens=False)["input_ids"] for o in row.observations]
         assert [tok.decode(m, skip_special_tokens=True) for m in model_runs[: len(row.actions)]] == list(
             row.actions

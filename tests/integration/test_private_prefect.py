@@ -1,6 +1,6 @@
-"""A run's private Prefect server (``infra.localstack.prefect_server.ensure_api``, used when PREFECT_API_URL is
-unset): it listens on 127.0.0.1 only, writes its own log under the state dir, and a SIGKILL of the process
-that started it (a killed `rlfoundry run`) leaves no server behind."""
+"""A run's private Prefect server (``infra.localstack.prefect_server.ensure_api``, used when
+PREFECT_API_URL is unset): it listens on 127.0.0.1 only, writes its own log under the state dir, and a
+SIGKILL of the process that started it (a killed `rlfoundry run`) leaves no server behind."""
 
 from __future__ import annotations
 

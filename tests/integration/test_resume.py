@@ -16,9 +16,9 @@ ROOT = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-m", "flows.cli"]
 SMOKE = ["configs/smoke.yaml"]
 
-# (fault point, iteration, engine): inside a stage, half-way through writing an artifact, between stages, during
-# a weight sync. vLLM where the point involves it (weight sync, a committed generate); the fast-starting HF
-# engine elsewhere: resume does not depend on the engine, and the suite stays short.
+# (fault point, iteration, engine): inside a stage, half-way through writing an artifact, between stages,
+# during a weight sync. vLLM where the point involves it (weight sync, a committed generate); the
+# fast-starting HF engine elsewhere: resume does not depend on the engine, and the suite stays short.
 KILL_POINTS = [
     ("generate:start", 1, "hf"),
     ("write", 1, "vllm"),
@@ -73,8 +73,11 @@ def reference(tmp_path_factory):
 )
 def test_killed_run_resumes_to_identical_weights(reference, tmp_path, point, iteration, engine):
     hashes, ref_data = reference(engine)
-    killed = _cli(["run", *SMOKE, "--run-id", "r", "--set", f"rollout.engine={engine}"], tmp_path,
-                  fault=f"{point}@{iteration}")  # fmt: skip
+    killed = _cli(
+        ["run", *SMOKE, "--run-id", "r", "--set", f"rollout.engine={engine}"],
+        tmp_path,
+        fault=f"{point}@{iteration}",
+    )
     assert killed.returncode == -signal.SIGKILL, (killed.returncode, killed.stderr[-2000:])
     before = _final(tmp_path, "r")
     done = [

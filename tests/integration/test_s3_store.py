@@ -46,8 +46,14 @@ def test_wrong_credentials_fail_clearly(s3, monkeypatch):
 
 
 def _cli(args, env, timeout=900):
-    return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=timeout)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "flows.cli", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def _hashes(env, run_id, store) -> list[str]:
@@ -61,8 +67,19 @@ def s3_run(s3, tmp_path_factory):
     """The smoke experiment run whole on the S3 store: (env, completed process). HF engine: the store is what
     is tested here, and it starts in a second instead of vLLM's ~20 s (a vLLM run on S3: test_stack.py)."""
     env = {**cli_env(tmp_path_factory.mktemp("s3run")), **s3}
-    r = _cli(["run", "configs/smoke.yaml", "--run-id", "s3run", "--set", "store.uri=s3://rlf-test/runs",
-              "--set", "rollout.engine=hf"], env)  # fmt: skip
+    r = _cli(
+        [
+            "run",
+            "configs/smoke.yaml",
+            "--run-id",
+            "s3run",
+            "--set",
+            "store.uri=s3://rlf-test/runs",
+            "--set",
+            "rollout.engine=hf",
+        ],
+        env,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     return env, r
 
@@ -72,15 +89,40 @@ def test_run_and_replay_on_s3(s3, s3_run, tmp_path):
     env, r = s3_run
     assert SECRET not in r.stdout + r.stderr
     assert not (tmp_path / "store").exists()  # nothing went to the local default store
-    show = subprocess.run([sys.executable, "-m", "flows.cli", "show", "s3run", "--json", "--store", "s3://rlf-test/runs"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    show = subprocess.run(
+        [sys.executable, "-m", "flows.cli", "show", "s3run", "--json", "--store", "s3://rlf-test/runs"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     data = json.loads(show.stdout)
     assert data["iterations_committed"] == 2
     assert data["iterations"][0]["stages"]["train"]["artifacts"]["checkpoint"].startswith(
         "s3://rlf-test/runs/s3run/"
     )
-    rep = subprocess.run([sys.executable, "-m", "flows.cli", "replay", "s3run", "--iteration", "1", "--stage", "train", "--json",
-                          "--store", "s3://rlf-test/runs"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
+    rep = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "flows.cli",
+            "replay",
+            "s3run",
+            "--iteration",
+            "1",
+            "--stage",
+            "train",
+            "--json",
+            "--store",
+            "s3://rlf-test/runs",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert rep.returncode == 0, rep.stdout[-2000:] + rep.stderr[-2000:]
     assert json.loads(rep.stdout)["identical"] is True
     import s3fs
@@ -100,10 +142,28 @@ def test_s3_outage_fails_clearly_then_resume_matches(s3, s3_run, tmp_path):
     env = {**cli_env(tmp_path / "state"), **s3, "AWS_ENDPOINT_URL": srv.endpoint}
     fs = s3fs.S3FileSystem(endpoint_url=srv.endpoint, key=KEY, secret=SECRET, skip_instance_cache=True)
     fs.mkdir("outage")
-    args = ["run", "configs/smoke.yaml", "--run-id", "o1", "--set", "store.uri=s3://outage/runs",
-            "--set", "store.retries=3", "--set", "store.retry_max_wait_s=1", "--set", "rollout.engine=hf"]  # fmt: skip
-    proc = subprocess.Popen([sys.executable, "-m", "flows.cli", *args], cwd=ROOT, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    args = [
+        "run",
+        "configs/smoke.yaml",
+        "--run-id",
+        "o1",
+        "--set",
+        "store.uri=s3://outage/runs",
+        "--set",
+        "store.retries=3",
+        "--set",
+        "store.retry_max_wait_s=1",
+        "--set",
+        "rollout.engine=hf",
+    ]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "flows.cli", *args],
+        cwd=ROOT,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         marker = "outage/runs/o1/iter-0001/generate/_manifest.json"
         deadline = time.monotonic() + 600

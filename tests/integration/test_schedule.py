@@ -26,8 +26,19 @@ def _post(url, body):
 @pytest.mark.slow
 def test_the_schedule_itself_runs_the_sweep(tmp_path):
     state = tmp_path / "state"
-    r = run_cli(["run", "configs/smoke.yaml", "--run-id", "sched", "--set", "eval.every=5",
-                 "--set", "rollout.engine=hf"], state)  # fmt: skip
+    r = run_cli(
+        [
+            "run",
+            "configs/smoke.yaml",
+            "--run-id",
+            "sched",
+            "--set",
+            "eval.every=5",
+            "--set",
+            "rollout.engine=hf",
+        ],
+        state,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     store = state / "store" / "sched"
     # iteration 1's checkpoint: not evaluated by the run
@@ -35,9 +46,25 @@ def test_the_schedule_itself_runs_the_sweep(tmp_path):
     env = cli_env(state)
     api = env["PREFECT_API_URL"]
     log = open(tmp_path / "serve.log", "wb")  # noqa: SIM115
-    proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "serve", "--config", "configs/smoke.yaml",
-                             "--sweep-run", "sched", "--sweep-cron", "* * * * *"], cwd=ROOT, env=env,
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "flows.cli",
+            "serve",
+            "--config",
+            "configs/smoke.yaml",
+            "--sweep-run",
+            "sched",
+            "--sweep-cron",
+            "* * * * *",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     swept = store / "sweep" / "iter-0001" / "evaluate" / "_manifest.json"
     try:
         # the next minute, then the scheduler's and the runner's polls, then the sweep itself
@@ -56,8 +83,15 @@ def test_the_schedule_itself_runs_the_sweep(tmp_path):
     manifest = json.loads(swept.read_text())
     assert 0.0 <= manifest["metrics"]["accuracy"] <= 1.0
     deps = _post(f"{api}/deployments/filter", {"deployments": {"name": {"any_": ["evaluation-sweep"]}}})
-    runs = _post(f"{api}/flow_runs/filter", {"flow_runs": {"deployment_id": {"any_": [deps[0]["id"]]},
-                                                           "state": {"type": {"any_": ["COMPLETED"]}}}})  # fmt: skip
+    runs = _post(
+        f"{api}/flow_runs/filter",
+        {
+            "flow_runs": {
+                "deployment_id": {"any_": [deps[0]["id"]]},
+                "state": {"type": {"any_": ["COMPLETED"]}},
+            }
+        },
+    )
     ours = [fr for fr in runs if fr["parameters"].get("run_ids") == ["sched"]]
     assert ours, "no completed sweep run of this deployment"
     assert all(fr["auto_scheduled"] for fr in ours)  # created by the scheduler, not by a hand-made request

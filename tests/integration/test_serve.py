@@ -57,9 +57,14 @@ def served(tmp_path_factory):
     env = cli_env(state)
     api = env["PREFECT_API_URL"]
     log = open(state / "serve.log", "wb")  # noqa: SIM115
-    proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "serve", "--config", "configs/smoke.yaml",
-                             "--sweep-cron", CRON], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "flows.cli", "serve", "--config", "configs/smoke.yaml", "--sweep-cron", CRON],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 180
         deps = {}
@@ -81,15 +86,18 @@ def served(tmp_path_factory):
 
 def _run(served, name, parameters, run_name=None):
     dep = served["deps"][name]
-    fr = _api(f"{served['api']}/deployments/{dep['id']}/create_flow_run",
-              {"parameters": parameters, **({"name": run_name} if run_name else {})})  # fmt: skip
+    fr = _api(
+        f"{served['api']}/deployments/{dep['id']}/create_flow_run",
+        {"parameters": parameters, **({"name": run_name} if run_name else {})},
+    )
     return _wait(served["api"], fr["id"])
 
 
 @pytest.mark.slow
 def test_deployments_triggered_through_the_api(served):
     api, deps, state = served["api"], served["deps"], served["state"]
-    # the experiment's parameters are the pydantic config: a form with defaults (the served file) and descriptions
+    # the experiment's parameters are the pydantic config: a form with defaults (the served file) and
+    # descriptions
     exp = deps["experiment"]
     schema = exp["parameter_openapi_schema"]
     assert (

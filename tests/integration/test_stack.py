@@ -22,8 +22,14 @@ KEY, SECRET = "stack-test-key", "stack-secret-5b1f0e2a9c77d3"
 
 
 def _cli(args, env, timeout=600):
-    return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=timeout)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "flows.cli", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def _post(url, body):
@@ -58,10 +64,21 @@ def test_up_run_on_s3_down(tmp_path):
         assert again.returncode == 0 and urls["Prefect"] in again.stdout
         assert json.loads((state / "stack" / "stack.json").read_text())["services"] == stack
 
-        # a run with no Prefect or S3 settings of its own uses the stack; credentials only from the environment
+        # a run with no Prefect or S3 settings of its own uses the stack; credentials only from the env
         run_env = {k: v for k, v in env.items()}
-        run = _cli(["run", "configs/smoke.yaml", "--run-id", "t1", "--set", "store.uri=s3://rlfoundry/runs",
-                    "--set", "experiment.iterations=1"], run_env)  # fmt: skip
+        run = _cli(
+            [
+                "run",
+                "configs/smoke.yaml",
+                "--run-id",
+                "t1",
+                "--set",
+                "store.uri=s3://rlfoundry/runs",
+                "--set",
+                "experiment.iterations=1",
+            ],
+            run_env,
+        )
         assert run.returncode == 0, run.stderr[-3000:]
         assert urls["MLflow"] in run.stdout
 
@@ -79,8 +96,10 @@ def test_up_run_on_s3_down(tmp_path):
         exps = _post(f"{ml}/experiments/search", {"max_results": 10})["experiments"]
         exp = next(e for e in exps if e["name"] == "rlfoundry/smoke")
         assert exp["artifact_location"].startswith("s3://rlfoundry/runs/_mlflow")
-        found = _post(f"{ml}/runs/search", {"experiment_ids": [exp["experiment_id"]],
-                                            "filter": "tags.`rlfoundry.run_id` = 't1'"})["runs"]  # fmt: skip
+        found = _post(
+            f"{ml}/runs/search",
+            {"experiment_ids": [exp["experiment_id"]], "filter": "tags.`rlfoundry.run_id` = 't1'"},
+        )["runs"]
         assert sorted(x["info"]["run_name"] for x in found) == ["t1", "t1/iter-0000", "t1/iter-0001"]
         child = next(x for x in found if x["info"]["run_name"] == "t1/iter-0001")
         with urllib.request.urlopen(

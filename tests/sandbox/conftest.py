@@ -1,10 +1,24 @@
-"""Sandbox tests run `rlfoundry` commands too: they get the session's Prefect server (tests/conftest.py)."""
+"""Sandbox tests run `rlfoundry` commands too: they get the session's Prefect server (tests/conftest.py).
+Helpers shared by the sandbox tests live here."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
+
+from envs.sandbox.core import slot_processes
 
 
 @pytest.fixture(autouse=True)
 def _session_prefect_server(prefect_api: str) -> str:
     return prefect_api
+
+
+def leftover_slot_processes(wait_s: float = 3.0, before: set[int] | None = None) -> list[int]:
+    """``slot_processes()`` not in ``before`` (a pool's own containers), after up to ``wait_s`` for the kernel
+    to finish killing them."""
+    deadline = time.monotonic() + wait_s
+    while (out := sorted(set(slot_processes()) - (before or set()))) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return out

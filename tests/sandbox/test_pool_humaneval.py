@@ -17,7 +17,7 @@ from envs.humaneval import canonical_completions, problems, score
 from envs.sandbox import Limits
 from envs.sandbox.core import SLOTS, UID_BASE
 from envs.sandbox.pool import SandboxPool
-from tests.sandbox.test_sandbox_adversarial import _slot_processes
+from tests.sandbox.conftest import leftover_slot_processes
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -61,7 +61,7 @@ def test_ten_thousand_executions_leave_nothing_behind():
     assert rss1 - rss0 < 50 * 1024 * 1024, f"pool workers grew by {(rss1 - rss0) >> 20} MiB over 10,000 runs"
     # the emptied workdirs hold nothing: each worker cgroup's memory (processes + tmpfs) stays small
     assert len(cgroup_mem) == 2 and all(m < 256 * 1024 * 1024 for m in cgroup_mem), cgroup_mem
-    assert _slot_processes() == []
+    assert leftover_slot_processes() == []
     assert set(cg.glob("**/rlfoundry-sandbox/run-*")) <= before_cg
     assert me.num_fds() <= fds_before + 2
     new_tmp = set(Path("/tmp").iterdir()) - tmp_before  # other processes share /tmp: judge ours only

@@ -20,6 +20,7 @@ import pytest
 from envs.sandbox import Limits, SandboxUnavailable, check_available
 from envs.sandbox.core import slot_processes
 from envs.sandbox.pool import SandboxPool
+from tests.sandbox.conftest import leftover_slot_processes
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -33,15 +34,6 @@ def sb():
 
 def run(sb, code: str, **limits):
     return sb.map([{"files": {"main.py": textwrap.dedent(code)}}], Limits(**limits) if limits else None)[0]
-
-
-def _slot_processes(wait_s: float = 3.0, before: set[int] | None = None) -> list[int]:
-    """``slot_processes()`` not in ``before`` (a pool's own containers), after up to ``wait_s`` for the kernel
-    to finish killing them."""
-    deadline = time.monotonic() + wait_s
-    while (out := sorted(set(slot_processes()) - (before or set()))) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return out
 
 
 def test_runs_code_and_reports(sb):
@@ -181,7 +173,7 @@ def test_fork_bomb_is_contained(sb):
     )
     assert time.monotonic() - t0 < 15
     assert r.timed_out and r.stopped_reason == "timeout"
-    assert _slot_processes(before=container) == []
+    assert leftover_slot_processes(before=container) == []
     assert subprocess.run(["true"]).returncode == 0  # the host can still start processes
 
 
@@ -362,7 +354,7 @@ def test_no_process_left_behind(sb):
     )
     assert r.exit_code == 0 and "parent exits" in r.stdout
     time.sleep(0.3)
-    assert _slot_processes(before=container) == []
+    assert leftover_slot_processes(before=container) == []
     after = set(Path("/sys/fs/cgroup").rglob("rlfoundry-sandbox/run-*"))
     assert after <= before  # no per-run cgroup left
     for worker, procs in workers.items():
