@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 
 from infra.localstack.s3_server import S3Server
+from rl_core.manifest import Manifest, Timings
 from rl_core.store import ArtifactError, Store
 from tests.conftest import S3_KEY as KEY
 from tests.conftest import S3_SECRET as SECRET
@@ -26,8 +27,18 @@ def test_store_roundtrip_and_corruption_on_s3(s3):
     ref = store.write_table(store.stage_uri("r", 1, "generate") + "/t.parquet", df)
     assert ref.uri.startswith("s3://rlf-test/unit/r/iter-0001/generate/")
     assert store.read_table(ref)["a"].tolist() == [1, 2, 3]
-    store.write_manifest(store.stage_uri("r", 1, "generate"), {"outputs": {"t": ref.to_dict()}})
-    assert store.read_manifest(store.stage_uri("r", 1, "generate"))["outputs"]["t"]["sha256"] == ref.sha256
+    manifest = Manifest(
+        run_id="r",
+        iteration=1,
+        stage="generate",
+        inputs={},
+        outputs={"t": ref},
+        config_hash="h",
+        code_version="v",
+        timings=Timings(seconds=0.1, started_at=0.0),
+    )
+    store.write_manifest(store.stage_uri("r", 1, "generate"), manifest)
+    assert store.read_manifest(store.stage_uri("r", 1, "generate")).outputs["t"] == ref
     store.fs.pipe_file(store._path(ref.uri), b"not the same bytes")
     with pytest.raises(ArtifactError, match=r"corrupt: s3://rlf-test/unit/r/iter-0001/generate/t\.parquet"):
         store.read_table(ref)
