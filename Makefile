@@ -37,8 +37,9 @@ demo: $(STAMP)
 	$(BIN)/rlfoundry run configs/default.yaml --curve benchmarks/results/demo_curve.json
 	$(BIN)/python benchmarks/plot_curve.py benchmarks/results/demo_curve.json
 
+# Two workers: much of the suite waits on servers and subprocesses (groups: tests/conftest.py).
 test: $(STAMP) system-deps
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n 2 --dist loadgroup
 
 test-fast: $(STAMP) system-deps
 	$(BIN)/pytest -q -m "not slow"

@@ -5,16 +5,45 @@ fixtures of tests/integration/conftest.py and tests/sandbox/conftest.py); unit t
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
+import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+
+# `make test` runs two pytest-xdist workers (`-n 2 --dist loadgroup`): most of the suite waits on servers and
+# subprocesses. Each test module is one group (its module-scoped fixtures run once); modules that share
+# something machine-wide share a group, so they never run at the same time: the sandbox tests count every
+# sandbox process on the machine, and SeaweedFS opens fixed ports (8181, 9101) besides the ones it is given.
+# The crash/resume matrix is split by rollout engine (each half builds its own uninterrupted reference run).
+SHARED_GROUPS = {
+    "tests/sandbox/": "sandbox",
+    "tests/integration/test_s3_store.py": "s3",
+    "tests/integration/test_run_ids.py": "s3",
+    "tests/integration/test_stack.py": "s3",
+}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        path = Path(str(item.fspath)).resolve().relative_to(ROOT).as_posix()
+        group = next((g for prefix, g in SHARED_GROUPS.items() if path.startswith(prefix)), path)
+        engine = getattr(getattr(item, "callspec", None), "params", {}).get("engine")
+        if path == "tests/integration/test_resume.py" and engine:
+            group = f"{path}:{engine}"
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture
@@ -80,6 +109,67 @@ def run_cli(
         text=True,
         timeout=timeout,
     )
+
+
+def prefect_api_call(url: str, body: object = None, method: str | None = None) -> object:
+    """One call of Prefect's REST API (GET without a body, POST with one), the JSON answer or None."""
+    data = None if body is None else json.dumps(body).encode()
+    method = method or ("GET" if data is None else "POST")
+    req = urllib.request.Request(url, data, {"Content-Type": "application/json"}, method=method)
+    with urllib.request.urlopen(req, timeout=30) as r:
+        raw = r.read()
+    return json.loads(raw) if raw else None
+
+
+DEPLOYMENTS = ("experiment", "evaluation-sweep", "replay")
+
+
+def _delete_deployments(api: str) -> None:
+    found = prefect_api_call(
+        f"{api}/deployments/filter", {"deployments": {"name": {"any_": list(DEPLOYMENTS)}}}
+    )
+    for d in found:
+        prefect_api_call(f"{api}/deployments/{d['id']}", method="DELETE")
+
+
+@contextlib.contextmanager
+def serving(state: Path, args: list[str], log: Path) -> Iterator[dict[str, dict]]:
+    """``rlfoundry serve ARGS`` writing under ``state``, on the session's Prefect server; yields the three
+    deployments by name once this process registered them. Deployments left by an earlier test are deleted
+    first (else they would be found before ours are registered), and ours when it stops (else their schedules
+    keep firing)."""
+    env = cli_env(state)
+    api = env["PREFECT_API_URL"]
+    _delete_deployments(api)
+    out = open(log, "wb")  # noqa: SIM115 (closed below, after the process)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "flows.cli", "serve", *args],
+        cwd=ROOT,
+        env=env,
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 180
+        deps: dict[str, dict] = {}
+        while len(deps) < len(DEPLOYMENTS):
+            assert proc.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, "deployments not registered in 180 s"
+            found = prefect_api_call(
+                f"{api}/deployments/filter", {"deployments": {"name": {"any_": list(DEPLOYMENTS)}}}
+            )
+            deps = {d["name"]: d for d in found}
+            time.sleep(1)
+        yield deps
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+        out.close()
+        _delete_deployments(api)
 
 
 S3_KEY, S3_SECRET = "rlf-test-key", "rlf-test-secret-d1e4f0c9a7"

@@ -3,39 +3,23 @@ and, for the experiment, through the Prefect UI in headless Chromium."""
 
 from __future__ import annotations
 
-import json
-import os
 import secrets
-import signal
-import subprocess
-import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from rl_core.config import load_config
-from tests.conftest import cli_env
+from tests.conftest import cli_env, prefect_api_call, serving
 
 ROOT = Path(__file__).resolve().parents[2]
-DEPLOYMENTS = ("experiment", "evaluation-sweep", "replay")
 CRON = "0 3 * * *"
-
-
-def _api(url, body=None):
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(
-        url, data, {"Content-Type": "application/json"}, method="GET" if data is None else "POST"
-    )
-    with urllib.request.urlopen(req, timeout=30) as r:
-        return json.loads(r.read())
 
 
 def _wait(api, flow_run_id, timeout_s=900):
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        fr = _api(f"{api}/flow_runs/{flow_run_id}")
+        fr = prefect_api_call(f"{api}/flow_runs/{flow_run_id}")
         if fr["state"]["type"] in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED"):
             return fr
         time.sleep(2)
@@ -43,7 +27,7 @@ def _wait(api, flow_run_id, timeout_s=900):
 
 
 def _artifact(api, flow_run_id, key):
-    arts = _api(
+    arts = prefect_api_call(
         f"{api}/artifacts/filter",
         {"artifacts": {"flow_run_id": {"any_": [flow_run_id]}, "key": {"any_": [key]}}},
     )
@@ -56,37 +40,15 @@ def served(tmp_path_factory):
     state = tmp_path_factory.mktemp("serve")
     env = cli_env(state)
     api = env["PREFECT_API_URL"]
-    log = open(state / "serve.log", "wb")  # noqa: SIM115
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "flows.cli", "serve", "--config", "configs/smoke.yaml", "--sweep-cron", CRON],
-        cwd=ROOT,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    try:
-        deadline = time.monotonic() + 180
-        deps = {}
-        while len(deps) < len(DEPLOYMENTS):
-            assert proc.poll() is None, (state / "serve.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, "deployments not registered in 180 s"
-            found = _api(f"{api}/deployments/filter", {"deployments": {"name": {"any_": list(DEPLOYMENTS)}}})
-            deps = {d["name"]: d for d in found}
-            time.sleep(1)
+    with serving(
+        state, ["--config", "configs/smoke.yaml", "--sweep-cron", CRON], state / "serve.log"
+    ) as deps:
         yield {"api": api, "deps": deps, "state": state, "env": env}
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-        log.close()
 
 
 def _run(served, name, parameters, run_name=None):
     dep = served["deps"][name]
-    fr = _api(
+    fr = prefect_api_call(
         f"{served['api']}/deployments/{dep['id']}/create_flow_run",
         {"parameters": parameters, **({"name": run_name} if run_name else {})},
     )
@@ -94,7 +56,7 @@ def _run(served, name, parameters, run_name=None):
 
 
 @pytest.mark.slow
-def test_deployments_triggered_through_the_api(served):
+def test_deployments_triggered_through_theprefect_api_call(served):
     api, deps, state = served["api"], served["deps"], served["state"]
     # the experiment's parameters are the pydantic config: a form with defaults (the served file) and
     # descriptions
@@ -161,7 +123,9 @@ def test_deployments_refuse_bad_run_ids(served):
     for name, params, refused in BAD_IDS:
         dep = served["deps"][name]
         try:
-            fr = _api(f"{served['api']}/deployments/{dep['id']}/create_flow_run", {"parameters": params})
+            fr = prefect_api_call(
+                f"{served['api']}/deployments/{dep['id']}/create_flow_run", {"parameters": params}
+            )
         except urllib.error.HTTPError as e:
             body = e.read().decode()
             assert refused and e.code == 409 and "does not match" in body, (name, params, e.code, body)
@@ -205,7 +169,7 @@ def test_experiment_started_from_the_prefect_ui(served):
             page.screenshot(path=str(served["state"] / "ui.png"), full_page=True)
             print("screenshot:", served["state"] / "ui.png", page.url)
         browser.close()
-    runs = _api(f"{served['api']}/flow_runs/filter", {"flow_runs": {"name": {"any_": [name]}}})
+    runs = prefect_api_call(f"{served['api']}/flow_runs/filter", {"flow_runs": {"name": {"any_": [name]}}})
     assert len(runs) == 1
     assert runs[0]["state"]["type"] == "COMPLETED"
     assert runs[0]["parameters"]["config"]["experiment"]["iterations"] == 1
