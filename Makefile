@@ -37,9 +37,11 @@ demo: $(STAMP)
 	$(BIN)/rlfoundry run configs/default.yaml --curve benchmarks/results/demo_curve.json
 	$(BIN)/python benchmarks/plot_curve.py benchmarks/results/demo_curve.json
 
-# Two workers: much of the suite waits on servers and subprocesses (groups: tests/conftest.py).
+# Two workers for everything but the sandbox tests (much of it waits on servers and subprocesses; groups:
+# tests/conftest.py); then the sandbox tests alone, because they count every sandbox process on the machine.
 test: $(STAMP) system-deps
-	$(BIN)/pytest -q -n 2 --dist loadgroup
+	$(BIN)/pytest -q -n 2 --dist loadgroup --ignore=tests/sandbox
+	$(BIN)/pytest -q tests/sandbox
 
 test-fast: $(STAMP) system-deps
 	$(BIN)/pytest -q -m "not slow"

@@ -56,7 +56,7 @@ def _run(served, name, parameters, run_name=None):
 
 
 @pytest.mark.slow
-def test_deployments_triggered_through_theprefect_api_call(served):
+def test_deployments_triggered_through_the_api(served):
     api, deps, state = served["api"], served["deps"], served["state"]
     # the experiment's parameters are the pydantic config: a form with defaults (the served file) and
     # descriptions
