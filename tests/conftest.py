@@ -23,11 +23,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-# `make test` runs two pytest-xdist workers (`-n 2 --dist loadgroup`) over everything but tests/sandbox (those
-# count every sandbox process on the machine, so they run alone afterwards): most of the suite waits on servers
-# and subprocesses. Each test module is one group (its module-scoped fixtures run once); modules that share
-# something machine-wide share a group, so they never run at the same time: SeaweedFS opens fixed ports
-# (8181, 9101) besides the ones it is given.
+# `make test` runs two pytest-xdist workers (`-n 2 --dist loadgroup`) over everything but tests/sandbox
+# (those count every sandbox process on the machine, so they run alone afterwards): most of the suite waits
+# on servers and subprocesses. Each test module is one group (its module-scoped fixtures run once); modules
+# that share something machine-wide share a group, so they never run at the same time: SeaweedFS opens fixed
+# ports (8181, 9101) besides the ones it is given.
 # The crash/resume matrix is split by rollout engine (each half builds its own uninterrupted reference run).
 SHARED_GROUPS = {
     "tests/sandbox/": "sandbox",
