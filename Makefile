@@ -37,11 +37,13 @@ demo: $(STAMP)
 	$(BIN)/rlfoundry run configs/default.yaml --curve benchmarks/results/demo_curve.json
 	$(BIN)/python benchmarks/plot_curve.py benchmarks/results/demo_curve.json
 
-# Two workers for everything but the sandbox tests (much of it waits on servers and subprocesses; groups:
-# tests/conftest.py); then the sandbox tests alone, because they count every sandbox process on the machine.
+# Two workers for most of the suite (much of it waits on servers and subprocesses; groups: tests/conftest.py);
+# then alone: the sandbox tests, which count every sandbox process on the machine, and the deployment tests,
+# whose Prefect server (SQLite) logged "database is locked" under the other worker's load.
+SERIAL_TESTS := tests/sandbox tests/integration/test_serve.py tests/integration/test_schedule.py
 test: $(STAMP) system-deps
-	$(BIN)/pytest -q -n 2 --dist loadgroup --ignore=tests/sandbox
-	$(BIN)/pytest -q tests/sandbox
+	$(BIN)/pytest -q -n 2 --dist loadgroup $(addprefix --ignore=,$(SERIAL_TESTS))
+	$(BIN)/pytest -q $(SERIAL_TESTS)
 
 test-fast: $(STAMP) system-deps
 	$(BIN)/pytest -q -m "not slow"
