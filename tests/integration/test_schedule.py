@@ -9,12 +9,13 @@ import time
 
 import pytest
 
-# Prefect 3.7's background task mark_deployments_ready, fired by a serving runner's heartbeat, fails at once on
-# its SQLite database ("database is locked", within ~30 ms, whatever the configured timeout): a Prefect bug, not
-# ours; every other server error still fails these tests.
-pytestmark = pytest.mark.server_log_allows(r"mark_deployments_ready|database is locked")
 
 from tests.conftest import cli_env, prefect_api_call, run_cli, serving
+
+# Prefect 3.7's background task mark_deployments_ready, fired by a serving runner's heartbeat, fails at
+# once on its SQLite database ("database is locked" within ~30 ms, whatever the timeout): a Prefect bug,
+# not ours; every other server error still fails these tests.
+pytestmark = pytest.mark.server_log_allows(r"mark_deployments_ready|database is locked")
 
 SMOKE_HF = ["configs/smoke.yaml", "--set", "eval.every=5", "--set", "rollout.engine=hf"]
 

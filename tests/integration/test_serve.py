@@ -9,13 +9,14 @@ from pathlib import Path
 
 import pytest
 
-# Prefect 3.7's background task mark_deployments_ready, fired by a serving runner's heartbeat, fails at once on
-# its SQLite database ("database is locked", within ~30 ms, whatever the configured timeout): a Prefect bug, not
-# ours; every other server error still fails these tests.
-pytestmark = pytest.mark.server_log_allows(r"mark_deployments_ready|database is locked")
 
 from rl_core.config import load_config
 from tests.conftest import cli_env, prefect_api_call, serving
+
+# Prefect 3.7's background task mark_deployments_ready, fired by a serving runner's heartbeat, fails at
+# once on its SQLite database ("database is locked" within ~30 ms, whatever the timeout): a Prefect bug,
+# not ours; every other server error still fails these tests.
+pytestmark = pytest.mark.server_log_allows(r"mark_deployments_ready|database is locked")
 
 ROOT = Path(__file__).resolve().parents[2]
 CRON = "0 3 * * *"
