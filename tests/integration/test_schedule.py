@@ -9,7 +9,6 @@ import time
 
 import pytest
 
-
 from tests.conftest import cli_env, prefect_api_call, run_cli, serving
 
 # Prefect 3.7's background task mark_deployments_ready, fired by a serving runner's heartbeat, fails at

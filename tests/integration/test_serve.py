@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-
 from rl_core.config import load_config
 from tests.conftest import cli_env, prefect_api_call, serving
 
