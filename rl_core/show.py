@@ -7,8 +7,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from rl_core.config import config_from_dict
 from rl_core.manifest import Manifest
 from rl_core.stages import ITERATION_STAGES as STAGES
+from rl_core.stages import STAGES as STAGE_TABLE
 from rl_core.store import Store
 
 
@@ -29,6 +31,7 @@ def collect(store: Store, run_id: str) -> dict[str, Any]:
     record = load_run(store, run_id)
     base_id = record["base_id"]
     cfg = record["config"]
+    config = config_from_dict(cfg, f"{run_id}/run.json")
     base = {
         "base_id": base_id,
         "init": _stage_view(store.read_manifest(store.stage_uri(base_id, 0, "init"))),
@@ -44,8 +47,7 @@ def collect(store: Store, run_id: str) -> dict[str, Any]:
         stages = {s: _stage_view(store.read_manifest(store.stage_uri(run_id, k, s))) for s in STAGES}
         if all(v["status"] == "pending" for v in stages.values()):
             break
-        due = k % cfg["eval"]["every"] == 0 or k == cfg["experiment"]["iterations"]
-        if not due:
+        if not STAGE_TABLE["evaluate"].due(config, k):
             stages["evaluate"] = {"status": "not scheduled"}
         row: dict[str, Any] = {"iteration": k, "stages": stages}
         tr = stages["train"]

@@ -97,19 +97,23 @@ def cli_env(state: Path) -> dict[str, str]:
     return env
 
 
-def run_cli(
-    args: list[str], state: Path, timeout: float = 900, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess:
-    """``rlfoundry ARGS`` in a subprocess writing under ``state`` (see ``cli_env``; ``env`` added), output
-    captured."""
+def cli(args: list[str], env: dict[str, str], timeout: float = 900) -> subprocess.CompletedProcess:
+    """``rlfoundry ARGS`` in a subprocess with exactly ``env``, output captured."""
     return subprocess.run(
         [sys.executable, "-m", "flows.cli", *args],
         cwd=ROOT,
-        env={**cli_env(state), **(env or {})},
+        env=env,
         capture_output=True,
         text=True,
         timeout=timeout,
     )
+
+
+def run_cli(
+    args: list[str], state: Path, timeout: float = 900, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """``rlfoundry ARGS`` writing under ``state`` (see ``cli_env``; ``env`` added), output captured."""
+    return cli(args, {**cli_env(state), **(env or {})}, timeout)
 
 
 def prefect_api_call(url: str, body: object = None, method: str | None = None) -> object:

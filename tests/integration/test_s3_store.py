@@ -16,7 +16,7 @@ from rl_core.manifest import Manifest, Timings
 from rl_core.store import ArtifactError, Store
 from tests.conftest import S3_KEY as KEY
 from tests.conftest import S3_SECRET as SECRET
-from tests.conftest import cli_env
+from tests.conftest import cli, cli_env
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -56,19 +56,8 @@ def test_wrong_credentials_fail_clearly(s3, monkeypatch):
     s3fs.S3FileSystem.clear_instance_cache()
 
 
-def _cli(args, env, timeout=900):
-    return subprocess.run(
-        [sys.executable, "-m", "flows.cli", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
 def _hashes(env, run_id, store) -> list[str]:
-    show = _cli(["show", run_id, "--json", "--store", store], env, timeout=300)
+    show = cli(["show", run_id, "--json", "--store", store], env, timeout=300)
     assert show.returncode == 0, show.stderr[-2000:]
     return [it["policy_sha256"] for it in json.loads(show.stdout)["iterations"]]
 
@@ -78,7 +67,7 @@ def s3_run(s3, tmp_path_factory):
     """The smoke experiment run whole on the S3 store: (env, completed process). HF engine: the store is what
     is tested here, and it starts in a second instead of vLLM's ~20 s (a vLLM run on S3: test_stack.py)."""
     env = {**cli_env(tmp_path_factory.mktemp("s3run")), **s3}
-    r = _cli(
+    r = cli(
         [
             "run",
             "configs/smoke.yaml",
@@ -193,7 +182,7 @@ def test_s3_outage_fails_clearly_then_resume_matches(s3, s3_run, tmp_path):
     assert SECRET not in out + err
     srv = S3Server.start(tmp_path / "weed", access_key=KEY, secret_key=SECRET, ports=srv.ports)
     try:
-        r = _cli(["resume", "o1", "--store", "s3://outage/runs"], env)
+        r = cli(["resume", "o1", "--store", "s3://outage/runs"], env)
         assert r.returncode == 0, r.stderr[-3000:]
         assert SECRET not in r.stdout + r.stderr
         resumed = _hashes(env, "o1", "s3://outage/runs")

@@ -8,28 +8,16 @@ import os
 import re
 import socket
 import subprocess
-import sys
 import urllib.request
 from pathlib import Path
 
 import psutil
 import pytest
 
-from tests.conftest import cli_env
+from tests.conftest import cli, cli_env
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY, SECRET = "stack-test-key", "stack-secret-5b1f0e2a9c77d3"
-
-
-def _cli(args, env, timeout=600):
-    return subprocess.run(
-        [sys.executable, "-m", "flows.cli", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
 
 
 def _post(url, body):
@@ -48,7 +36,7 @@ def test_up_run_on_s3_down(tmp_path):
     state = tmp_path / "state"
     env = {k: v for k, v in cli_env(state).items() if not k.startswith(("PREFECT_API_URL", "AWS_"))}
     env.update(AWS_ACCESS_KEY_ID=KEY, AWS_SECRET_ACCESS_KEY=SECRET)
-    r = _cli(["up"], env, timeout=300)
+    r = cli(["up"], env, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     try:
         urls = dict(re.findall(r"^(S3|Prefect|MLflow)\s+(http://127\.0\.0\.1:\d+)", r.stdout, re.M))
@@ -60,13 +48,13 @@ def test_up_run_on_s3_down(tmp_path):
             assert b"<html" in page.read().lower()
         with urllib.request.urlopen(urls["MLflow"] + "/", timeout=30) as page:
             assert b"<html" in page.read().lower()
-        again = _cli(["up"], env, timeout=120)  # already up: same services, nothing new started
+        again = cli(["up"], env, timeout=120)  # already up: same services, nothing new started
         assert again.returncode == 0 and urls["Prefect"] in again.stdout
         assert json.loads((state / "stack" / "stack.json").read_text())["services"] == stack
 
         # a run with no Prefect or S3 settings of its own uses the stack; credentials only from the env
         run_env = {k: v for k, v in env.items()}
-        run = _cli(
+        run = cli(
             [
                 "run",
                 "configs/smoke.yaml",
@@ -117,7 +105,7 @@ def test_up_run_on_s3_down(tmp_path):
                 assert SECRET.encode() not in f.read_bytes(), f
     finally:
         sentinel = subprocess.Popen(["sleep", "60"])  # not the stack's: must survive `down`
-        d = _cli(["down"], env, timeout=120)
+        d = cli(["down"], env, timeout=120)
         assert d.returncode == 0, d.stderr
         assert sentinel.poll() is None
         sentinel.kill()
