@@ -13,11 +13,13 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import tenacity
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -116,8 +118,21 @@ def run_cli(
     return cli(args, {**cli_env(state), **(env or {})}, timeout)
 
 
+def _retryable(exc: BaseException) -> bool:
+    return isinstance(exc, urllib.error.HTTPError) and exc.code in (429, 502, 503)
+
+
+@tenacity.retry(
+    retry=tenacity.retry_if_exception(_retryable),
+    wait=tenacity.wait_exponential(multiplier=0.5, max=8),
+    stop=tenacity.stop_after_attempt(8),
+    reraise=True,
+)
 def prefect_api_call(url: str, body: object = None, method: str | None = None) -> object:
-    """One call of Prefect's REST API (GET without a body, POST with one), the JSON answer or None."""
+    """One call of Prefect's REST API (GET without a body, POST with one), the JSON answer or None.
+
+    Retried, as Prefect's own client does, on the answers its server gives for a retryable failure (503 for
+    SQLite's 'database is locked' while another writer holds the file, 429, 502)."""
     data = None if body is None else json.dumps(body).encode()
     method = method or ("GET" if data is None else "POST")
     req = urllib.request.Request(url, data, {"Content-Type": "application/json"}, method=method)
