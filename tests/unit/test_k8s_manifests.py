@@ -1,0 +1,230 @@
+"""infra/k8s, checked offline: every document against the Kubernetes JSON schemas of one pinned version
+(strict: unknown fields are errors), then the policies the schemas cannot express (limits, no inline secrets,
+a sandbox with no token, no network and a seccomp profile or gVisor, probes on the rollout servers, Services
+that select something). kubernetes-validate ships the schemas in its wheel; the network is blocked here."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+K8S = ROOT / "infra" / "k8s"
+KUBERNETES_VERSION = "1.30.0"
+WORKLOADS = {"Deployment", "StatefulSet", "DaemonSet", "Job", "ReplicaSet"}
+SECRET_NAME = re.compile(r"KEY|SECRET|TOKEN|PASSWORD|CREDENTIAL", re.IGNORECASE)
+# an AWS access key id, or a credential assigned in clear in a file
+INLINE_CREDENTIAL = re.compile(r"\b(AKIA|ASIA)[0-9A-Z]{16}\b|aws_secret_access_key\s*[:=]", re.IGNORECASE)
+
+
+def _load() -> list[tuple[str, dict[str, Any]]]:
+    docs = []
+    for path in sorted(K8S.rglob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc is not None:
+                docs.append((str(path.relative_to(K8S)), doc))
+    return docs
+
+
+DOCS = _load()
+RESOURCES = [(f, d) for f, d in DOCS if d["kind"] != "Kustomization"]
+
+
+def _by_kind(kind: str) -> list[dict[str, Any]]:
+    return [d for _, d in RESOURCES if d["kind"] == kind]
+
+
+def _templates() -> Iterator[tuple[str, dict[str, Any]]]:
+    """(workload name, pod template) of every workload."""
+    for _, d in RESOURCES:
+        if d["kind"] in WORKLOADS:
+            yield d["metadata"]["name"], d["spec"]["template"]
+
+
+def _containers(template: dict[str, Any]) -> list[dict[str, Any]]:
+    spec = template["spec"]
+    return spec.get("initContainers", []) + spec["containers"]
+
+
+def _component(name: str) -> dict[str, Any]:
+    found = [t for _, t in _templates() if t["metadata"]["labels"].get("app.kubernetes.io/component") == name]
+    assert len(found) == 1, f"one workload with component={name}"
+    return found[0]
+
+
+def _pod_selector(policy: dict[str, Any]) -> dict[str, str]:
+    return policy["spec"]["podSelector"].get("matchLabels", {})
+
+
+def _selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
+@pytest.fixture(autouse=True)
+def no_network(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the manifest checks must not use the network")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+
+
+def test_the_manifests_are_all_listed_and_there():
+    kustomization = [d for _, d in DOCS if d["kind"] == "Kustomization"]
+    assert len(kustomization) == 1
+    listed = set(kustomization[0]["resources"])
+    assert listed == {f for f, _ in RESOURCES}, "kustomization.yaml lists exactly the manifests"
+    kinds = {d["kind"] for _, d in RESOURCES}
+    assert {"Namespace", "ServiceAccount", "Role", "RoleBinding", "Deployment", "StatefulSet", "Job"} <= kinds
+    assert {"Service", "NetworkPolicy", "ConfigMap"} <= kinds
+    assert all(d["metadata"].get("namespace", "rlfoundry") == "rlfoundry" for _, d in RESOURCES)
+
+
+@pytest.mark.parametrize(
+    "doc", [d for _, d in RESOURCES], ids=[f"{f}:{d['kind']}/{d['metadata']['name']}" for f, d in RESOURCES]
+)
+def test_validates_against_the_kubernetes_schema(doc):
+    assert kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True) == "1.30"
+
+
+def _misspelled(d: dict[str, Any]) -> None:
+    d["spec"]["template"]["spec"]["containers"][0]["imagePullPolicyy"] = "Always"
+
+
+def _wrong_type(d: dict[str, Any]) -> None:
+    d["spec"]["replicas"] = "four"
+
+
+def _probe_port_object(d: dict[str, Any]) -> None:
+    d["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["httpGet"]["port"] = {"number": 8000}
+
+
+@pytest.mark.parametrize(
+    "breakage, error",
+    [
+        (_misspelled, "'imagePullPolicyy' was unexpected"),
+        (_wrong_type, "'four' is not of type 'integer'"),
+        (_probe_port_object, "{'number': 8000} is not valid"),
+    ],
+)
+def test_the_validator_rejects_a_broken_manifest(breakage, error):
+    """The schema check is not vacuous: a misspelled field or a wrong type in the rollout StatefulSet fails,
+    for that reason."""
+    broken = copy.deepcopy(_by_kind("StatefulSet")[0])
+    breakage(broken)
+    with pytest.raises(kubernetes_validate.ValidationError) as caught:
+        kubernetes_validate.validate(broken, KUBERNETES_VERSION, strict=True)
+    assert error in caught.value.message
+
+
+def test_every_container_has_resource_limits():
+    for name, template in _templates():
+        for c in _containers(template):
+            limits = c.get("resources", {}).get("limits", {})
+            assert {"cpu", "memory"} <= set(limits), f"{name}/{c['name']}: cpu and memory limits"
+    for component in ("rollout", "trainer"):
+        for c in _containers(_component(component)):
+            assert int(c["resources"]["limits"]["nvidia.com/gpu"]) >= 1, f"{component} needs GPUs"
+
+
+def _env_entries(node: Any) -> Iterator[dict[str, Any]]:
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "env" and isinstance(value, list):
+                yield from value
+            else:
+                yield from _env_entries(value)
+    elif isinstance(node, list):
+        for item in node:
+            yield from _env_entries(item)
+
+
+def test_no_secret_is_written_inline():
+    assert not _by_kind("Secret"), "Secrets are created beside the manifests, never committed"
+    for _, d in RESOURCES:
+        for entry in _env_entries(d):
+            if SECRET_NAME.search(entry["name"]):
+                assert "value" not in entry and "valueFrom" in entry, f"{entry['name']} must use valueFrom"
+    for cm in _by_kind("ConfigMap"):
+        assert not [k for k in cm.get("data", {}) if SECRET_NAME.search(k)], "no credentials in ConfigMaps"
+    for path in K8S.rglob("*"):
+        if path.is_file():
+            assert not INLINE_CREDENTIAL.search(path.read_text()), f"{path.name}: an inline credential"
+
+
+def _denies_all(policy: dict[str, Any], direction: str) -> bool:
+    spec = policy["spec"]
+    return direction.capitalize() in spec.get("policyTypes", []) and not spec.get(direction.lower())
+
+
+def test_sandbox_pods_have_no_token_no_network_and_a_confining_profile():
+    template = _component("sandbox")
+    spec, labels = template["spec"], template["metadata"]["labels"]
+    assert spec["automountServiceAccountToken"] is False
+    assert spec.get("hostNetwork") is not True and spec.get("hostPID") is not True
+    policies = [p for p in _by_kind("NetworkPolicy") if _selects(_pod_selector(p), labels)]
+    assert any(_denies_all(p, "egress") for p in policies), "a NetworkPolicy denies all egress"
+    assert any(_denies_all(p, "ingress") for p in policies), "a NetworkPolicy denies all ingress"
+    profiles = [spec.get("securityContext", {}).get("seccompProfile", {})]
+    profiles += [c.get("securityContext", {}).get("seccompProfile", {}) for c in _containers(template)]
+    localhost = [p["localhostProfile"] for p in profiles if p.get("type") == "Localhost"]
+    assert localhost or spec.get("runtimeClassName") in {"gvisor", "kata"}
+    for profile in localhost:  # the profile the manifest names is the one shipped here
+        assert (K8S / "seccomp" / Path(profile).name).is_file(), profile
+    for c in _containers(template):
+        assert c["securityContext"]["allowPrivilegeEscalation"] is False
+        assert c["securityContext"]["capabilities"]["drop"] == ["ALL"]
+        assert "privileged" not in c["securityContext"]
+
+
+def test_the_seccomp_profile_allows_namespaces_and_refuses_the_kernel_admin_calls():
+    profile = json.loads((K8S / "seccomp" / "rlfoundry-sandbox.json").read_text())
+    denied = {n for rule in profile["syscalls"] if rule["action"] != "SCMP_ACT_ALLOW" for n in rule["names"]}
+    assert profile["defaultAction"] == "SCMP_ACT_ALLOW"
+    assert not denied & {"unshare", "clone", "clone3", "setns", "mount", "umount2", "pivot_root"}
+    assert {"bpf", "init_module", "kexec_load", "ptrace", "keyctl", "perf_event_open"} <= denied
+
+
+def test_rollout_servers_are_probed_and_stay_internal():
+    vllm = [c for _, t in _templates() for c in _containers(t) if "vllm" in c.get("command", [])]
+    assert vllm, "a vLLM server container"
+    for c in vllm:
+        assert c["readinessProbe"]["httpGet"]["path"] == "/health"
+        assert c["livenessProbe"]["httpGet"]["path"] == "/health"
+    assert not _by_kind("Ingress"), "/collective_rpc must not be exposed"
+    for svc in _by_kind("Service"):
+        assert svc["spec"].get("type", "ClusterIP") == "ClusterIP", svc["metadata"]["name"]
+
+
+def test_every_service_selects_a_pod_template():
+    labels = [t["metadata"]["labels"] for _, t in _templates()]
+    for svc in _by_kind("Service"):
+        selector = svc["spec"]["selector"]
+        assert selector and any(_selects(selector, lab) for lab in labels), svc["metadata"]["name"]
+    for _, d in RESOURCES:  # and each workload's selector matches its own template
+        if d["kind"] in WORKLOADS and "selector" in d["spec"]:
+            assert _selects(d["spec"]["selector"]["matchLabels"], d["spec"]["template"]["metadata"]["labels"])
+
+
+def test_the_trainer_has_shared_memory_and_a_rendezvous_name():
+    job = _by_kind("Job")[0]
+    spec = job["spec"]
+    assert spec["completionMode"] == "Indexed" and spec["completions"] == spec["parallelism"]
+    pod = spec["template"]["spec"]
+    service = next(s for s in _by_kind("Service") if s["metadata"]["name"] == pod["subdomain"])
+    assert service["spec"]["clusterIP"] == "None"
+    dshm = {v["name"]: v for v in pod["volumes"]}
+    mounts = {m["mountPath"]: m["name"] for c in pod["containers"] for m in c.get("volumeMounts", [])}
+    assert dshm[mounts["/dev/shm"]]["emptyDir"]["medium"] == "Memory"
+    command = " ".join(pod["containers"][0]["command"])
+    assert f"--nnodes={spec['completions']}" in command
+    assert f"--master-addr={job['metadata']['name']}-0.{pod['subdomain']}" in command
