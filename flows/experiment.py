@@ -14,7 +14,7 @@ from typing import Any
 from prefect import flow
 from prefect.runtime import flow_run
 
-from flows.iteration import iteration_flow
+from flows.iteration import run_iteration
 from rl_core.config import Config
 from rl_core.manifest import Manifest
 from rl_core.report import emit
@@ -91,7 +91,7 @@ def experiment_flow(cfg: Config, run_id: str) -> dict[str, Any]:
     policy = wu.outputs["checkpoint"]
     last: dict[str, Manifest | None] = {"evaluate": ev0}
     for k in range(1, cfg.experiment.iterations + 1):
-        ms = iteration_flow(cfg, run_id, k, parent)
+        ms = run_iteration(cfg, run_id, k, parent, str(flow_run.get_id() or ""))
         policy = ms["train"].outputs["checkpoint"]
         summary = summarize(k, ms)
         if lin and parent:

@@ -9,6 +9,6 @@ from rl_core.manifest import Manifest
 from tasks.common import run_table_stage
 
 
-@prefect_task(name="execute_envs")
+@prefect_task(name="execute_envs", task_run_name="execute_envs-iter-{iteration}")
 def task(cfg: Config, run_id: str, iteration: int, mlflow_run: str | None = None) -> Manifest:
     return run_table_stage(cfg, run_id, "execute_envs", iteration, mlflow_run)

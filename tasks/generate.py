@@ -9,7 +9,7 @@ from rl_core.manifest import Manifest
 from tasks.common import run_table_stage
 
 
-@prefect_task(name="generate")
+@prefect_task(name="generate", task_run_name="generate-iter-{iteration}")
 def task(cfg: Config, run_id: str, iteration: int, mlflow_run: str | None = None) -> Manifest:
     return run_table_stage(cfg, run_id, "generate", iteration, mlflow_run)
 

@@ -9,6 +9,6 @@ from rl_core.manifest import Manifest
 from tasks.common import run_table_stage
 
 
-@prefect_task(name="score_rewards")
+@prefect_task(name="score_rewards", task_run_name="score_rewards-iter-{iteration}")
 def task(cfg: Config, run_id: str, iteration: int, mlflow_run: str | None = None) -> Manifest:
     return run_table_stage(cfg, run_id, "score_rewards", iteration, mlflow_run)

@@ -10,6 +10,6 @@ from rl_core.manifest import Manifest
 from tasks.common import run_table_stage
 
 
-@prefect_task(name="train")
+@prefect_task(name="train", task_run_name="train-iter-{iteration}")
 def task(cfg: Config, run_id: str, iteration: int, mlflow_run: str | None = None) -> Manifest:
     return run_table_stage(cfg, run_id, "train", iteration, mlflow_run)

@@ -9,6 +9,6 @@ from rl_core.manifest import Manifest
 from tasks.common import run_table_stage
 
 
-@prefect_task(name="warmup")
+@prefect_task(name="warmup", task_run_name="warmup-iter-{iteration}")
 def task(cfg: Config, run_id: str, iteration: int, mlflow_run: str | None = None) -> Manifest:
     return run_table_stage(cfg, run_id, "warmup", iteration, mlflow_run)
