@@ -14,12 +14,12 @@ from typing import Any
 from prefect import flow
 from prefect.runtime import flow_run
 
-from flows.iteration import run_iteration
+from flows.iteration import run_iterations
 from rl_core.config import Config
 from rl_core.manifest import Manifest
 from rl_core.report import emit
 from rl_core.stages import STAGES
-from tasks.common import context, lineage, task_for
+from tasks.common import context, lineage, lineage_writer, task_for
 from tasks.generate import start_rollout_engine
 
 
@@ -90,18 +90,18 @@ def experiment_flow(cfg: Config, run_id: str) -> dict[str, Any]:
     emit(summarize(0, {"init": init, "warmup": wu, "evaluate": ev0}))
     policy = wu.outputs["checkpoint"]
     last: dict[str, Manifest | None] = {"evaluate": ev0}
-    for k in range(1, cfg.experiment.iterations + 1):
-        ms = run_iteration(cfg, run_id, k, parent, str(flow_run.get_id() or ""))
+    for k, ms in run_iterations(cfg, run_id, parent, str(flow_run.get_id() or "")):
         policy = ms["train"].outputs["checkpoint"]
         summary = summarize(k, ms)
         if lin and parent:
             row = {"mean_reward": summary["mean_reward"]}
             if summary.get("eval"):
                 row.update({f"eval_{m}": v for m, v in summary["eval"].items() if isinstance(v, float)})
-            lin.log_summary(parent, row, k)
+            lineage_writer(cfg).submit(k, lambda p=parent, r=row, k=k: lin.log_summary(p, r, k))
         emit(summary)
         last = ms
     if lin and parent:
+        lineage_writer(cfg).flush()
         lin.finish(parent)
     final_eval = (last.get("evaluate") or ev0).metrics
     return {

@@ -1,11 +1,17 @@
-"""One RL iteration: the iteration stages of the stage table, in its order (generate -> execute_envs ->
+"""The RL iterations: the iteration stages of the stage table, in its order (generate -> execute_envs ->
 score_rewards -> train -> evaluate, the last one when it is due), as tasks of the calling flow run.
 
-The iteration is not a Prefect subflow: every flow run keeps a heartbeat thread that sleeps in one-second
+An iteration is not a Prefect subflow: every flow run keeps a heartbeat thread that sleeps in one-second
 steps and is joined when the run ends, so a subflow per iteration cost up to a second of waiting on top of
 ~0.4 s of API calls (measured with Prefect 3.7: 1.2 s per empty subflow, 25 ms per task). Each task run is
 named ``<stage>-iter-<K>`` instead, so the UI still groups them by iteration, and MLflow keeps one child run
 per iteration.
+
+Asynchronous RL (``rollout.max_staleness`` K > 0): iteration k+1 samples from the policy of iteration k-K,
+which is committed before iteration k trains, so its rollout stages (generate, execute_envs, score_rewards)
+are submitted to run beside train k (and evaluate k) on Prefect's thread pool. The schedule is fixed by the
+stage table, not by whichever finishes first: a stage's inputs are always the same committed outputs, so a
+resumed or replayed asynchronous run reproduces an uninterrupted one bit for bit.
 
 Nothing passes between the tasks but the committed manifests in the store: each task resolves its inputs
 from them (rl_core.stages); the rollout and train engines are held by the run's context across iterations.
@@ -13,26 +19,51 @@ from them (rl_core.stages); the rollout and train engines are held by the run's 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import Any
+
 from rl_core.config import Config
 from rl_core.manifest import Manifest
 from rl_core.stages import ITERATION
-from tasks.common import lineage, task_for
+from tasks.common import lineage, lineage_writer, task_for
+
+ROLLOUT_STAGES = ("generate", "execute_envs", "score_rewards")
 
 
-def run_iteration(
-    cfg: Config, run_id: str, iteration: int, parent_mlflow_run: str | None = None, flow_run_id: str = ""
-) -> dict[str, Manifest | None]:
-    """Run every due stage of iteration ``iteration``; returns their manifests by stage (None: not due)."""
-    lin = lineage(cfg)
-    run = (
-        lin.iteration_run(parent_mlflow_run, run_id, iteration, flow_run_id)
-        if lin and parent_mlflow_run
-        else None
-    )
-    manifests: dict[str, Manifest | None] = {}
-    for spec in ITERATION:
-        due = spec.due(cfg, iteration)
-        manifests[spec.name] = task_for(spec.name)(cfg, run_id, iteration, run) if due else None
-    if lin and run:
-        lin.finish(run)
-    return manifests
+def _submit_rollouts(cfg: Config, run_id: str, iteration: int, mlflow_run: str | None) -> list[Any]:
+    """The rollout stages of ``iteration`` on the flow's task runner, each waiting for the one before."""
+    futures: list[Any] = []
+    for name in ROLLOUT_STAGES:
+        futures.append(task_for(name).submit(cfg, run_id, iteration, mlflow_run, wait_for=futures[-1:]))
+    return futures
+
+
+def run_iterations(
+    cfg: Config, run_id: str, parent_mlflow_run: str | None = None, flow_run_id: str = ""
+) -> Iterator[tuple[int, dict[str, Manifest | None]]]:
+    """Run iterations 1..N; yields each one's manifests by stage (None: not due), in order."""
+    lin, last = lineage(cfg), cfg.experiment.iterations
+
+    def open_run(k: int) -> str | None:
+        if lin is None or parent_mlflow_run is None:
+            return None
+        return lin.iteration_run(parent_mlflow_run, run_id, k, flow_run_id)
+
+    ahead: dict[int, tuple[str | None, list[Any]]] = {}
+    for k in range(1, last + 1):
+        if lin:
+            lineage_writer(cfg).flush(upto=k - 2)  # the last iteration's records may still be in flight
+        run, futures = ahead.pop(k) if k in ahead else (open_run(k), None)
+        manifests: dict[str, Manifest | None] = {}
+        for spec in ITERATION:
+            if spec.name in ROLLOUT_STAGES and futures is not None:
+                manifests[spec.name] = futures[ROLLOUT_STAGES.index(spec.name)].result()
+                continue
+            if spec.name == "train" and cfg.rollout.max_staleness and k < last:
+                nxt = open_run(k + 1)
+                ahead[k + 1] = (nxt, _submit_rollouts(cfg, run_id, k + 1, nxt))
+            due = spec.due(cfg, k)
+            manifests[spec.name] = task_for(spec.name)(cfg, run_id, k, run) if due else None
+        if lin and run:
+            lineage_writer(cfg).submit(k, lambda done=run: lin.finish(done))
+        yield k, manifests

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 
 class _Section(BaseModel):
@@ -110,6 +110,15 @@ class RolloutSection(_Section):
     kv_cache_mb: int = Field(
         256, ge=16, description="KV cache size for vLLM, MiB (otherwise it reserves most of RAM)."
     )
+    max_staleness: int = Field(
+        0,
+        ge=0,
+        le=8,
+        description=(
+            "Asynchronous RL: iteration k samples from the policy of iteration k-1-K (a fixed schedule), so "
+            "its generate, execute_envs and score_rewards run while iteration k-1 trains. 0 = synchronous."
+        ),
+    )
 
 
 class RewardSection(_Section):
@@ -145,6 +154,37 @@ class TrainSection(_Section):
         "token_mean", description="How per-token losses are aggregated (token_mean = DAPO token-level)."
     )
     grad_clip: float = Field(1.0, gt=0.0, description="Gradient norm clip.")
+    old_logprobs: Literal["engine", "recompute"] = Field(
+        "engine",
+        description=(
+            "The PPO anchor: the rollout engine's sampling logprobs (no extra forward pass) or a recompute "
+            "by the trainer before the first step (needed by an off-policy correction)."
+        ),
+    )
+    correction: Literal["none", "tis", "mis"] = Field(
+        "none",
+        description=(
+            "Off-policy correction for the gap between the recomputed anchor and the engine's behaviour "
+            "logprobs: tis = truncated importance weights min(w, is_cap); mis = tokens with w outside "
+            "[1/is_cap, is_cap] masked out. Needs old_logprobs: recompute."
+        ),
+    )
+    is_cap: float = Field(2.0, gt=1.0, description="Truncation / masking threshold of the correction.")
+    mismatch_alarm: float = Field(
+        0.05,
+        gt=0.0,
+        description="Alarm (a warning and the metric mismatch_alarm=1) when the mean per-token |rollout - "
+        "trainer| logprob gap exceeds this.",
+    )
+
+    @model_validator(mode="after")
+    def _correction_needs_anchor(self) -> TrainSection:
+        if self.correction != "none" and self.old_logprobs != "recompute":
+            raise ValueError(
+                f"train.correction={self.correction} weighs the recomputed anchor against the engine's "
+                "logprobs: set train.old_logprobs=recompute"
+            )
+        return self
 
 
 class EvalSection(_Section):

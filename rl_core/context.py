@@ -12,7 +12,8 @@ nothing by accident. The orchestration layer decides how long a context lives (`
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,8 @@ class Held:
     train_holds: tuple[str, str | None] | None = None  # (policy sha256, optimizer sha256) it holds
     reference: tuple[str, Any] | None = None  # (checkpoint sha256, frozen reference model)
     env_pool: Any = None  # the environments' process pool
+    # Held by whoever syncs and samples the rollout engine (generate and evaluate may overlap when async).
+    engine_lock: threading.RLock = field(default_factory=threading.RLock)
 
     def close(self) -> None:
         """Shut down the worker processes (engines end with the process)."""

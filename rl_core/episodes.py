@@ -17,6 +17,7 @@ import pandas as pd
 
 from envs.base import make_env
 from rl_core.context import RunContext
+from rl_core.faults import iteration_of
 from rl_core.manifest import ArtifactRef
 from rl_core.model import load_tokenizer
 from rl_core.paths import PROJECT_ROOT
@@ -131,18 +132,21 @@ def sample_table(
         prefix = image_prefix(local)
         prompt_ids = [prefix + ids for ids in prompt_ids]
         images = [(env.image(t),) for t in tasks]
-    engine = policy_engine(ctx, ckpt, iteration)
-    reqs = [Request(ids, s, im) for ids, s, im in zip(prompt_ids, seeds, images, strict=True)]
-    episodes = [
-        Episode(i, k, list(c.token_ids), list(c.logprobs), [1] * len(c.token_ids), c)
-        for i, comps in enumerate(engine.generate(reqs, spec))
-        for k, c in enumerate(comps)
-    ]
-    if max_turns > 1:
-        for ep in episodes:
-            ep.env = make_env(ctx.cfg.task.env)
-            ep.env.reset(tasks[ep.prompt_index], seeds[ep.prompt_index])
-        _more_turns(episodes, engine, tok, prompt_ids, seeds, spec, ctx.max_model_len(), max_turns)
+    # One user of the engine at a time (asynchronous RL generates the next iteration while this one
+    # evaluates), each with the weights it asked for.
+    with ctx.held.engine_lock:
+        engine = policy_engine(ctx, ckpt, iteration)
+        reqs = [Request(ids, s, im) for ids, s, im in zip(prompt_ids, seeds, images, strict=True)]
+        episodes = [
+            Episode(i, k, list(c.token_ids), list(c.logprobs), [1] * len(c.token_ids), c)
+            for i, comps in enumerate(engine.generate(reqs, spec))
+            for k, c in enumerate(comps)
+        ]
+        if max_turns > 1:
+            for ep in episodes:
+                ep.env = make_env(ctx.cfg.task.env)
+                ep.env.reset(tasks[ep.prompt_index], seeds[ep.prompt_index])
+            _more_turns(episodes, engine, tok, prompt_ids, seeds, spec, ctx.max_model_len(), max_turns)
     rows = []
     for ep in episodes:
         i = ep.prompt_index
@@ -213,12 +217,16 @@ def generate_body(ctx: RunContext, job: StageJob) -> StageResult:
     seeds = [derive_seed(cfg.experiment.seed, iteration, "generate", i) for i in range(len(tasks))]
     r = cfg.rollout
     spec = SamplingSpec(n=r.n, temperature=r.temperature, top_p=r.top_p, max_tokens=r.max_tokens)
-    df = sample_table(ctx, job.inputs["policy"], tasks, spec, seeds, iteration)
+    policy = job.inputs["policy"]
+    version = iteration_of(policy.uri) or 0  # the warm-up checkpoint (iteration 0 of the base) is version 0
+    df = sample_table(ctx, policy, tasks, spec, seeds, iteration).assign(policy_version=version)
     ref = ctx.store.write_table(f"{job.out_uri}/rollouts.parquet", df)
     lengths = df["completion_ids"].map(len)
     return StageResult(
         outputs={"rollouts": ref},
         metrics={
+            "policy_version": version,
+            "staleness": iteration - 1 - version,
             "completions": len(df),
             "tokens": int(lengths.sum()),
             "mean_completion_tokens": float(lengths.mean()),

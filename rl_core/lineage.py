@@ -8,12 +8,19 @@ MLflow UI walks from a checkpoint back to the rollouts and rewards that produced
     parent = lin.experiment_run(run_id, cfg, base_id)
     child = lin.iteration_run(parent, run_id, 3, flow_run_id="...")
     lin.log_stage(child, manifest)
+
+Stage and summary records go through a ``LineageWriter``: one background thread writes them in submission
+order while the next stages run, so MLflow is off the critical path; ``flush`` waits and re-raises the
+first failure (the flow flushes each iteration's records one iteration later, and everything at its end).
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from rl_core.config import Config
@@ -134,3 +141,33 @@ class Lineage:
 
     def finish(self, run: str, status: str = "FINISHED") -> None:
         self.client.set_terminated(run, status)
+
+
+class LineageWriter:
+    """Lineage writes in order on one background thread, tagged by iteration.
+
+    >>> w = LineageWriter()
+    >>> seen = []
+    >>> w.submit(1, lambda: seen.append("a")); w.submit(2, lambda: seen.append("b"))
+    >>> w.flush(upto=1); seen[:1]
+    ['a']
+    >>> w.flush(); seen
+    ['a', 'b']
+    """
+
+    def __init__(self) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlf-lineage")
+        self._pending: list[tuple[int, Future[None]]] = []
+        self._lock = threading.Lock()  # stages of two iterations may submit at once (asynchronous RL)
+
+    def submit(self, iteration: int, write: Callable[[], None]) -> None:
+        with self._lock:
+            self._pending.append((iteration, self._pool.submit(write)))
+
+    def flush(self, upto: int | None = None) -> None:
+        """Wait for the writes of iterations <= ``upto`` (all when None); raise the first one's failure."""
+        with self._lock:
+            due = [(k, f) for k, f in self._pending if upto is None or k <= upto]
+            self._pending = [(k, f) for k, f in self._pending if not (upto is None or k <= upto)]
+        for _, fut in due:
+            fut.result()

@@ -101,17 +101,26 @@ def clipped_pg_loss(
     kl_coef: float = 0.0,
     max_tokens: int | None = None,
     total: float | None = None,
+    is_weight: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """PPO-clip surrogate with per-sequence advantages broadcast over tokens, plus optional k3 KL.
 
-    ``advantages`` is ``[batch]`` (one per sequence). Returns the scalar loss and detached statistics:
-    ``pg_loss``, ``clip_frac`` (share of loss tokens that took the clipped branch), ``kl``, ``ratio_mean``.
+    ``advantages`` is ``[batch]`` (one per sequence). ``is_weight`` (per token, no gradient) multiplies each
+    token's surrogate: the off-policy correction between the anchor and the behaviour policy. Returns the
+    scalar loss and detached statistics: ``pg_loss``, ``clip_frac`` (share of loss tokens that took the
+    clipped branch), ``kl``, ``ratio_mean``.
+
+    >>> lp = torch.zeros(1, 2); m = torch.ones(1, 2)
+    >>> clipped_pg_loss(lp, lp, torch.ones(1), m, is_weight=torch.tensor([[2.0, 0.0]]))[0].item()
+    -1.0
     """
     adv = advantages.unsqueeze(1).to(logp.dtype)
     ratio = torch.exp(logp - old_logp)
     unclipped = -adv * ratio
     clipped = -adv * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
     per_token = torch.maximum(unclipped, clipped)
+    if is_weight is not None:
+        per_token = per_token * is_weight.detach()
     pg_loss = aggregate(per_token, mask, aggregation, max_tokens, total)
     loss = pg_loss
     kl_val = torch.zeros((), dtype=logp.dtype)
@@ -129,6 +138,25 @@ def clipped_pg_loss(
             "ratio_mean": float(masked_mean(ratio, mask)),
         }
     return loss, stats
+
+
+def importance_weights(
+    anchor_logp: torch.Tensor, behaviour_logp: torch.Tensor, kind: Literal["tis", "mis"], cap: float
+) -> torch.Tensor:
+    """Per-token weights correcting for sampling from the behaviour policy (the rollout engine's logprobs)
+    instead of the anchor: ``w = pi_anchor / pi_behaviour``; tis truncates it at ``cap``, mis keeps 1 where
+    ``1/cap <= w <= cap`` and 0 elsewhere (the token drops out of the loss).
+
+    >>> a = torch.log(torch.tensor([[0.5, 0.5, 0.1]])); b = torch.log(torch.tensor([[0.5, 0.1, 0.5]]))
+    >>> importance_weights(a, b, "tis", 2.0), importance_weights(a, b, "mis", 2.0)
+    (tensor([[1.0000, 2.0000, 0.2000]]), tensor([[1., 0., 0.]]))
+    """
+    w = torch.exp(anchor_logp - behaviour_logp)
+    if kind == "tis":
+        return w.clamp(max=cap)
+    if kind == "mis":
+        return ((w <= cap) & (w >= 1.0 / cap)).to(w.dtype)
+    raise ValueError(f"unknown off-policy correction {kind!r}")
 
 
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:

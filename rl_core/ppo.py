@@ -1,8 +1,12 @@
 """The policy update: rollout table -> padded tensors -> clipped policy-gradient steps on a train engine.
 
-``old_logp`` (the PPO anchor) is recomputed by the trainer before the first step, as veRL does; the rollout
-engine's sampling logprobs are kept to report the rollout/trainer mismatch, the first thing to look at when
-an off-policy bug hides in an RL run.
+``old_logp`` (the PPO anchor) is, by default (``train.old_logprobs: engine``), the rollout engine's own
+sampling logprob of each token: no extra forward pass, and with stale rollouts (asynchronous RL) the ratio is
+taken against the policy that really sampled them. ``recompute`` has the trainer recompute the anchor before
+the first step (as veRL does); an off-policy correction (``train.correction``: tis or mis) then weighs each
+token by anchor / behaviour. Either way the rollout/trainer logprob mismatch is reported (with recompute over
+the whole batch; with engine logprobs on the first mini-batch, before its step, at no extra cost), the first
+thing to look at when an off-policy bug hides in an RL run, with an alarm above ``train.mismatch_alarm``.
 
     batch = make_batch(df, pad_id=1)
     metrics = ppo_update(engine, batch, train_cfg, seed=7)
@@ -17,7 +21,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from rl_core.losses import clipped_pg_loss, entropy_from_logits, token_logprobs
+from rl_core.losses import clipped_pg_loss, entropy_from_logits, importance_weights, token_logprobs
 from rl_core.vision import suppress, unsampleable_ids
 
 
@@ -132,13 +136,13 @@ def ppo_update(engine: Any, batch: Batch, cfg: Any) -> dict[str, float]:
     world, rank = engine.world_size, engine.rank
     device = getattr(engine, "device", None)
     mask = batch.loss_mask
-    old_logp, entropy = sequence_logprobs(engine.module, batch, cfg.micro_batch_size, device)
-    diff = (old_logp - batch.rollout_logp).abs() * mask
+    anchor = _Anchor.of(engine, batch, cfg, device)
+    old_logp = anchor.old_logp
     stats: dict[str, list[float]] = {
         k: [] for k in ("loss", "pg_loss", "clip_frac", "kl", "ratio_mean", "grad_norm")
     }
     gen = torch.Generator().manual_seed(batch.seed)
-    for _ in range(cfg.epochs):
+    for epoch in range(cfg.epochs):
         order = torch.randperm(len(batch), generator=gen)
         for start in range(0, len(batch), cfg.micro_batch_size):
             mb = order[start : start + cfg.micro_batch_size]
@@ -153,6 +157,8 @@ def ppo_update(engine: Any, batch: Batch, cfg: Any) -> dict[str, float]:
                 engine.module, ids, batch.attention_mask[local].to(device), _pixels(batch, local, device)
             )
             logp = token_logprobs(logits, ids[:, 1:], batch.temperature)
+            if epoch == 0:
+                anchor.observe(local, logits, logp, start == 0)
             ref = batch.ref_logp[local].to(device) if batch.ref_logp is not None else None
             loss, s = clipped_pg_loss(
                 logp,
@@ -166,6 +172,7 @@ def ppo_update(engine: Any, batch: Batch, cfg: Any) -> dict[str, float]:
                 kl_coef=cfg.kl_coef,
                 max_tokens=batch.max_tokens,
                 total=total,
+                is_weight=None if anchor.weight is None else anchor.weight[local].to(device),
             )
             # DeepSpeed averages gradients over ranks; scaling by world size makes that the global mean.
             grad_norm = engine.backward_step(loss * world)
@@ -189,8 +196,52 @@ def ppo_update(engine: Any, batch: Batch, cfg: Any) -> dict[str, float]:
             stats["grad_norm"].append(grad_norm)
     out = {k: float(np.mean(v)) if v else 0.0 for k, v in stats.items()}
     out["losses"] = stats["loss"]  # type: ignore[assignment]
-    out["entropy"] = float((entropy * mask).sum() / mask.sum().clamp(min=1))
-    out["logprob_mismatch_max"] = float(diff.max())
-    out["logprob_mismatch_mean"] = float(diff.sum() / mask.sum().clamp(min=1))
+    out.update(anchor.metrics(mask, cfg.mismatch_alarm))
     out["optimizer_steps"] = float(len(stats["loss"]))
     return out
+
+
+class _Anchor:
+    """The PPO anchor of one update, its off-policy weights, and what it reports: the rollout/trainer
+    mismatch and the policy's entropy (from the recompute, or else from the first epoch's own forwards)."""
+
+    def __init__(self, batch: Batch, old_logp: torch.Tensor, entropy: torch.Tensor | None, weight: Any):
+        self.batch, self.old_logp, self.weight = batch, old_logp, weight
+        self.recomputed = entropy is not None
+        self.entropy = entropy if entropy is not None else torch.zeros_like(batch.loss_mask)
+        self.diff = (old_logp - batch.rollout_logp).abs() * batch.loss_mask if self.recomputed else None
+        self.first_rows: Any = None
+
+    @classmethod
+    def of(cls, engine: Any, batch: Batch, cfg: Any, device: Any) -> _Anchor:
+        if cfg.old_logprobs == "engine":
+            return cls(batch, batch.rollout_logp, None, None)
+        old_logp, entropy = sequence_logprobs(engine.module, batch, cfg.micro_batch_size, device)
+        weight = None
+        if cfg.correction != "none":
+            weight = importance_weights(old_logp, batch.rollout_logp, cfg.correction, cfg.is_cap)
+        return cls(batch, old_logp, entropy, weight)
+
+    def observe(self, rows: torch.Tensor, logits: torch.Tensor, logp: torch.Tensor, first: bool) -> None:
+        """A first-epoch forward of ``rows``: their entropy; for the first mini-batch (the policy before any
+        step of this update) also the mismatch, when the anchor was not recomputed."""
+        if self.recomputed:
+            return
+        with torch.no_grad():
+            self.entropy[rows] = entropy_from_logits(logits, self.batch.temperature).detach().cpu()
+            if first:
+                self.first_rows = rows
+                gap = (logp.detach().cpu() - self.batch.rollout_logp[rows]).abs()
+                self.diff = gap * self.batch.loss_mask[rows]
+
+    def metrics(self, mask: torch.Tensor, alarm: float) -> dict[str, float]:
+        out = {"entropy": float((self.entropy * mask).sum() / mask.sum().clamp(min=1))}
+        seen = mask if self.first_rows is None else mask[self.first_rows]
+        diff = self.diff if self.diff is not None else torch.zeros(1)
+        out["logprob_mismatch_max"] = float(diff.max()) if diff.numel() else 0.0
+        out["logprob_mismatch_mean"] = float(diff.sum() / seen.sum().clamp(min=1))
+        out["mismatch_alarm"] = float(out["logprob_mismatch_mean"] > alarm)
+        if self.weight is not None:
+            out["is_weight_mean"] = float((self.weight * mask).sum() / mask.sum().clamp(min=1))
+            out["is_zeroed_frac"] = float(((self.weight == 0).float() * mask).sum() / mask.sum().clamp(min=1))
+        return out

@@ -9,6 +9,8 @@ entry here, its body, and its task file.
 Policy versions: the base model's warm-up checkpoint is version 0; the train stage of iteration k writes
 version k. ``Source(offset=-1)`` reads the previous iteration's output (the policy the iteration starts
 from), and at iteration 1 falls back to ``initial`` (the warm-up checkpoint) or, without one, is absent.
+Asynchronous RL is one more lag: generate reads ``BEHAVIOUR_POLICY`` (``stale=True``), the policy of
+iteration k-1-K with ``rollout.max_staleness`` = K, so it can run while the train stages before k run.
 
 >>> [s.name for s in ITERATION]
 ['generate', 'execute_envs', 'score_rewards', 'train', 'evaluate']
@@ -44,6 +46,7 @@ class Source:
     output: str
     offset: int = 0
     initial: tuple[str, str] | None = None
+    stale: bool = False  # also lag by ``rollout.max_staleness`` iterations (the asynchronous schedule)
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,9 @@ class StageSpec:
 
 
 POLICY = Source("train", "checkpoint", offset=-1, initial=("warmup", "checkpoint"))
+# The policy iteration k samples from: k-1 synchronously, k-1-K with rollout.max_staleness = K (so generate k
+# needs nothing from the train stages still running); the warm-up checkpoint before iteration 1.
+BEHAVIOUR_POLICY = Source("train", "checkpoint", offset=-1, initial=("warmup", "checkpoint"), stale=True)
 
 TABLE: tuple[StageSpec, ...] = (
     StageSpec(
@@ -76,7 +82,7 @@ TABLE: tuple[StageSpec, ...] = (
     StageSpec(
         "generate",
         generate_body,
-        {"policy": POLICY},
+        {"policy": BEHAVIOUR_POLICY},
         ("rollouts",),
         doc="sample completions from the policy with the rollout engine",
     ),
@@ -137,12 +143,14 @@ def resolve_inputs(
         if not spec.needs(cfg, name):
             continue
         stage, output, at = src.stage, src.output, iteration + src.offset
+        if src.stale:
+            at -= cfg.rollout.max_staleness
         if STAGES[stage].base:
             at = 0
-        elif at == 0 and not STAGES[stage].base:
+        elif at <= 0:
             if src.initial is None:
                 continue  # nothing before the first iteration (e.g. no optimizer state yet)
-            stage, output = src.initial
+            (stage, output), at = src.initial, 0
         m = lookup(stage, at)
         if m is None:
             raise RuntimeError(

@@ -7,6 +7,7 @@ run continues from artifacts alone and ends with the same weights as an uninterr
 
 from __future__ import annotations
 
+import logging
 import shutil
 import tempfile
 from pathlib import Path
@@ -19,6 +20,8 @@ from rl_core.ppo import make_batch, sequence_logprobs
 from rl_core.seeding import derive_seed
 from rl_core.stage import StageJob, StageResult
 from rl_core.train_engine import make_train_engine
+
+log = logging.getLogger("rlfoundry.train")
 
 
 def _engine_for(ctx: RunContext, policy: ArtifactRef, optimizer: ArtifactRef | None) -> Any:
@@ -38,6 +41,30 @@ def _reference(ctx: RunContext, ref_ckpt: ArtifactRef) -> Any:
     if ctx.held.reference is None or ctx.held.reference[0] != ref_ckpt.sha256:
         ctx.held.reference = (ref_ckpt.sha256, load_model(ctx.local_checkpoint(ref_ckpt)).eval())
     return ctx.held.reference[1]
+
+
+def _off_policy(cfg: Any, rollouts: Any, iteration: int, metrics: dict[str, float]) -> dict[str, float]:
+    """Which policy version sampled the rollouts, how stale they are, and the alarms (logged as warnings)."""
+    out: dict[str, float] = {}
+    if "policy_version" in rollouts.columns:
+        version = int(rollouts["policy_version"].min())
+        out = {"rollout_policy_version": version, "staleness": iteration - 1 - version}
+        out["staleness_alarm"] = float(out["staleness"] > cfg.rollout.max_staleness)
+    if metrics.get("mismatch_alarm"):
+        log.warning(
+            "iteration %d: rollout/trainer logprob mismatch %.4g > train.mismatch_alarm %.4g",
+            iteration,
+            metrics["logprob_mismatch_mean"],
+            cfg.train.mismatch_alarm,
+        )
+    if out.get("staleness_alarm"):
+        log.warning(
+            "iteration %d: rollouts are %d policy versions old > rollout.max_staleness %d",
+            iteration,
+            out["staleness"],
+            cfg.rollout.max_staleness,
+        )
+    return out
 
 
 def train_body(ctx: RunContext, job: StageJob) -> StageResult:
@@ -67,6 +94,7 @@ def train_body(ctx: RunContext, job: StageJob) -> StageResult:
         )
     metrics = engine.train(batch)
     losses = metrics.pop("losses")
+    metrics.update(_off_policy(cfg, rollouts, iteration, metrics))
     src = ctx.local_checkpoint(policy)
     with tempfile.TemporaryDirectory() as d:
         for f in Path(src).iterdir():

@@ -14,7 +14,7 @@ from typing import Any
 
 from rl_core.config import Config, config_hash
 from rl_core.context import RunContext
-from rl_core.lineage import Lineage
+from rl_core.lineage import Lineage, LineageWriter
 from rl_core.manifest import Manifest
 from rl_core.stage import committed, run_stage
 from rl_core.stages import STAGES
@@ -40,6 +40,16 @@ def lineage(cfg: Config) -> Lineage | None:
     return _lineage(cfg.model_dump_json())
 
 
+@functools.cache
+def _writer(cfg_json: str) -> LineageWriter:
+    return LineageWriter()
+
+
+def lineage_writer(cfg: Config) -> LineageWriter:
+    """The background writer of ``cfg``'s lineage records in this process (rl_core.lineage)."""
+    return _writer(cfg.model_dump_json())
+
+
 def task_for(stage: str) -> Any:
     """The Prefect task of a stage of the table: ``task`` in ``tasks/<stage>.py``."""
     return importlib.import_module(f"tasks.{stage}").task
@@ -63,13 +73,18 @@ def run_table_stage(cfg: Config, run_id: str, name: str, iteration: int, mlflow_
     )
     lin = lineage(cfg)
     if lin is not None and mlflow_run is not None:
-        if ctx.store.is_local:
-            lin.log_stage(mlflow_run, manifest)
-        else:  # MLflow artifacts live beside the store: the same retry policy, the same clear failure
-            with_retries(
-                lambda: lin.log_stage(mlflow_run, manifest),
-                what=f"MLflow artifact upload for {name}",
-                attempts=ctx.store.retries,
-                max_wait_s=ctx.store.retry_max_wait_s,
-            )
+        run = mlflow_run
+
+        def write() -> None:
+            if ctx.store.is_local:
+                lin.log_stage(run, manifest)
+            else:  # MLflow artifacts live beside the store: the same retry policy, the same clear failure
+                with_retries(
+                    lambda: lin.log_stage(run, manifest),
+                    what=f"MLflow artifact upload for {name}",
+                    attempts=ctx.store.retries,
+                    max_wait_s=ctx.store.retry_max_wait_s,
+                )
+
+        lineage_writer(cfg).submit(iteration, write)
     return manifest

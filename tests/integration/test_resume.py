@@ -42,6 +42,13 @@ def _cli(args, state, fault=None, timeout=600):
     return subprocess.run(CLI + args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 
+# Asynchronous RL (rollout.max_staleness 1, three iterations): iteration k+1's rollout stages run beside train
+# k on another thread. Killed while the next iteration generates, right after it committed, and while the
+# trainer writes: the resumed run still ends with the uninterrupted asynchronous run's weights.
+ASYNC = ["--set", "rollout.max_staleness=1", "--set", "experiment.iterations=3"]
+ASYNC_KILL_POINTS = [("generate:committed", 2), ("train:outputs", 1), ("score_rewards:start", 3)]
+
+
 def _final(state, run_id) -> dict:
     r = _cli(["show", run_id, "--json"], state, timeout=120)
     assert r.returncode == 0, r.stderr
@@ -55,14 +62,15 @@ _REFERENCES: dict[str, tuple[list[str], dict]] = {}
 def reference(tmp_path_factory):
     """The uninterrupted run's per-iteration weights and metrics, per rollout engine (run on first use)."""
 
-    def get(engine: str) -> tuple[list[str], dict]:
-        if engine not in _REFERENCES:
+    def get(engine: str, extra: tuple[str, ...] = ()) -> tuple[list[str], dict]:
+        key = " ".join((engine, *extra))
+        if key not in _REFERENCES:
             state = tmp_path_factory.mktemp(f"ref-{engine}")
-            r = _cli(["run", *SMOKE, "--run-id", "ref", "--set", f"rollout.engine={engine}"], state)
+            r = _cli(["run", *SMOKE, "--run-id", "ref", "--set", f"rollout.engine={engine}", *extra], state)
             assert r.returncode == 0, r.stderr[-3000:]
             data = _final(state, "ref")
-            _REFERENCES[engine] = [it["policy_sha256"] for it in data["iterations"]], data
-        return _REFERENCES[engine]
+            _REFERENCES[key] = [it["policy_sha256"] for it in data["iterations"]], data
+        return _REFERENCES[key]
 
     return get
 
@@ -104,3 +112,23 @@ def test_resume_with_changed_config_is_refused_unless_forced(tmp_path):
     r = _cli(["resume", "c", "--set", "train.lr=0.5"], tmp_path, timeout=120)
     assert r.returncode == 2 and "train.lr: 0.0001 -> 0.5" in r.stderr
     assert _cli(["resume", "nosuch"], tmp_path, timeout=120).returncode == 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("point,iteration", ASYNC_KILL_POINTS, ids=[f"{p}@{i}" for p, i in ASYNC_KILL_POINTS])
+def test_killed_async_run_resumes_to_identical_weights(reference, tmp_path, point, iteration):
+    hashes, ref_data = reference("hf", tuple(ASYNC))
+    assert len(hashes) == 3
+    # the schedule: iteration k sampled from the policy of k-2 (the warm-up checkpoint for k <= 2)
+    versions = [it["stages"]["generate"]["metrics"]["policy_version"] for it in ref_data["iterations"]]
+    assert versions == [0, 0, 1]
+    args = ["run", *SMOKE, "--run-id", "a", "--set", "rollout.engine=hf", *ASYNC]
+    killed = _cli(args, tmp_path, fault=f"{point}@{iteration}")
+    assert killed.returncode == -signal.SIGKILL, (killed.returncode, killed.stderr[-2000:])
+    resumed = _cli(["resume", "a"], tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    after = _final(tmp_path, "a")
+    assert [it["policy_sha256"] for it in after["iterations"]] == hashes
+    if point == "generate:committed":  # a stale generate stage replays identically
+        r = _cli(["replay", "a", "--iteration", "3", "--stage", "generate", "--json"], tmp_path, timeout=300)
+        assert r.returncode == 0 and json.loads(r.stdout)["identical"] is True, r.stdout + r.stderr[-2000:]
