@@ -109,3 +109,16 @@ def test_a_manifest_missing_a_field_is_reported_corrupt(tmp_path):
     (tmp_path / "r" / "iter-0001" / "train" / "_manifest.json").write_text(json.dumps(data))
     with pytest.raises(ArtifactError, match=r"manifest corrupt: .*/r/iter-0001/train/_manifest\.json"):
         store.read_manifest(uri)
+
+
+@pytest.mark.parametrize("staleness", [1, 2])
+def test_asynchronous_generate_samples_a_fixed_older_policy(staleness):
+    """rollout.max_staleness K: generate k reads the policy of k-1-K (the warm-up checkpoint before that
+    exists), nothing later, so it never waits for the train stages it runs beside; train keeps the newest."""
+    cfg = load_config("configs/smoke.yaml", [f"rollout.max_staleness={staleness}"])
+    # only what is committed while train k-1 still runs: train up to k-2, rollouts up to k
+    for k in (1, 2, 3, 4):
+        committed = {("init", 0), ("warmup", 0)} | {("train", j) for j in range(1, k - 1)}
+        want = f"train@{k - 1 - staleness}/checkpoint" if k - 1 - staleness >= 1 else "warmup@0/checkpoint"
+        assert _uris(resolve_inputs(STAGES["generate"], cfg, k, _lookup(committed))) == {"policy": want}
+    assert _uris(resolve_inputs(STAGES["train"], cfg, 3, _lookup(ALL)))["policy"] == "train@2/checkpoint"
