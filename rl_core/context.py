@@ -51,6 +51,7 @@ class Held:
     train_holds: tuple[str, str | None] | None = None  # (policy sha256, optimizer sha256) it holds
     reference: tuple[str, Any] | None = None  # (checkpoint sha256, frozen reference model)
     env_pool: Any = None  # the environments' process pool
+    fresh_weights: tuple[str, dict[str, Any]] | None = None  # (sha256, state dict) the trainer last wrote
     # Held by whoever syncs and samples the rollout engine (generate and evaluate may overlap when async).
     engine_lock: threading.RLock = field(default_factory=threading.RLock)
 

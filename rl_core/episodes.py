@@ -50,7 +50,10 @@ def policy_engine(ctx: RunContext, ckpt: ArtifactRef, iteration: int | None = No
         ctx.held.rollout = start_engine(
             ctx.cfg.rollout.engine, local, ctx.cfg.rollout, max_model_len=ctx.max_model_len()
         )
-    sync_weights(ctx.held.rollout, local, ckpt.files["model.safetensors"], iteration)
+    digest = ckpt.files["model.safetensors"]
+    fresh = ctx.held.fresh_weights  # the trainer's last output, still in memory: no reload from disk
+    weights = fresh[1] if fresh is not None and fresh[0] == digest else None
+    sync_weights(ctx.held.rollout, local, digest, iteration, weights)
     return ctx.held.rollout
 
 

@@ -52,8 +52,9 @@ class RolloutEngine(Protocol):
         """``spec.n`` completions per request, in request order."""
         ...
 
-    def load_weights(self, ckpt_dir: str | Path) -> None:
-        """Sync new weights (a checkpoint folder with model.safetensors) into the running engine."""
+    def load_weights(self, ckpt_dir: str | Path, weights: dict[str, Any] | None = None) -> None:
+        """Sync new weights into the running engine: ``weights`` (the state dict, in memory) when given,
+        else the checkpoint folder's model.safetensors."""
         ...
 
     def close(self) -> None: ...
@@ -78,6 +79,7 @@ class VLLMEngine:
         self, ckpt_dir: str | Path, *, dtype: str, max_model_len: int, kv_cache_mb: int, multiprocess: bool
     ):
         os.environ.setdefault("VLLM_CACHE_ROOT", str(state_dir() / "vllm-cache"))
+        self.multiprocess = multiprocess
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if multiprocess else "0"
         os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
@@ -141,9 +143,14 @@ class VLLMEngine:
             result.append(comps)
         return result
 
-    def load_weights(self, ckpt_dir: str | Path) -> None:
+    def load_weights(self, ckpt_dir: str | Path, weights: dict[str, Any] | None = None) -> None:
+        # In memory when the engine core runs in this process (a generator cannot cross to another process).
+        if weights is not None and not self.multiprocess:
+            kwargs: dict[str, Any] = {"weights_iterator": iter(weights.items())}
+        else:
+            kwargs = {"weights_path": str(ckpt_dir)}
         with _captured_stderr():
-            self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(ckpt_dir)})
+            self.llm.collective_rpc("reload_weights", kwargs=kwargs)
         # Prompt KV cached under the old weights would otherwise be served.
         self.llm.reset_prefix_cache()
 
@@ -236,12 +243,14 @@ class HFEngine:
             result[-1].append(Completion(toks, out_lp[j], text, "stop" if stopped else "length"))
         return result
 
-    def load_weights(self, ckpt_dir: str | Path) -> None:
+    def load_weights(self, ckpt_dir: str | Path, weights: dict[str, Any] | None = None) -> None:
         from rl_core.model import load_model
 
         # Through from_pretrained, which maps a checkpoint's key layout (save_pretrained writes LLaVA's legacy
         # names, the trainer its state_dict names) onto the model; strict, so nothing is silently left out.
-        self.model.load_state_dict(load_model(ckpt_dir).state_dict(), strict=True)
+        # ``weights`` come from the trainer's own state dict, whose names are the model's.
+        state = weights if weights is not None else load_model(ckpt_dir).state_dict()
+        self.model.load_state_dict(state, strict=True)
         self.ckpt_dir = str(ckpt_dir)
 
     def close(self) -> None:
@@ -281,11 +290,18 @@ def start_engine(kind: str, ckpt_dir: str | Path, rollout_cfg: Any, *, max_model
     return eng
 
 
-def sync_weights(engine: Any, ckpt_dir: str | Path, digest: str, iteration: int | None = None) -> bool:
-    """Load ``ckpt_dir`` (whose weights hash to ``digest``) unless the engine holds it; True if it synced."""
+def sync_weights(
+    engine: Any,
+    ckpt_dir: str | Path,
+    digest: str,
+    iteration: int | None = None,
+    weights: dict[str, Any] | None = None,
+) -> bool:
+    """Load ``ckpt_dir`` (whose weights hash to ``digest``; ``weights``: the same, already in memory) unless
+    the engine holds it; True if it synced."""
     if getattr(engine, "loaded", None) == digest:
         return False
     fault("sync", iteration)
-    engine.load_weights(ckpt_dir)
+    engine.load_weights(ckpt_dir, weights)
     engine.loaded = digest
     return True

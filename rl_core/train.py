@@ -100,8 +100,10 @@ def train_body(ctx: RunContext, job: StageJob) -> StageResult:
         for f in Path(src).iterdir():
             if f.is_file() and f.name != WEIGHTS and not f.name.startswith("."):
                 shutil.copy(f, Path(d) / f.name)
-        save_weights(engine.weights(), d)
+        weights = engine.weights()
+        save_weights(weights, d)
         ref = ctx.store.put_dir(d, f"{job.out_uri}/checkpoint")
+    ctx.held.fresh_weights = (ref.files[WEIGHTS], weights)
     opt_ref = ctx.store.write_bytes(f"{job.out_uri}/optimizer.pt", engine.optimizer_state())
     ctx.held.train_holds = (ref.sha256, opt_ref.sha256)
     metrics["first_step_loss"] = losses[0] if losses else 0.0
