@@ -31,7 +31,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 WORKLOADS: dict[str, list[str]] = {
     "default": ["warmup.steps=300"],
-    "generation": ["warmup.steps=1", "rollout.max_tokens=128", "eval.samples=1", "task.heldout_size=64"],
+    "generation": [
+        "warmup.steps=1",
+        "model.max_position=160",
+        "rollout.max_tokens=128",
+        "eval.samples=1",
+        "eval.pass_k=[1]",
+        "task.heldout_size=64",
+    ],
 }
 
 
