@@ -110,6 +110,15 @@ class RolloutSection(_Section):
     kv_cache_mb: int = Field(
         256, ge=16, description="KV cache size for vLLM, MiB (otherwise it reserves most of RAM)."
     )
+    servers: int = Field(
+        0,
+        ge=0,
+        le=64,
+        description="vLLM rollout servers the flow starts (OpenAI API processes); 0 = the in-process engine.",
+    )
+    server_urls: list[str] = Field(
+        [], description="Running vLLM rollout servers to use instead (e.g. pods); overrides servers."
+    )
     max_staleness: int = Field(
         0,
         ge=0,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -60,6 +61,12 @@ class Held:
         if self.env_pool is not None:
             self.env_pool.shutdown(cancel_futures=True)
             self.env_pool = None
+        if self.rollout is not None and hasattr(self.rollout, "urls"):  # rollout servers stop with the run
+            self.rollout.close()
+            self.rollout = None
+
+
+ServerLauncher = Callable[[str], tuple[list[str], Callable[[int], str], Callable[[], None]]]
 
 
 class RunContext:
@@ -71,6 +78,9 @@ class RunContext:
         self.base_id = base_id(cfg)
         self.base_hash = self.base_id.split("/")[1]
         self.held = Held()
+        # Starts rollout.servers vLLM servers on a checkpoint folder -> (urls, restart(i) -> url, stop); set
+        # by the orchestration layer (tasks/common.py), which may start processes. None: in-process engine.
+        self.server_launcher: ServerLauncher | None = None
 
     @functools.cached_property
     def env(self) -> Any:

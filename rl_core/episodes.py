@@ -47,7 +47,7 @@ def policy_engine(ctx: RunContext, ckpt: ArtifactRef, iteration: int | None = No
     """The run's rollout engine (started on first use, held by the context), synced to the checkpoint."""
     local = ctx.local_checkpoint(ckpt)
     if ctx.held.rollout is None:
-        ctx.held.rollout = start_engine(
+        ctx.held.rollout = _servers(ctx, local) or start_engine(
             ctx.cfg.rollout.engine, local, ctx.cfg.rollout, max_model_len=ctx.max_model_len()
         )
     digest = ckpt.files["model.safetensors"]
@@ -55,6 +55,27 @@ def policy_engine(ctx: RunContext, ckpt: ArtifactRef, iteration: int | None = No
     weights = fresh[1] if fresh is not None and fresh[0] == digest else None
     sync_weights(ctx.held.rollout, local, digest, iteration, weights)
     return ctx.held.rollout
+
+
+def _servers(ctx: RunContext, local: Any) -> Any:
+    """The rollout servers' client when the config asks for servers: those of ``rollout.server_urls``, or
+    ``rollout.servers`` started by the context's launcher. None for the in-process engine, and also where
+    nothing can start servers (replay of one stage): the in-process engine then samples bit for bit alike."""
+    r = ctx.cfg.rollout
+    if not (r.server_urls or r.servers):
+        return None
+    if r.engine != "vllm":
+        raise ValueError(f"rollout.servers / server_urls serve vLLM: set rollout.engine=vllm (is {r.engine})")
+    from rl_core.rollout_server import ServerEngine
+    from rl_core.vision import allowed_token_ids
+
+    allowed = allowed_token_ids(local)
+    if r.server_urls:
+        return ServerEngine(r.server_urls, local, allowed_token_ids=allowed)
+    if ctx.server_launcher is None:
+        return None
+    urls, restart, stop = ctx.server_launcher(str(local))
+    return ServerEngine(urls, local, allowed_token_ids=allowed, restart=restart, on_close=stop)
 
 
 @dataclass
@@ -228,6 +249,7 @@ def generate_body(ctx: RunContext, job: StageJob) -> StageResult:
     return StageResult(
         outputs={"rollouts": ref},
         metrics={
+            **(ctx.held.rollout.stats() if hasattr(ctx.held.rollout, "stats") else {}),
             "policy_version": version,
             "staleness": iteration - 1 - version,
             "completions": len(df),

@@ -15,7 +15,9 @@ iteration k-1-K with ``rollout.max_staleness`` = K, so it can run while the trai
 >>> [s.name for s in ITERATION]
 ['generate', 'execute_envs', 'score_rewards', 'train', 'evaluate']
 >>> STAGES["train"].inputs["policy"]
-Source(stage='train', output='checkpoint', offset=-1, initial=('warmup', 'checkpoint'))
+Source(stage='train', output='checkpoint', offset=-1, initial=('warmup', 'checkpoint'), stale=False)
+>>> STAGES["generate"].inputs["policy"].stale
+True
 """
 
 from __future__ import annotations

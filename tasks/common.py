@@ -27,8 +27,22 @@ def context(cfg: Config, run_id: str) -> RunContext:
     """The context of ``run_id`` under ``cfg`` in this process (created on first use)."""
     key = (run_id, config_hash(cfg))
     if key not in _CONTEXTS:
-        _CONTEXTS[key] = RunContext(cfg, run_id)
+        ctx = RunContext(cfg, run_id)
+        ctx.server_launcher = _server_launcher(ctx)
+        _CONTEXTS[key] = ctx
     return _CONTEXTS[key]
+
+
+def _server_launcher(ctx: RunContext) -> Any:
+    """Starts the run's ``rollout.servers`` vLLM servers on a checkpoint folder (infra/rollout_servers.py)."""
+
+    def launch(ckpt_dir: str) -> tuple[list[str], Any, Any]:
+        from infra.rollout_servers import RolloutServers
+
+        servers = RolloutServers(ckpt_dir, ctx.cfg.rollout, max_model_len=ctx.max_model_len())
+        return servers.start(ctx.cfg.rollout.servers), servers.restart, servers.stop
+
+    return launch
 
 
 @functools.cache

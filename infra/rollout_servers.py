@@ -1,0 +1,108 @@
+"""vLLM rollout servers as processes of their own (``rollout.servers: N``): started by the flow on the
+policy's checkpoint folder, tied to the process that started them, on 127.0.0.1.
+
+Each is ``vllm serve``'s OpenAI-compatible API server with the settings the in-process engine uses (fp32,
+eager, processed logprobs, prefix caching, no chunked prefill) plus ``VLLM_SERVER_DEV_MODE=1`` for the
+``/collective_rpc`` weight reload: a development endpoint, so these servers listen on 127.0.0.1 only (on a
+cluster: a private network, ``infra/k8s/rollout-servers.yaml``).
+
+    servers = RolloutServers(ckpt_dir, rollout_cfg, max_model_len=64, logs=state / "logs")
+    urls = servers.start(2)          # waits until each answers /health
+    url = servers.restart(0)         # a dead server comes back on a new port
+    servers.stop()
+"""
+
+from __future__ import annotations
+
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from infra.localstack.process import Server, clean_env, spawn
+from rl_core.paths import free_port, state_dir
+
+
+class RolloutServers:
+    def __init__(
+        self, ckpt_dir: str | Path, rollout_cfg: Any, *, max_model_len: int, logs: Path | None = None
+    ):
+        self.ckpt_dir = str(ckpt_dir)
+        self.cfg = rollout_cfg
+        self.max_model_len = max_model_len
+        self.logs = logs or state_dir() / "logs"
+        self.servers: list[Server] = []
+
+    def _command(self, port: int) -> list[str]:
+        r = self.cfg
+        return [
+            sys.executable,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            self.ckpt_dir,
+            "--served-model-name",
+            "policy",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--dtype",
+            r.dtype,
+            "--max-model-len",
+            str(self.max_model_len),
+            "--kv-cache-memory-bytes",
+            str(r.kv_cache_mb << 20),
+            "--enforce-eager",
+            "--seed",
+            "0",
+            "--logprobs-mode",
+            "processed_logprobs",
+            "--enable-prefix-caching",
+            "--no-enable-chunked-prefill",
+            "--max-num-seqs",
+            "256",
+            "--max-num-batched-tokens",
+            str(max(8192, 256 * self.max_model_len)),
+        ]
+
+    def _start_one(self, i: int) -> tuple[Server, str]:
+        port = free_port()
+        env = clean_env(
+            VLLM_SERVER_DEV_MODE="1",
+            VLLM_NO_USAGE_STATS="1",
+            VLLM_LOGGING_LEVEL="WARNING",
+            VLLM_CACHE_ROOT=str(state_dir() / "vllm-cache"),
+        )
+        for k in (
+            "LD_LIBRARY_PATH",
+            "VLLM_ENABLE_V1_MULTIPROCESSING",
+            "LOCAL_WORLD_SIZE",
+            "RANK",
+            "WORLD_SIZE",
+        ):
+            env.pop(k, None)
+        self.logs.mkdir(parents=True, exist_ok=True)
+        log = self.logs / f"rollout-server-{i}-{port}.log"
+        srv = spawn(f"rollout server {i}", self._command(port), env=env, log=log, tie_to_parent=True)
+        url = f"http://127.0.0.1:{port}"
+        srv.wait_http(url + "/health", timeout_s=600)
+        return srv, url
+
+    def start(self, n: int) -> list[str]:
+        """Start ``n`` servers at once; their URLs once all answer."""
+        with ThreadPoolExecutor(max_workers=n) as pool:
+            started = list(pool.map(self._start_one, range(n)))
+        self.servers = [s for s, _ in started]
+        return [u for _, u in started]
+
+    def restart(self, i: int) -> str:
+        """Stop what is left of server ``i`` and start it again on the checkpoint it started with (the caller
+        then loads the current weights); its new URL."""
+        self.servers[i].stop()
+        self.servers[i], url = self._start_one(i)
+        return url
+
+    def stop(self) -> None:
+        for s in self.servers:
+            s.stop()

@@ -1,0 +1,80 @@
+"""Rollout servers (vLLM's OpenAI API in processes of their own): the in-process engine's outputs bit for bit
+whichever server a request lands on, new weights synced in, a killed server restarted and rejoining, the
+prefix-cache hit rate reported, nothing left running; and a run on them that replays like any run."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from infra.rollout_servers import RolloutServers
+from rl_core.config import ModelSection, RolloutSection
+from rl_core.model import build_model, build_tokenizer, save_checkpoint
+from rl_core.rollout import Request, SamplingSpec, VLLMEngine
+from rl_core.rollout_server import ServerEngine
+from tests.conftest import run_cli
+
+PROMPTS = ["12+34=", "7-9=", "55+5=", "3+4=", "81-19=", "40+2="]
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    d = tmp_path_factory.mktemp("ckpts")
+    tok = build_tokenizer([p for p in PROMPTS] + [str(i) for i in range(200)], 64)
+    cfg = ModelSection(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128)
+    save_checkpoint(build_model(cfg, tok, seed=1), tok, d / "A")
+    save_checkpoint(build_model(cfg, tok, seed=2), tok, d / "B")
+    return tok, str(d / "A"), str(d / "B")
+
+
+def _sampled(outs):
+    return [[(c.token_ids, c.logprobs, c.finish_reason) for c in comps] for comps in outs]
+
+
+@pytest.mark.slow
+def test_servers_match_the_in_process_engine_take_weights_and_survive_a_kill(checkpoints, tmp_path):
+    tok, a, b = checkpoints
+    os.environ.setdefault("VLLM_CACHE_ROOT", str(tmp_path / "vllm"))
+    # prompts of 40 tokens (two full KV blocks), so a repeated prompt can hit the prefix cache
+    reqs = [
+        Request((tok(p, add_special_tokens=False)["input_ids"] * 12)[:40], seed=7 + i)
+        for i, p in enumerate(PROMPTS)
+    ]
+    spec = SamplingSpec(n=4, temperature=1.0, max_tokens=8)
+    servers = RolloutServers(a, RolloutSection(kv_cache_mb=64), max_model_len=64, logs=tmp_path / "logs")
+    urls = servers.start(2)
+    try:
+        assert all(u.startswith("http://127.0.0.1:") for u in urls)
+        remote = ServerEngine(urls, a, allowed_token_ids=None, restart=servers.restart)
+        local = VLLMEngine(a, dtype="float32", max_model_len=64, kv_cache_mb=64, multiprocess=False)
+        first = _sampled(local.generate(reqs, spec))
+        assert _sampled(remote.generate(reqs, spec)) == first
+        remote.load_weights(b)
+        local.load_weights(b)
+        second = _sampled(local.generate(reqs, spec))
+        assert second != first and _sampled(remote.generate(reqs, spec)) == second
+        servers.servers[1].kill()  # an outage: the next batch restarts it on B's weights
+        assert _sampled(remote.generate(reqs, spec)) == second
+        assert remote.restarts == 1 and servers.servers[1].alive()
+        stats = remote.stats()
+        assert stats["prefix_cache_queries"] > 0 and 0 < stats["prefix_cache_hit_rate"] <= 1
+    finally:
+        servers.stop()
+    assert not any(s.alive() for s in servers.servers)
+
+
+@pytest.mark.slow
+def test_a_run_on_rollout_servers_replays_on_the_in_process_engine(tmp_path):
+    r = run_cli(["run", "configs/smoke.yaml", "--run-id", "srv", "--set", "rollout.servers=1"], tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    shown = json.loads(run_cli(["show", "srv", "--json"], tmp_path, timeout=120).stdout)
+    gen = shown["iterations"][1]["stages"]["generate"]["metrics"]
+    assert gen["prefix_cache_queries"] > 0 and gen["server_restarts"] == 0
+    rep = run_cli(
+        ["replay", "srv", "--iteration", "2", "--stage", "generate", "--json"], tmp_path, timeout=300
+    )
+    assert rep.returncode == 0 and json.loads(rep.stdout)["identical"] is True, (
+        rep.stdout + rep.stderr[-2000:]
+    )
