@@ -23,40 +23,54 @@ PROMPTS = ["12+34=", "7-9=", "55+5=", "3+4=", "81-19=", "40+2="]
 def checkpoints(tmp_path_factory):
     d = tmp_path_factory.mktemp("ckpts")
     tok = build_tokenizer([p for p in PROMPTS] + [str(i) for i in range(200)], 64)
-    cfg = ModelSection(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128)
+    cfg = ModelSection(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128, max_position=256)
     save_checkpoint(build_model(cfg, tok, seed=1), tok, d / "A")
     save_checkpoint(build_model(cfg, tok, seed=2), tok, d / "B")
     return tok, str(d / "A"), str(d / "B")
 
 
 def _sampled(outs):
-    return [[(c.token_ids, c.logprobs, c.finish_reason) for c in comps] for comps in outs]
+    return [[(c.token_ids, c.finish_reason) for c in comps] for comps in outs]
+
+
+def _same(got, want) -> bool:
+    """The same completions; logprobs equal up to float rounding (a prompt half served from the prefix cache
+    is attended in another split than one prefilled whole, which moves the last bits)."""
+    lps = [
+        (a, b)
+        for g, w in zip(got, want, strict=True)
+        for x, y in zip(g, w, strict=True)
+        for a, b in zip(x.logprobs, y.logprobs, strict=True)
+    ]
+    gap = max(abs(a - b) for a, b in lps)
+    assert gap < 1e-4, f"logprobs differ by {gap}"
+    return _sampled(got) == _sampled(want)
 
 
 @pytest.mark.slow
 def test_servers_match_the_in_process_engine_take_weights_and_survive_a_kill(checkpoints, tmp_path):
     tok, a, b = checkpoints
     os.environ.setdefault("VLLM_CACHE_ROOT", str(tmp_path / "vllm"))
-    # prompts of 40 tokens (two full KV blocks), so a repeated prompt can hit the prefix cache
+    # prompts of 200 tokens: vLLM on CPU caches whole blocks of 128 tokens, so a repeated prompt hits
     reqs = [
-        Request((tok(p, add_special_tokens=False)["input_ids"] * 12)[:40], seed=7 + i)
+        Request((tok(p, add_special_tokens=False)["input_ids"] * 60)[:200], seed=7 + i)
         for i, p in enumerate(PROMPTS)
     ]
     spec = SamplingSpec(n=4, temperature=1.0, max_tokens=8)
-    servers = RolloutServers(a, RolloutSection(kv_cache_mb=64), max_model_len=64, logs=tmp_path / "logs")
+    servers = RolloutServers(a, RolloutSection(kv_cache_mb=64), max_model_len=256, logs=tmp_path / "logs")
     urls = servers.start(2)
     try:
         assert all(u.startswith("http://127.0.0.1:") for u in urls)
         remote = ServerEngine(urls, a, allowed_token_ids=None, restart=servers.restart)
-        local = VLLMEngine(a, dtype="float32", max_model_len=64, kv_cache_mb=64, multiprocess=False)
-        first = _sampled(local.generate(reqs, spec))
-        assert _sampled(remote.generate(reqs, spec)) == first
+        local = VLLMEngine(a, dtype="float32", max_model_len=256, kv_cache_mb=64, multiprocess=False)
+        first = local.generate(reqs, spec)
+        assert _same(remote.generate(reqs, spec), first)
         remote.load_weights(b)
         local.load_weights(b)
-        second = _sampled(local.generate(reqs, spec))
-        assert second != first and _sampled(remote.generate(reqs, spec)) == second
+        second = local.generate(reqs, spec)
+        assert _sampled(second) != _sampled(first) and _same(remote.generate(reqs, spec), second)
         servers.servers[1].kill()  # an outage: the next batch restarts it on B's weights
-        assert _sampled(remote.generate(reqs, spec)) == second
+        assert _same(remote.generate(reqs, spec), second)
         assert remote.restarts == 1 and servers.servers[1].alive()
         stats = remote.stats()
         assert stats["prefix_cache_queries"] > 0 and 0 < stats["prefix_cache_hit_rate"] <= 1
