@@ -12,7 +12,6 @@ synchronous one's (the reward curves are in the object beside it: compare before
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -78,7 +77,7 @@ def main() -> None:
     args = ap.parse_args()
     os.environ.setdefault("RLFOUNDRY_STATE_DIR", tempfile.mkdtemp(prefix="rlf-async-"))
     os.environ.setdefault("TQDM_DISABLE", "1")
-    from benchmarks.common import machine
+    from benchmarks.common import finish
     from infra.localstack.prefect_server import ensure_api
 
     ensure_api()
@@ -93,14 +92,9 @@ def main() -> None:
         "benchmark": "async",
         "sync": sync,
         "async": asyn,
-        "machine": machine(),
-        "load_avg_1m": os.getloadavg()[0],
         "ratio": round(asyn["iterations_per_hour"] / sync["iterations_per_hour"], 4),
     }
-    if args.out:
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
-    if args.json:
-        print(json.dumps(result))
+    finish(result, args.out, args.json)
 
 
 if __name__ == "__main__":

@@ -134,7 +134,7 @@ def main() -> None:
     args = ap.parse_args()
     os.environ.setdefault("RLFOUNDRY_STATE_DIR", tempfile.mkdtemp(prefix="rlf-orch-"))
     os.environ.setdefault("TQDM_DISABLE", "1")
-    from benchmarks.common import machine
+    from benchmarks.common import finish
     from infra.localstack.prefect_server import ensure_api
 
     ensure_api()  # one Prefect server for both workloads (the subprocesses inherit PREFECT_API_URL)
@@ -148,11 +148,8 @@ def main() -> None:
             f"{r['timed_iterations']} iterations -> ratio {r['ratio']:.3f}"
         )
     headline = found.get("generation", next(iter(found.values())))["ratio"]
-    result = {"workloads": found, "machine": machine(), "load_avg_1m": os.getloadavg()[0], "ratio": headline}
-    if args.out:
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
-    if args.json:
-        print(json.dumps(result))
+    result = {"workloads": found, "ratio": headline}
+    finish(result, args.out, args.json)
 
 
 if __name__ == "__main__":

@@ -46,15 +46,10 @@ def main() -> None:
     configure_env()
     import torch
 
-    from benchmarks.common import machine
-    from envs.arithmetic import make_tasks
-    from rl_core.config import load_config
-    from rl_core.model import build_model, build_tokenizer, save_checkpoint
+    from benchmarks.common import default_policy, machine
+    from rl_core.model import save_checkpoint
 
-    cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "default.yaml", args.overrides)
-    tasks = make_tasks("train", cfg.task, 0)
-    tok = build_tokenizer([t["prompt"] for t in tasks] + [t["answer"] for t in tasks], cfg.model.vocab_size)
-    model = build_model(cfg.model, tok, seed=0)
+    cfg, tasks, tok, model = default_policy(args.overrides)
     prompts = [tok(t["prompt"], add_special_tokens=False)["input_ids"] for t in tasks[: args.prompts]]
     total = args.prompts * args.n * args.max_tokens
 

@@ -16,8 +16,6 @@ copying the weights once).
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 import tempfile
 import time
@@ -46,16 +44,11 @@ def main() -> None:
     from rl_core.paths import configure_env
 
     configure_env()
-    from benchmarks.common import machine
-    from envs.arithmetic import make_tasks
-    from rl_core.config import load_config
-    from rl_core.model import WEIGHTS, build_model, build_tokenizer, save_checkpoint, save_weights
+    from benchmarks.common import default_policy, finish
+    from rl_core.model import WEIGHTS, save_checkpoint, save_weights
     from rl_core.rollout import Request, SamplingSpec, start_engine
 
-    cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "default.yaml", args.overrides)
-    tasks = make_tasks("train", cfg.task, 0)
-    tok = build_tokenizer([t["prompt"] for t in tasks] + [t["answer"] for t in tasks], cfg.model.vocab_size)
-    model = build_model(cfg.model, tok, seed=0)
+    cfg, tasks, tok, model = default_policy(args.overrides)
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     reqs = [
         Request(tok(t["prompt"], add_special_tokens=False)["input_ids"], seed=i)
@@ -92,17 +85,12 @@ def main() -> None:
         "disk_sync_s": round(min(disk_s), 5),
         "memory_vs_disk": round(min(disk_s) / min(memory_s), 3),
         "ratio": round(min(copy_s) / min(memory_s), 4),
-        "machine": machine(),
-        "load_avg_1m": os.getloadavg()[0],
     }
     print(
         f"{params:,} parameters: copy {result['copy_s'] * 1e3:.1f} ms, sync from memory "
         f"{result['memory_sync_s'] * 1e3:.1f} ms, through disk {result['disk_sync_s'] * 1e3:.1f} ms"
     )
-    if args.out:
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
-    if args.json:
-        print(json.dumps(result))
+    finish(result, args.out, args.json)
 
 
 if __name__ == "__main__":
