@@ -57,13 +57,11 @@ class Held:
     engine_lock: threading.RLock = field(default_factory=threading.RLock)
 
     def close(self) -> None:
-        """Shut down the worker processes (engines end with the process)."""
+        """Shut down the worker processes (engines, and rollout servers, which are tied to this process, end
+        with it)."""
         if self.env_pool is not None:
             self.env_pool.shutdown(cancel_futures=True)
             self.env_pool = None
-        if self.rollout is not None and hasattr(self.rollout, "urls"):  # rollout servers stop with the run
-            self.rollout.close()
-            self.rollout = None
 
 
 ServerLauncher = Callable[[str], tuple[list[str], Callable[[int], str], Callable[[], None]]]

@@ -249,7 +249,7 @@ def generate_body(ctx: RunContext, job: StageJob) -> StageResult:
     return StageResult(
         outputs={"rollouts": ref},
         metrics={
-            **(ctx.held.rollout.stats() if hasattr(ctx.held.rollout, "stats") else {}),
+            **ctx.held.rollout.stats(),
             "policy_version": version,
             "staleness": iteration - 1 - version,
             "completions": len(df),

@@ -57,6 +57,10 @@ class RolloutEngine(Protocol):
         else the checkpoint folder's model.safetensors."""
         ...
 
+    def stats(self) -> dict[str, float]:
+        """Engine counters the generate stage reports (the rollout servers' prefix cache); may be empty."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -153,6 +157,9 @@ class VLLMEngine:
             self.llm.collective_rpc("reload_weights", kwargs=kwargs)
         # Prompt KV cached under the old weights would otherwise be served.
         self.llm.reset_prefix_cache()
+
+    def stats(self) -> dict[str, float]:
+        return {}
 
     def close(self) -> None:
         del self.llm
@@ -252,6 +259,9 @@ class HFEngine:
         state = weights if weights is not None else load_model(ckpt_dir).state_dict()
         self.model.load_state_dict(state, strict=True)
         self.ckpt_dir = str(ckpt_dir)
+
+    def stats(self) -> dict[str, float]:
+        return {}
 
     def close(self) -> None:
         del self.model

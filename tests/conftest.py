@@ -192,6 +192,24 @@ def serving(state: Path, args: list[str], log: Path) -> Iterator[dict[str, dict]
         _delete_deployments(api)
 
 
+ENGINE_PROMPTS = ["12+34=", "7-9=", "55+5=", "3+4=", "81-19=", "40+2="]
+
+
+def two_policies(folder: Path, max_position: int = 64) -> tuple[object, Path, Path]:
+    """Two different random tiny policies with one tokenizer, saved as checkpoint folders ``A`` (an engine
+    starts on it) and ``B`` (synced in later); returns (tokenizer, A, B)."""
+    from rl_core.config import ModelSection
+    from rl_core.model import build_model, build_tokenizer, save_checkpoint
+
+    tok = build_tokenizer([*ENGINE_PROMPTS] + [str(i) for i in range(200)], 64)
+    cfg = ModelSection(
+        hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128, max_position=max_position
+    )
+    save_checkpoint(build_model(cfg, tok, seed=1), tok, folder / "A")
+    save_checkpoint(build_model(cfg, tok, seed=2), tok, folder / "B")
+    return tok, folder / "A", folder / "B"
+
+
 S3_KEY, S3_SECRET = "rlf-test-key", "rlf-test-secret-d1e4f0c9a7"
 
 

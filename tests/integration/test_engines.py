@@ -11,25 +11,20 @@ from pathlib import Path
 import pytest
 import torch
 
-from rl_core.config import ModelSection
 from rl_core.losses import token_logprobs
-from rl_core.model import build_model, build_tokenizer, load_model, save_checkpoint, save_weights
+from rl_core.model import load_model, save_weights
 from rl_core.paths import free_port
 from rl_core.rollout import HFEngine, Request, SamplingSpec, VLLMEngine
+from tests.conftest import ENGINE_PROMPTS, two_policies
 
 ROOT = Path(__file__).resolve().parents[2]
-PROMPTS = ["12+34=", "7-9=", "55+5=", "3+4=", "81-19=", "40+2="]
+PROMPTS = ENGINE_PROMPTS
 
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
     """Two different random policies with one tokenizer: A (the engine starts on it) and B (synced in)."""
-    d = tmp_path_factory.mktemp("ckpts")
-    tok = build_tokenizer([p for p in PROMPTS] + [str(i) for i in range(200)], 64)
-    cfg = ModelSection(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128)
-    save_checkpoint(build_model(cfg, tok, seed=1), tok, d / "A")
-    save_checkpoint(build_model(cfg, tok, seed=2), tok, d / "B")
-    return tok, d / "A", d / "B"
+    return two_policies(tmp_path_factory.mktemp("ckpts"))
 
 
 @pytest.fixture(scope="module")

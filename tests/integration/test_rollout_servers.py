@@ -13,24 +13,18 @@ from pathlib import Path
 import pytest
 
 from infra.rollout_servers import RolloutServers
-from rl_core.config import ModelSection, RolloutSection
-from rl_core.model import build_model, build_tokenizer, save_checkpoint
+from rl_core.config import RolloutSection
 from rl_core.rollout import Request, SamplingSpec
 from rl_core.rollout_server import ServerEngine
-from tests.conftest import run_cli
+from tests.conftest import ENGINE_PROMPTS, run_cli, two_policies
 
 ROOT = Path(__file__).resolve().parents[2]
-PROMPTS = ["12+34=", "7-9=", "55+5=", "3+4=", "81-19=", "40+2="]
 
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
-    d = tmp_path_factory.mktemp("ckpts")
-    tok = build_tokenizer([p for p in PROMPTS] + [str(i) for i in range(200)], 64)
-    cfg = ModelSection(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128, max_position=256)
-    save_checkpoint(build_model(cfg, tok, seed=1), tok, d / "A")
-    save_checkpoint(build_model(cfg, tok, seed=2), tok, d / "B")
-    return tok, str(d / "A"), str(d / "B")
+    tok, a, b = two_policies(tmp_path_factory.mktemp("ckpts"), max_position=256)
+    return tok, str(a), str(b)
 
 
 _IN_PROCESS = """
@@ -71,7 +65,7 @@ def test_servers_match_the_in_process_engine_take_weights_and_survive_a_kill(che
     # prompts of 200 tokens: vLLM on CPU caches whole blocks of 128 tokens, so a repeated prompt hits
     reqs = [
         Request((tok(p, add_special_tokens=False)["input_ids"] * 60)[:200], seed=7 + i)
-        for i, p in enumerate(PROMPTS)
+        for i, p in enumerate(ENGINE_PROMPTS)
     ]
     spec = SamplingSpec(n=4, temperature=1.0, max_tokens=8)
     servers = RolloutServers(a, RolloutSection(kv_cache_mb=64), max_model_len=256, logs=tmp_path / "logs")
