@@ -185,6 +185,15 @@ class TrainSection(_Section):
         description="Alarm (a warning and the metric mismatch_alarm=1) when the mean per-token |rollout - "
         "trainer| logprob gap exceeds this.",
     )
+    checkpoint_every: int = Field(
+        1,
+        ge=1,
+        le=1000,
+        description="Write the full checkpoint (weights and optimizer state) every N iterations and at the "
+        "last one. The iterations between still commit rollouts, rewards, metrics and manifests; their "
+        "weights stay in memory and are rebuilt bit for bit by re-running their train stages from the last "
+        "written checkpoint (resume and replay do this).",
+    )
 
     @model_validator(mode="after")
     def _correction_needs_anchor(self) -> TrainSection:

@@ -42,6 +42,12 @@ def base_id(cfg: Config) -> str:
     return f"_base/{config_hash(part)[:16]}"
 
 
+def unstored_dir(ref: ArtifactRef) -> Path:
+    """The local folder of a checkpoint that is not in the store (keyed by its digest, like a downloaded one:
+    the same bytes either way)."""
+    return cache_dir("checkpoints") / ref.sha256
+
+
 @dataclass
 class Held:
     """What a run keeps between stages: started once, reused while it still holds the right weights."""
@@ -52,9 +58,19 @@ class Held:
     train_holds: tuple[str, str | None] | None = None  # (policy sha256, optimizer sha256) it holds
     reference: tuple[str, Any] | None = None  # (checkpoint sha256, frozen reference model)
     env_pool: Any = None  # the environments' process pool
-    fresh_weights: tuple[str, dict[str, Any]] | None = None  # (sha256, state dict) the trainer last wrote
+    # The trainer's latest weights in memory: weights sha256 -> state dict, oldest first (``remember``).
+    fresh: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Held by whoever uses or rebuilds the train engine (a rebuild may be asked for by a generate running
+    # beside a train stage).
+    train_lock: threading.RLock = field(default_factory=threading.RLock)
     # Held by whoever syncs and samples the rollout engine (generate and evaluate may overlap when async).
     engine_lock: threading.RLock = field(default_factory=threading.RLock)
+
+    def remember(self, digest: str, weights: dict[str, Any], keep: int) -> None:
+        """Keep ``weights`` (sha256 ``digest``) among the ``keep`` newest the rollout engine may sync from."""
+        self.fresh[digest] = weights
+        while len(self.fresh) > keep:
+            self.fresh.pop(next(iter(self.fresh)))
 
     def close(self) -> None:
         """Shut down the worker processes (engines, and rollout servers, which are tied to this process, end
@@ -95,8 +111,17 @@ class RunContext:
         return self.env.tasks("heldout", self.cfg.task, self.cfg.experiment.seed)
 
     def local_checkpoint(self, ref: ArtifactRef) -> Path:
-        """A verified local folder of a stored checkpoint."""
-        return self.store.local_dir(ref, cache_dir("checkpoints"))
+        """A verified local folder of a checkpoint. One the train stage did not store (between
+        ``train.checkpoint_every`` points) is the local copy it wrote, or is rebuilt by re-running the train
+        stages since the last stored checkpoint (``rl_core.train.rebuild``)."""
+        if ref.stored is not False:
+            return self.store.local_dir(ref, cache_dir("checkpoints"))
+        path = unstored_dir(ref)
+        if not (path / ".complete").exists():
+            from rl_core.train import rebuild  # the train stage rebuilds what it did not store
+
+            rebuild(self, ref)
+        return path
 
     def max_model_len(self) -> int:
         return self.cfg.model.max_position

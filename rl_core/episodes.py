@@ -51,8 +51,7 @@ def policy_engine(ctx: RunContext, ckpt: ArtifactRef, iteration: int | None = No
             ctx.cfg.rollout.engine, local, ctx.cfg.rollout, max_model_len=ctx.max_model_len()
         )
     digest = ckpt.files["model.safetensors"]
-    fresh = ctx.held.fresh_weights  # the trainer's last output, still in memory: no reload from disk
-    weights = fresh[1] if fresh is not None and fresh[0] == digest else None
+    weights = ctx.held.fresh.get(digest)  # the trainer's output, still in memory: no reload from disk
     sync_weights(ctx.held.rollout, local, digest, iteration, weights)
     return ctx.held.rollout
 

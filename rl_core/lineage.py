@@ -124,7 +124,10 @@ class Lineage:
             if isinstance(v, int | float) and not isinstance(v, bool)
         ]
         metrics.append(Metric(f"{stage}/seconds", float(manifest.timings.seconds), now, step))
-        tags = [RunTag(f"{stage}.{name}.uri", out.uri) for name, out in manifest.outputs.items()]
+        tags = [
+            RunTag(f"{stage}.{name}.uri", out.uri if out.stored is not False else f"{out.uri} (not stored)")
+            for name, out in manifest.outputs.items()
+        ]
         tags += [RunTag(f"{stage}.input.{name}.uri", inp.uri) for name, inp in manifest.inputs.items()]
         if "policy_sha256" in manifest.metrics:
             tags.append(RunTag("policy_sha256", manifest.metrics["policy_sha256"]))

@@ -31,6 +31,12 @@ class ArtifactRef(BaseModel):
     sha256: str
     rows: int | None = None
     files: dict[str, str] | None = None
+    # False: not written to the store (a checkpoint or optimizer state between ``train.checkpoint_every``
+    # points). The run holds it in memory and rebuilds it by re-running the train stages since the last
+    # written checkpoint. A checkpoint's ``sha256`` and ``files`` are still those of the folder it would have
+    # been; an optimizer state's ``sha256`` is derived from its checkpoint's (it names the state; nothing
+    # hashes its bytes).
+    stored: bool | None = None
 
     @model_serializer(mode="wrap")
     def _drop_unset(self, handler: Any) -> dict[str, Any]:

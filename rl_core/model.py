@@ -86,14 +86,19 @@ def save_checkpoint(model: Any, tokenizer: Any, out_dir: str | Path) -> Path:
     return out
 
 
+def weights_bytes(state_dict: dict[str, Any]) -> bytes:
+    """The safetensors file of a state dict, in memory (exactly the bytes ``save_weights`` writes)."""
+    from safetensors.torch import save
+
+    tensors = {k: v.detach().to("cpu").contiguous() for k, v in state_dict.items()}
+    return save(tensors, metadata={"format": "pt"})
+
+
 def save_weights(state_dict: dict[str, Any], out_dir: str | Path) -> Path:
     """Write only the weights (the rest of the checkpoint folder is copied from the parent)."""
-    from safetensors.torch import save_file
-
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tensors = {k: v.detach().to("cpu").contiguous() for k, v in state_dict.items()}
-    save_file(tensors, str(out / WEIGHTS), metadata={"format": "pt"})
+    (out / WEIGHTS).write_bytes(weights_bytes(state_dict))
     return out / WEIGHTS
 
 

@@ -5,7 +5,9 @@
 
 Tables are compared cell by cell exactly (same type, same bytes: a logprob that differs in its last bit is a
 difference), checkpoints tensor by tensor (max abs difference) and file by file (sha256), other artifacts by
-sha256. The stored run is never written to. Which body replays a stage comes from the stage table.
+sha256; one that was not stored (between ``train.checkpoint_every`` points) by digest, after the replay
+rebuilt its inputs by re-running the train stages before it. The stored run is never written to. Which body
+replays a stage comes from the stage table.
 """
 
 from __future__ import annotations
@@ -75,6 +77,8 @@ def diff_checkpoints(store: Store, a: ArtifactRef, b: ArtifactRef) -> dict[str, 
 
 
 def diff_artifact(store: Store, old: ArtifactRef, new: ArtifactRef) -> dict[str, Any]:
+    if old.stored is False or new.stored is False:  # held in memory (train.checkpoint_every): digests only
+        return {"identical": (old.sha256, old.files) == (new.sha256, new.files), "in_store": False}
     if old.files is not None:
         return diff_checkpoints(store, old, new)
     if old.uri.endswith(".parquet"):

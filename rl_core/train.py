@@ -3,22 +3,31 @@
 The train engine is held across iterations (like the rollout engine). It is reused only when it holds
 exactly the input policy; otherwise it is rebuilt from the stored checkpoint and optimizer state, so a resumed
 run continues from artifacts alone and ends with the same weights as an uninterrupted one.
+
+Checkpoints on a cadence (``train.checkpoint_every: N``): iterations between full checkpoints commit their
+manifest with references marked ``stored: false`` (the checkpoint's digest is still its folder's); the weights
+stay in the train engine and in memory for the rollout engine, plus a local folder on this machine. Anything
+that needs such a checkpoint and does not hold it (a resumed run, a replay, an evaluation sweep on another
+machine) rebuilds it with ``rebuild``: the train stages since the last stored checkpoint re-run from their
+stored rollouts and rewards, each checked against the digest its manifest recorded.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from rl_core.context import RunContext
-from rl_core.manifest import ArtifactRef
-from rl_core.model import WEIGHTS, load_model, load_tokenizer, save_weights
+from rl_core.context import RunContext, unstored_dir
+from rl_core.manifest import ArtifactRef, Manifest
+from rl_core.model import WEIGHTS, load_model, load_tokenizer, save_weights, weights_bytes
 from rl_core.ppo import make_batch, sequence_logprobs
 from rl_core.seeding import derive_seed
-from rl_core.stage import StageJob, StageResult
+from rl_core.stage import StageJob, StageResult, committed
+from rl_core.store import ArtifactError, dir_digest, sha256_bytes
 from rl_core.train_engine import make_train_engine
 
 log = logging.getLogger("rlfoundry.train")
@@ -28,6 +37,9 @@ def _engine_for(ctx: RunContext, policy: ArtifactRef, optimizer: ArtifactRef | N
     held = ctx.held
     want = (policy.sha256, optimizer.sha256 if optimizer else None)
     if held.train is not None and held.train_holds == want and held.train_cfg == ctx.cfg.train:
+        return held.train
+    if policy.stored is False:  # nor is its optimizer state: re-run the train stages that made them
+        rebuild(ctx, policy)
         return held.train
     model = load_model(ctx.local_checkpoint(policy))
     engine = make_train_engine(ctx.cfg.train.backend, model, ctx.cfg.train)
@@ -67,7 +79,19 @@ def _off_policy(cfg: Any, rollouts: Any, iteration: int, metrics: dict[str, floa
     return out
 
 
-def train_body(ctx: RunContext, job: StageJob) -> StageResult:
+def stores_checkpoint(cfg: Any, iteration: int) -> bool:
+    """Whether ``iteration`` writes its full checkpoint (every ``train.checkpoint_every``, and the last one).
+
+    >>> from rl_core.config import Config
+    >>> cfg = Config.model_validate({"experiment": {"iterations": 7}, "train": {"checkpoint_every": 3}})
+    >>> [k for k in range(1, 8) if stores_checkpoint(cfg, k)]
+    [3, 6, 7]
+    """
+    return iteration % cfg.train.checkpoint_every == 0 or iteration == cfg.experiment.iterations
+
+
+def _update(ctx: RunContext, job: StageJob) -> tuple[Any, dict[str, Any]]:
+    """One policy update on the job's rollouts: the train engine (now holding the new policy) and metrics."""
     cfg, inputs, iteration = ctx.cfg, job.inputs, job.iteration
     policy = inputs["policy"]
     rollouts = ctx.store.read_table(inputs["rollouts"])
@@ -79,14 +103,14 @@ def train_body(ctx: RunContext, job: StageJob) -> StageResult:
     df = rollouts.assign(advantage=rewards["advantage"].to_numpy())
     seed = derive_seed(cfg.experiment.seed, iteration, "train")
     engine = _engine_for(ctx, policy, inputs.get("optimizer"))
-    pad = load_tokenizer(ctx.local_checkpoint(policy)).pad_token_id
+    local = ctx.local_checkpoint(policy)
     batch = make_batch(
         df,
-        pad_id=pad,
+        pad_id=load_tokenizer(local).pad_token_id,
         temperature=cfg.rollout.temperature,
         max_tokens=cfg.rollout.max_tokens,
         seed=seed,
-        ckpt_dir=ctx.local_checkpoint(policy),
+        ckpt_dir=local,
     )
     if "reference" in inputs and cfg.train.kl_coef > 0:
         batch.ref_logp, _ = sequence_logprobs(
@@ -95,20 +119,115 @@ def train_body(ctx: RunContext, job: StageJob) -> StageResult:
     metrics = engine.train(batch)
     losses = metrics.pop("losses")
     metrics.update(_off_policy(cfg, rollouts, iteration, metrics))
-    src = ctx.local_checkpoint(policy)
+    metrics["first_step_loss"] = losses[0] if losses else 0.0
+    return engine, metrics
+
+
+def _store(ctx: RunContext, job: StageJob, engine: Any, weights: dict[str, Any]) -> tuple[ArtifactRef, ...]:
+    """Write the checkpoint folder (the input policy's files with the new weights) and the optimizer state."""
+    src = ctx.local_checkpoint(job.inputs["policy"])
     with tempfile.TemporaryDirectory() as d:
         for f in Path(src).iterdir():
             if f.is_file() and f.name != WEIGHTS and not f.name.startswith("."):
                 shutil.copy(f, Path(d) / f.name)
-        weights = engine.weights()
         save_weights(weights, d)
         ref = ctx.store.put_dir(d, f"{job.out_uri}/checkpoint")
-    ctx.held.fresh_weights = (ref.files[WEIGHTS], weights)
-    opt_ref = ctx.store.write_bytes(f"{job.out_uri}/optimizer.pt", engine.optimizer_state())
+    return ref, ctx.store.write_bytes(f"{job.out_uri}/optimizer.pt", engine.optimizer_state())
+
+
+def _hold(ctx: RunContext, job: StageJob, weights: dict[str, Any]) -> tuple[ArtifactRef, ...]:
+    """References to a checkpoint and optimizer state that stay in memory (not stored): the checkpoint's
+    digest is the one its folder would have had; a local copy of the folder is written for this machine's
+    readers (the rollout engine's tokenizer, evaluation)."""
+    policy = job.inputs["policy"]
+    src = ctx.local_checkpoint(policy)
+    data = weights_bytes(weights)
+    files = {
+        rel: sha
+        for rel, sha in (policy.files or {}).items()
+        if rel != WEIGHTS and "/" not in rel and not rel.startswith(".")
+    }
+    files[WEIGHTS] = sha256_bytes(data)
+    ref = ArtifactRef(uri=f"{job.out_uri}/checkpoint", sha256=dir_digest(files), files=files, stored=False)
+    dest = unstored_dir(ref)
+    if not (dest / ".complete").exists():
+        tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=".held-"))
+        for rel in files:
+            if rel != WEIGHTS:
+                shutil.copy(Path(src) / rel, tmp / rel)
+        (tmp / WEIGHTS).write_bytes(data)
+        (tmp / ".complete").touch()
+        shutil.rmtree(dest, ignore_errors=True)
+        os.replace(tmp, dest)
+    name = f"optimizer state after iteration {job.iteration} with checkpoint {ref.sha256}"
+    opt = ArtifactRef(uri=f"{job.out_uri}/optimizer.pt", sha256=sha256_bytes(name.encode()), stored=False)
+    return ref, opt
+
+
+def _step(ctx: RunContext, job: StageJob) -> tuple[ArtifactRef, ArtifactRef, dict[str, Any]]:
+    engine, metrics = _update(ctx, job)
+    weights = engine.weights()
+    if stores_checkpoint(ctx.cfg, job.iteration):
+        ref, opt_ref = _store(ctx, job, engine, weights)
+    else:
+        ref, opt_ref = _hold(ctx, job, weights)
+    # As many as an asynchronous generate may still read (the policy max_staleness versions back), plus one.
+    ctx.held.remember(ref.files[WEIGHTS], weights, keep=ctx.cfg.rollout.max_staleness + 2)
     ctx.held.train_holds = (ref.sha256, opt_ref.sha256)
-    metrics["first_step_loss"] = losses[0] if losses else 0.0
+    return ref, opt_ref, metrics
+
+
+def _unstored_chain(ctx: RunContext, ref: ArtifactRef) -> list[Manifest]:
+    """The committed train stages to re-run, in order, to rebuild the unstored checkpoint ``ref``: back from
+    the one that made it to the first whose inputs are stored (or held by the train engine now)."""
+    found = None
+    for k in range(ctx.cfg.experiment.iterations, 0, -1):
+        m = committed(ctx.store, ctx.run_id, k, "train")
+        if m is not None and m.outputs["checkpoint"].same_artifact(ref):
+            found = m
+            break
+    if found is None:
+        raise ArtifactError(
+            f"checkpoint {ref.uri} was not stored (train.checkpoint_every) and no committed train stage of "
+            f"run {ctx.run_id} made it: it cannot be rebuilt"
+        )
+    chain = [found]
+    while True:
+        policy, opt = chain[-1].inputs["policy"], chain[-1].inputs.get("optimizer")
+        if policy.stored is not False or ctx.held.train_holds == (policy.sha256, opt and opt.sha256):
+            return chain[::-1]
+        prev = committed(ctx.store, ctx.run_id, chain[-1].iteration - 1, "train")
+        if prev is None:
+            raise ArtifactError(f"rebuilding {ref.uri}: the train stage before {chain[-1].stage} is missing")
+        chain.append(prev)
+
+
+def rebuild(ctx: RunContext, ref: ArtifactRef) -> None:
+    """Rebuild an unstored checkpoint (and the optimizer state beside it) by re-running the train stages since
+    the last stored one from their stored inputs; the train engine is left holding it and its local folder
+    is written. Each re-run must reproduce the digest its manifest recorded, bit for bit."""
+    with ctx.held.train_lock:
+        holds = ctx.held.train_holds
+        if holds is not None and holds[0] == ref.sha256 and (unstored_dir(ref) / ".complete").exists():
+            return  # rebuilt meanwhile (by the stage running beside the caller)
+        chain = _unstored_chain(ctx, ref)
+        log.info("rebuilding %s: re-running train of iterations %s", ref.uri, [m.iteration for m in chain])
+        for m in chain:
+            out = ctx.store.stage_uri(ctx.run_id, m.iteration, "train")
+            got, _, _ = _step(ctx, StageJob(m.iteration, m.inputs, out))
+            want = m.outputs["checkpoint"]
+            if got.sha256 != want.sha256:
+                raise ArtifactError(
+                    f"rebuilding {want.uri}: re-running train of iteration {m.iteration} gave folder digest "
+                    f"{got.sha256[:16]}..., its manifest says {want.sha256[:16]}... (not reproducible here)"
+                )
+
+
+def train_body(ctx: RunContext, job: StageJob) -> StageResult:
+    with ctx.held.train_lock:
+        ref, opt_ref, metrics = _step(ctx, job)
     return StageResult(
         outputs={"checkpoint": ref, "optimizer": opt_ref},
         metrics={**metrics, "policy_sha256": ref.files[WEIGHTS]},
-        seeds={"train": seed},
+        seeds={"train": derive_seed(ctx.cfg.experiment.seed, job.iteration, "train")},
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -132,3 +133,48 @@ def test_killed_async_run_resumes_to_identical_weights(reference, tmp_path, poin
     if point == "generate:committed":  # a stale generate stage replays identically
         r = _cli(["replay", "a", "--iteration", "3", "--stage", "generate", "--json"], tmp_path, timeout=300)
         assert r.returncode == 0 and json.loads(r.stdout)["identical"] is True, r.stdout + r.stderr[-2000:]
+
+
+# Checkpoints on a cadence: with train.checkpoint_every 3 of 4 iterations, iterations 1 and 2 commit manifests
+# whose checkpoint and optimizer state are not stored. Killed before train 3 (which needs both) or after
+# generate 2 (train 2 needs iteration 1's), with this machine's local copies of them removed, the resumed run
+# rebuilds them by re-running the train stages and ends with the weights of a run that stores every one.
+CADENCE = ["--set", "experiment.iterations=4", "--set", "train.checkpoint_every=3"]
+
+
+def _drop_local_copies(run_dir: Path) -> list[str]:
+    """Remove this machine's local folders of the run's unstored checkpoints; their digests."""
+    from rl_core.paths import cache_dir
+
+    dropped = []
+    for path in sorted(run_dir.glob("iter-*/train/_manifest.json")):
+        ckpt = json.loads(path.read_text())["outputs"]["checkpoint"]
+        if ckpt.get("stored") is False:
+            shutil.rmtree(cache_dir("checkpoints") / ckpt["sha256"], ignore_errors=True)
+            dropped.append(ckpt["sha256"])
+    return dropped
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("point,iteration", [("train:start", 3), ("generate:committed", 2)])
+def test_checkpoint_cadence_resumes_and_replays_by_rebuilding(reference, tmp_path, point, iteration):
+    hashes, _ = reference("hf", ("--set", "experiment.iterations=4"))
+    args = ["run", *SMOKE, "--run-id", "c", "--set", "rollout.engine=hf", *CADENCE]
+    killed = _cli(args, tmp_path, fault=f"{point}@{iteration}")
+    assert killed.returncode == -signal.SIGKILL, (killed.returncode, killed.stderr[-2000:])
+    run_dir = tmp_path / "store" / "c"
+    assert _drop_local_copies(run_dir), "no unstored checkpoint was committed before the kill"
+    resumed = _cli(["resume", "c"], tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert [it["policy_sha256"] for it in _final(tmp_path, "c")["iterations"]] == hashes
+    # Only the cadence point and the last iteration wrote weights and optimizer state to the store.
+    for output in ("checkpoint", "optimizer.pt"):
+        written = sorted(p.parts[-3] for p in run_dir.glob(f"iter-*/train/{output}"))
+        assert written == ["iter-0003", "iter-0004"], (output, written)
+    if point == "train:start":  # a replay on a machine without the local copies rebuilds them identically
+        for stage in ("train", "generate"):
+            assert len(_drop_local_copies(run_dir)) == 2
+            r = _cli(["replay", "c", "--iteration", "2", "--stage", stage, "--json"], tmp_path, timeout=300)
+            assert r.returncode == 0, r.stderr[-2000:]
+            report = json.loads(r.stdout)
+            assert report["identical"] is True and not report["metrics_differing"], report

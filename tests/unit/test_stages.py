@@ -122,3 +122,21 @@ def test_asynchronous_generate_samples_a_fixed_older_policy(staleness):
         want = f"train@{k - 1 - staleness}/checkpoint" if k - 1 - staleness >= 1 else "warmup@0/checkpoint"
         assert _uris(resolve_inputs(STAGES["generate"], cfg, k, _lookup(committed))) == {"policy": want}
     assert _uris(resolve_inputs(STAGES["train"], cfg, 3, _lookup(ALL)))["policy"] == "train@2/checkpoint"
+
+
+def test_an_unstored_checkpoint_no_train_stage_made_is_an_error_naming_it(tmp_path):
+    """A reference marked ``stored: false`` is rebuilt from the train stage that made it; with none committed
+    (a hand-edited manifest, another run's reference) the error names the checkpoint and the run."""
+    from rl_core.context import RunContext
+
+    cfg = load_config(None, [f"store.uri={tmp_path}", "train.checkpoint_every=2"])
+    ctx = RunContext(cfg, "r")
+    ref = ArtifactRef(
+        uri=f"{tmp_path}/r/iter-0001/train/checkpoint",
+        sha256="f" * 64,
+        files={"model.safetensors": "e" * 64},
+        stored=False,
+    )
+    with pytest.raises(ArtifactError, match=r"iter-0001/train/checkpoint was not stored .* run r"):
+        ctx.local_checkpoint(ref)
+    assert ArtifactRef.model_validate(ref.model_dump()).stored is False  # the flag survives the manifest
