@@ -1,5 +1,6 @@
 """vLLM rollout servers as processes of their own (``rollout.servers: N``): started by the flow on the
-policy's checkpoint folder, tied to the process that started them, on 127.0.0.1.
+policy's checkpoint folder, tied to the process that started them, on 127.0.0.1; or by ``rlfoundry up
+--rollout-servers N`` (``infra.localstack.stack``), kept until ``rlfoundry down``.
 
 Each is ``vllm serve``'s OpenAI-compatible API server with the settings the in-process engine uses (fp32,
 eager, processed logprobs, prefix caching, no chunked prefill) plus ``VLLM_SERVER_DEV_MODE=1`` for the
@@ -25,9 +26,16 @@ from rl_core.paths import free_port, state_dir
 
 class RolloutServers:
     def __init__(
-        self, ckpt_dir: str | Path, rollout_cfg: Any, *, max_model_len: int, logs: Path | None = None
+        self,
+        ckpt_dir: str | Path,
+        rollout_cfg: Any,
+        *,
+        max_model_len: int,
+        logs: Path | None = None,
+        tie_to_parent: bool = True,
     ):
         self.ckpt_dir = str(ckpt_dir)
+        self.tie_to_parent = tie_to_parent  # False: outlive the starting process (``rlfoundry up``)
         self.cfg = rollout_cfg
         self.max_model_len = max_model_len
         self.logs = logs or state_dir() / "logs"
@@ -84,7 +92,8 @@ class RolloutServers:
             env.pop(k, None)
         self.logs.mkdir(parents=True, exist_ok=True)
         log = self.logs / f"rollout-server-{i}-{port}.log"
-        srv = spawn(f"rollout server {i}", self._command(port), env=env, log=log, tie_to_parent=True)
+        name, tie = f"rollout server {i}", self.tie_to_parent
+        srv = spawn(name, self._command(port), env=env, log=log, tie_to_parent=tie)
         url = f"http://127.0.0.1:{port}"
         srv.wait_http(url + "/health", timeout_s=600)
         return srv, url

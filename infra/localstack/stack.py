@@ -174,11 +174,45 @@ def _ensure_bucket(endpoint: str, creds: dict[str, str]) -> None:
         fs.mkdir(BUCKET)
 
 
+def start_rollout_servers(model_dir: Path, n: int, cfg: Any) -> list[str]:
+    """Start ``n`` vLLM rollout servers (``infra.rollout_servers``, the settings of ``cfg.rollout``) on the
+    checkpoint folder ``model_dir``; they outlive ``up`` and are recorded for ``down``. Their URLs: a run uses
+    them with ``rollout.server_urls``."""
+    from infra.rollout_servers import RolloutServers
+
+    need = ("config.json", "model.safetensors", "tokenizer.json")
+    missing = [f for f in need if not (model_dir / f).exists()]
+    if not model_dir.is_dir() or missing:
+        what = "is not a folder" if not model_dir.is_dir() else f"has no {', '.join(missing)}"
+        raise ServerError(f"rollout servers: {model_dir} {what} (a Hugging Face checkpoint folder)")
+    servers = RolloutServers(
+        model_dir,
+        cfg.rollout,
+        max_model_len=cfg.model.max_position,
+        logs=stack_dir() / "logs",
+        tie_to_parent=False,
+    )
+    urls = servers.start(n)
+    records = [srv.record(url=url) for srv, url in zip(servers.servers, urls, strict=True)]
+    kept = [r for r in _read("rollout.json").get("servers", []) if Server.from_record(r).alive()]
+    _write("rollout.json", {"model": str(model_dir), "servers": kept + records})
+    return urls
+
+
+def rollout_server_urls() -> list[str]:
+    """The URLs of the rollout servers ``up`` started that are still alive."""
+    return [r["url"] for r in _read("rollout.json").get("servers", []) if Server.from_record(r).alive()]
+
+
 def down() -> dict[str, bool]:
-    """Stop the servers recorded by ``up`` (and their children); returns {service: was running}."""
+    """Stop the servers recorded by ``up`` (and their children), rollout servers included; returns
+    {service: was running}."""
     services = _read("stack.json").get("services", {})
     stopped = {name: Server.from_record(rec).stop() for name, rec in services.items()}
+    for i, rec in enumerate(_read("rollout.json").get("servers", [])):
+        stopped[f"rollout-{i}"] = Server.from_record(rec).stop()
     (stack_dir() / "stack.json").unlink(missing_ok=True)
+    (stack_dir() / "rollout.json").unlink(missing_ok=True)
     return stopped
 
 
@@ -204,4 +238,16 @@ def apply_env() -> dict[str, str]:
     return applied
 
 
-__all__ = ["BUCKET", "ServerError", "apply_env", "credentials", "down", "is_up", "stack_dir", "status", "up"]
+__all__ = [
+    "BUCKET",
+    "ServerError",
+    "apply_env",
+    "credentials",
+    "down",
+    "is_up",
+    "rollout_server_urls",
+    "stack_dir",
+    "start_rollout_servers",
+    "status",
+    "up",
+]
