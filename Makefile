@@ -7,7 +7,7 @@ STAMP   := $(VENV)/.installed
 
 export TQDM_DISABLE := 1
 
-.PHONY: demo test test-fast lint format bench clean-state venv system-deps lock
+.PHONY: demo test test-fast lint format bench trl clean-state venv system-deps lock
 
 venv: $(STAMP)
 
@@ -40,7 +40,7 @@ demo: $(STAMP)
 # Two workers for most of the suite (much of it waits on servers and subprocesses; groups: tests/conftest.py);
 # then alone: the sandbox tests, which count every sandbox process on the machine, and the deployment tests,
 # whose Prefect server (SQLite) logged "database is locked" under the other worker's load.
-SERIAL_TESTS := tests/sandbox tests/integration/test_serve.py tests/integration/test_schedule.py
+SERIAL_TESTS := tests/sandbox tests/integration/test_serve.py tests/integration/test_schedule.py tests/integration/test_work_pool.py
 test: $(STAMP) system-deps
 	$(BIN)/pytest -q -n 2 --dist loadgroup $(addprefix --ignore=,$(SERIAL_TESTS))
 	$(BIN)/pytest -q $(SERIAL_TESTS)
@@ -57,10 +57,15 @@ format: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/rollout.py --json
 
+# TRL for benchmarks/vs_trl.py (the `bench` extra, pinned in constraints.txt like everything else): adds
+# packages, changes no installed version; pip check then reports only what the base install already does.
+trl: $(STAMP)
+	$(BIN)/pip install -q -c constraints.txt -e '.[bench]'
+
 # Re-resolve every dependency from the index (ignoring what is installed) and rewrite constraints.txt.
 lock:
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --dry-run --ignore-installed --report $(VENV)/lock-report.json -e '.[dev]'
+	$(BIN)/pip install -q --dry-run --ignore-installed --report $(VENV)/lock-report.json -e '.[dev,bench]'
 	$(BIN)/python .ci/lock.py $(VENV)/lock-report.json constraints.txt
 
 clean-state:

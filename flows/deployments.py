@@ -9,10 +9,16 @@
 - ``replay``: ``rlfoundry replay`` as a flow; the run fails when the replay differs.
 
 Each posts a Prefect artifact (a markdown table) to its flow run, so the result is readable in the UI.
+
+Two ways to execute their runs: ``rlfoundry serve`` (a Prefect runner in that process, ``deployments``) or
+``rlfoundry deploy --work-pool NAME`` (``deploy_to_pool``: the same deployments on a Prefect work pool, whose
+workers start each flow run as a process, from this project's source, or as a Kubernetes Job of the project's
+image; the pool is created when missing).
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from prefect import flow, get_run_logger
@@ -162,23 +168,136 @@ def replay_stage(
     return report
 
 
-def deployments(config: Config, *, sweep_runs: list[str], sweep_cron: str, store: str) -> list[Any]:
-    """The three deployments, with the experiment form defaulting to ``config``."""
+def deployments(
+    config: Config,
+    *,
+    sweep_runs: list[str],
+    sweep_cron: str,
+    store: str,
+    source: Path | None = None,
+) -> list[Any]:
+    """The three deployments, with the experiment form defaulting to ``config``.
+
+    ``source``: the project folder a work pool's process worker loads the flows from (its absolute path is
+    the deployments' working directory; entrypoints are relative to it); None for a runner in this process
+    or an image.
+    """
+    flows = (experiment, evaluation_sweep, replay_stage)
+    if source is not None:
+        from prefect import Flow
+
+        flows = tuple(Flow.from_source(str(source), f"flows/deployments.py:{f.fn.__name__}") for f in flows)
+    exp, sweep, rep = flows
     return [
-        experiment.to_deployment(
+        exp.to_deployment(
             name="experiment",
             parameters={"config": config.model_dump(mode="json"), "run_id": ""},
             description="An RL experiment: edit any config field in the form.",
         ),
-        evaluation_sweep.to_deployment(
+        sweep.to_deployment(
             name="evaluation-sweep",
             cron=sweep_cron,
             parameters={"run_ids": sweep_runs, "store": store},
             description="Evaluates new checkpoints of the chosen runs on a schedule.",
         ),
-        replay_stage.to_deployment(
+        rep.to_deployment(
             name="replay",
             parameters={"store": store},
             description="Replays one stage and diffs it with the stored outputs.",
         ),
     ]
+
+
+# -- work pools ----------------------------------------------------------------------------------------------
+POOL_TYPES = ("process", "kubernetes")
+K8S_POOL = "rlfoundry-k8s"  # the pool infra/k8s/prefect-worker.yaml's worker polls
+K8S_IMAGE = "ghcr.io/rlfoundry/rlfoundry:latest"  # placeholder, as in infra/k8s (kustomization.yaml images:)
+K8S_NAMESPACE = "rlfoundry"
+
+
+class WorkPoolError(ValueError):
+    """A work pool that cannot be used as asked (another type, no job template for the type)."""
+
+
+def worker_command(pool: str, pool_type: str) -> list[str]:
+    """The worker a user starts for ``pool`` (on Kubernetes: the one infra/k8s/prefect-worker.yaml runs)."""
+    return ["prefect", "worker", "start", "--pool", pool, "--type", pool_type]
+
+
+def kubernetes_template(template: dict[str, Any]) -> dict[str, Any]:
+    """Prefect's Kubernetes job template adapted to infra/k8s: Jobs in the ``rlfoundry`` namespace, pods
+    labelled as flow runs (the rollout servers admit only flow-run and trainer pods), the environment of
+    the ``rlfoundry-config`` ConfigMap and the ``rlfoundry-s3`` Secret (optional: workload identity needs
+    none)."""
+    variables = template["variables"]["properties"]
+    variables["namespace"]["default"] = K8S_NAMESPACE
+    variables["image"]["default"] = K8S_IMAGE
+    pod = template["job_configuration"]["job_manifest"]["spec"]["template"]
+    pod.setdefault("metadata", {})["labels"] = {
+        "app.kubernetes.io/part-of": "rlfoundry",
+        "app.kubernetes.io/component": "flow-run",
+    }
+    pod["spec"]["containers"][0]["envFrom"] = [
+        {"configMapRef": {"name": "rlfoundry-config"}},
+        {"secretRef": {"name": "rlfoundry-s3", "optional": True}},
+    ]
+    return template
+
+
+def ensure_work_pool(client: Any, name: str, pool_type: str) -> bool:
+    """Create work pool ``name`` of ``pool_type`` unless it exists (then it must be of that type); True when
+    created. Nothing is created when the type's job template cannot be had."""
+    import asyncio
+
+    from prefect.client.schemas.actions import WorkPoolCreate
+    from prefect.exceptions import ObjectNotFound
+    from prefect.workers.utilities import get_default_base_job_template_for_infrastructure_type
+
+    try:
+        pool = client.read_work_pool(name)
+    except ObjectNotFound:
+        pass
+    else:
+        if pool.type != pool_type:
+            raise WorkPoolError(f"work pool {name!r} exists with type {pool.type!r}, not {pool_type!r}")
+        return False
+    template = asyncio.run(get_default_base_job_template_for_infrastructure_type(pool_type))
+    if not template:
+        raise WorkPoolError(
+            f"no job template for work pool type {pool_type!r}: is its Prefect worker installed?"
+        )
+    if pool_type == "kubernetes":
+        template = kubernetes_template(template)
+    client.create_work_pool(WorkPoolCreate(name=name, type=pool_type, base_job_template=template))
+    return True
+
+
+def deploy_to_pool(
+    config: Config,
+    *,
+    pool: str,
+    pool_type: str,
+    sweep_runs: list[str],
+    sweep_cron: str,
+    store: str,
+    image: str = K8S_IMAGE,
+) -> bool:
+    """Register the three deployments to work pool ``pool`` (created when missing; True then).
+
+    A process pool's worker loads the flows from this project's folder (``Flow.from_source``) and runs them
+    with its own interpreter, the project's venv; a Kubernetes pool's Jobs run ``image``, whose working
+    directory must be the project root (the entrypoints are relative to it). Call with the project root as
+    the working directory.
+    """
+    from prefect.client.orchestration import get_client
+
+    from rl_core.paths import PROJECT_ROOT
+
+    if pool_type not in POOL_TYPES:
+        raise WorkPoolError(f"work pool type {pool_type!r} is not one of {', '.join(POOL_TYPES)}")
+    with get_client(sync_client=True) as client:
+        created = ensure_work_pool(client, pool, pool_type)
+    source = PROJECT_ROOT if pool_type == "process" else None
+    for d in deployments(config, sweep_runs=sweep_runs, sweep_cron=sweep_cron, store=store, source=source):
+        d.apply(work_pool_name=pool, image=None if source else image)
+    return created

@@ -1,20 +1,50 @@
-"""Operations: the local stack (``up`` / ``down``, implemented by ``infra.localstack.stack``) and ``serve``,
-which registers the deployments (``flows.deployments``) with a Prefect server and executes their runs.
+"""Operations: the local stack (``up`` / ``down``, implemented by ``infra.localstack.stack``), ``serve``,
+which registers the deployments (``flows.deployments``) with a Prefect server and executes their runs in this
+process, and ``deploy``, which registers them to a Prefect work pool whose workers execute their runs.
 
     rlfoundry up                      # S3 (SeaweedFS), Prefect server + UI, MLflow server + UI on 127.0.0.1
     rlfoundry serve --config configs/smoke.yaml --sweep-cron "*/30 * * * *"
+    rlfoundry deploy --work-pool rlfoundry --config configs/smoke.yaml   # then the worker it prints
+    rlfoundry deploy --work-pool rlfoundry-k8s --pool-type kubernetes --set store.uri=s3://BUCKET/runs
     rlfoundry down
 """
 
 from __future__ import annotations
 
+import enum
 import os
+import re
+import shlex
+import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from flows.cli.common import fail
+from flows.cli.common import SetOpt, fail
+
+if TYPE_CHECKING:
+    from rl_core.config import Config
+
+
+class PoolType(enum.StrEnum):
+    process = "process"
+    kubernetes = "kubernetes"
+
+
+ConfigOpt = Annotated[
+    Path, typer.Option(help="Experiment YAML whose values are the experiment form's defaults.")
+]
+SweepRunOpt = Annotated[
+    list[str] | None,
+    typer.Option("--sweep-run", help="Run for the evaluation sweep (repeatable; none = all)."),
+]
+SweepCronOpt = Annotated[str, typer.Option(help="Cron schedule of the evaluation sweep.")]
+StoreRootOpt = Annotated[
+    str, typer.Option(help="Store root for the sweep and replay (default: the configured one).")
+]
+DEFAULT_CONFIG = Path("configs/default.yaml")
+DEFAULT_CRON = "*/30 * * * *"
 
 
 def up() -> None:
@@ -46,26 +76,14 @@ def down() -> None:
         typer.echo(f"{name:8} {'stopped' if was else 'was not running'}")
 
 
-def serve(
-    config: Annotated[
-        Path, typer.Option(help="Experiment YAML whose values are the experiment form's defaults.")
-    ] = Path("configs/default.yaml"),
-    sweep_run: Annotated[
-        list[str] | None,
-        typer.Option("--sweep-run", help="Run for the evaluation sweep (repeatable; none = all)."),
-    ] = None,
-    sweep_cron: Annotated[str, typer.Option(help="Cron schedule of the evaluation sweep.")] = "*/30 * * * *",
-    store: Annotated[
-        str, typer.Option(help="Store root for the sweep and replay (default: the configured one).")
-    ] = "",
-    limit: Annotated[int, typer.Option(help="Flow runs executed at once (2 cores here: 1).")] = 1,
-) -> None:
-    """Register the experiment, evaluation-sweep and replay deployments and run them (Ctrl-C stops)."""
+def _prepare(config: Path, overrides: list[str] | None = None) -> tuple[Config, str]:
+    """The served config and the Prefect API URL, with the project root as the working directory (the
+    deployments' entrypoints are relative to it)."""
     from rl_core.config import ConfigError, load_config
     from rl_core.paths import PROJECT_ROOT, configure_env
 
     try:
-        cfg = load_config(config)
+        cfg = load_config(config, overrides or [])
     except ConfigError as e:
         fail(str(e))
     configure_env()
@@ -74,19 +92,117 @@ def serve(
         fail(
             "no Prefect server to register with: start the local stack (rlfoundry up) or set PREFECT_API_URL"
         )
-    os.chdir(PROJECT_ROOT)  # deployments' entrypoints are relative to the project root
+    os.chdir(PROJECT_ROOT)
+    return cfg, api
+
+
+def _names(sweep_cron: str) -> str:
+    return f"experiment/experiment, evaluation-sweep/evaluation-sweep ({sweep_cron}), replay/replay"
+
+
+def serve(
+    config: ConfigOpt = DEFAULT_CONFIG,
+    sweep_run: SweepRunOpt = None,
+    sweep_cron: SweepCronOpt = DEFAULT_CRON,
+    store: StoreRootOpt = "",
+    limit: Annotated[int, typer.Option(help="Flow runs executed at once (2 cores here: 1).")] = 1,
+) -> None:
+    """Register the experiment, evaluation-sweep and replay deployments and run them (Ctrl-C stops)."""
+    cfg, api = _prepare(config)
     from prefect import serve as prefect_serve
 
     from flows.deployments import deployments
 
-    typer.echo(
-        f"Prefect API {api}: deployments experiment/experiment, "
-        f"evaluation-sweep/evaluation-sweep ({sweep_cron}), replay/replay"
-    )
+    typer.echo(f"Prefect API {api}: deployments {_names(sweep_cron)}")
     deps = deployments(cfg, sweep_runs=sweep_run or [], sweep_cron=sweep_cron, store=store)
     prefect_serve(*deps, limit=limit, print_starting_message=False)
 
 
+POOL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
+
+
+def checked_pool_name(name: str) -> str:
+    """``name`` if it can name a work pool (and is a safe word in the printed worker command), else exit 2
+    before anything is imported or contacted."""
+    if not POOL_NAME.fullmatch(name):
+        fail(f"invalid work pool name {name!r}: 1-63 of A-Z a-z 0-9 . _ -, the first a letter or digit")
+    return name
+
+
+def _check_server(api: str) -> None:
+    """Fail with exit code 2, naming the URL, when no Prefect server answers there."""
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        problem = client.api_healthcheck()
+    if problem is not None:
+        fail(
+            f"no Prefect server answers at PREFECT_API_URL={api} ({type(problem).__name__}): "
+            "start the local stack (rlfoundry up) or fix PREFECT_API_URL"
+        )
+
+
+def deploy(
+    work_pool: Annotated[
+        str, typer.Option(help="Work pool to register to (created when missing).", callback=checked_pool_name)
+    ],
+    pool_type: Annotated[
+        PoolType, typer.Option(help="Type of the pool when created: process workers, or Kubernetes Jobs.")
+    ] = PoolType.process,
+    image: Annotated[
+        str,
+        typer.Option(
+            help="Kubernetes pools: the flow runs' image, the project at its workdir (default: infra/k8s's)."
+        ),
+    ] = "",
+    config: ConfigOpt = DEFAULT_CONFIG,
+    set_: SetOpt = None,
+    sweep_run: SweepRunOpt = None,
+    sweep_cron: SweepCronOpt = DEFAULT_CRON,
+    store: StoreRootOpt = "",
+) -> None:
+    """Register the experiment, evaluation-sweep and replay deployments to a Prefect work pool, whose
+    workers execute their runs; prints the worker to start."""
+    cfg, api = _prepare(config, set_)
+    _check_server(api)
+    from flows.deployments import K8S_IMAGE, WorkPoolError, deploy_to_pool
+
+    try:
+        created = deploy_to_pool(
+            cfg,
+            pool=work_pool,
+            pool_type=pool_type.value,
+            sweep_runs=sweep_run or [],
+            sweep_cron=sweep_cron,
+            store=store,
+            image=image or K8S_IMAGE,
+        )
+    except WorkPoolError as e:
+        fail(str(e))
+    how = "created" if created else "exists"
+    typer.echo(f"Prefect API {api}: work pool {work_pool} ({pool_type.value}, {how})")
+    typer.echo(f"deployments {_names(sweep_cron)}")
+    _print_worker(api, work_pool, pool_type, cfg)
+    typer.echo("run one:  prefect deployment run experiment/experiment  (or the Prefect UI's Run form)")
+
+
+def _print_worker(api: str, pool: str, pool_type: PoolType, cfg: Config) -> None:
+    """The worker the user starts: here, the venv's ``prefect worker``; on a cluster, infra/k8s's."""
+    from flows.deployments import K8S_POOL, worker_command
+
+    worker = worker_command(pool, pool_type.value)
+    if pool_type is PoolType.process:
+        venv_prefect = Path(sys.executable).parent / worker[0]
+        typer.echo("start a worker (it runs each flow run as a process of this venv, in the project folder):")
+        typer.echo(f"  PREFECT_API_URL={shlex.quote(api)} {shlex.join([str(venv_prefect), *worker[1:]])}")
+        return
+    typer.echo(f"on the cluster: kubectl apply -k infra/k8s, whose worker runs `{shlex.join(worker)}`")
+    if pool != K8S_POOL:
+        typer.echo(f"  (infra/k8s/prefect-worker.yaml polls {K8S_POOL}: set its --pool to {pool})")
+    if not cfg.store.uri.startswith("s3://"):
+        typer.echo("  flow-run pods keep no local store: deploy with --set store.uri=s3://BUCKET/PREFIX")
+
+
 def register(app: typer.Typer) -> None:
-    for command in (serve, up, down):
+    for command in (serve, deploy, up, down):
         app.command()(command)
