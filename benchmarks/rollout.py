@@ -5,6 +5,12 @@
 Prints a summary, then as its last line one JSON object: {"vllm_tok_s", "hf_tok_s", "ratio", ...}.
 Both engines sample the same batch (prompts x n completions of exactly max_tokens tokens, EOS ignored) from
 the default config's model architecture; each is timed after a warm-up call.
+
+``--stop-at-eos``: completions end at EOS as in RL (variable lengths up to max_tokens: with the untrained
+policy's near-uniform next-token distribution the lengths are geometric, mean about the vocabulary size),
+where scheduling matters: vLLM retires a finished sequence and keeps its batch full, HF ``generate`` steps
+the whole padded batch until its longest sequence ends. Throughput counts the tokens each engine produced up
+to and including EOS; the JSON records both length distributions.
 """
 
 from __future__ import annotations
@@ -18,6 +24,19 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def _length(row: list[int], eos: int | None) -> int:
+    """Tokens a completion produced: up to and including its first EOS (the rest of the row is padding)."""
+    return row.index(eos) + 1 if eos is not None and eos in row else len(row)
+
+
+def _summary(lengths: list[int], cap: int) -> dict[str, float]:
+    return {
+        "mean": round(sum(lengths) / len(lengths), 2),
+        "max": max(lengths),
+        "truncated_fraction": round(sum(n >= cap for n in lengths) / len(lengths), 4),
+    }
 
 
 def main() -> None:
@@ -38,6 +57,7 @@ def main() -> None:
         action="store_true",
         help="vLLM with torch.compile/graphs (slower start) instead of eager",
     )
+    ap.add_argument("--stop-at-eos", action="store_true", help="variable lengths: stop at EOS (see above)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
@@ -68,7 +88,9 @@ def main() -> None:
             seed=0,
         )
         params = [
-            SamplingParams(n=args.n, temperature=1.0, max_tokens=args.max_tokens, ignore_eos=True, seed=i)
+            SamplingParams(
+                n=args.n, temperature=1.0, max_tokens=args.max_tokens, ignore_eos=not args.stop_at_eos, seed=i
+            )
             for i in range(len(prompts))
         ]
         reqs = [TokensPrompt(prompt_token_ids=p) for p in prompts]
@@ -78,8 +100,8 @@ def main() -> None:
             t = time.perf_counter()
             outs = llm.generate(reqs, params, use_tqdm=False)
             vllm_s.append(time.perf_counter() - t)
-        produced = sum(len(c.token_ids) for o in outs for c in o.outputs)
-        assert produced == total, (produced, total)
+        vllm_lengths = [len(c.token_ids) for o in outs for c in o.outputs]
+        assert args.stop_at_eos or sum(vllm_lengths) == total, (sum(vllm_lengths), total)
 
     model.eval()
     width = max(map(len, prompts))
@@ -96,8 +118,8 @@ def main() -> None:
         temperature=1.0,
         top_k=0,
         max_new_tokens=args.max_tokens,
-        min_new_tokens=args.max_tokens,
         pad_token_id=pad,
+        **({"eos_token_id": tok.eos_token_id} if args.stop_at_eos else {"min_new_tokens": args.max_tokens}),
     )
     with torch.no_grad():
         model.generate(ids, **gen_kwargs)
@@ -106,9 +128,11 @@ def main() -> None:
             t = time.perf_counter()
             out = model.generate(ids, **gen_kwargs)
             hf_s.append(time.perf_counter() - t)
-    assert out.shape[1] - width == args.max_tokens
+    eos = tok.eos_token_id if args.stop_at_eos else None
+    hf_lengths = [_length(row.tolist(), eos) for row in out[:, width:]]
+    assert args.stop_at_eos or sum(hf_lengths) == total, (sum(hf_lengths), total)
 
-    vllm_tok_s, hf_tok_s = total / min(vllm_s), total / min(hf_s)
+    vllm_tok_s, hf_tok_s = sum(vllm_lengths) / min(vllm_s), sum(hf_lengths) / min(hf_s)
     result = {
         "benchmark": "rollout",
         "tokens_per_batch": total,
@@ -116,6 +140,11 @@ def main() -> None:
         "n": args.n,
         "max_tokens": args.max_tokens,
         "vllm_compiled": args.compile,
+        "stop_at_eos": args.stop_at_eos,
+        "lengths": {
+            "vllm": _summary(vllm_lengths, args.max_tokens),
+            "hf": _summary(hf_lengths, args.max_tokens),
+        },
         "model": cfg.model.model_dump(),
         "parameters": sum(p.numel() for p in model.parameters()),
         "vllm_seconds": vllm_s,

@@ -47,22 +47,51 @@ DEFAULT_CONFIG = Path("configs/default.yaml")
 DEFAULT_CRON = "*/30 * * * *"
 
 
-def up() -> None:
-    """Start the local stack on 127.0.0.1: S3 (SeaweedFS), Prefect server + UI, MLflow server + UI."""
+def up(
+    rollout_servers: Annotated[
+        int,
+        typer.Option(
+            min=0, max=64, help="Also start N vLLM rollout servers on --model (runs use rollout.server_urls)."
+        ),
+    ] = 0,
+    model: Annotated[
+        Path | None,
+        typer.Option(help="Checkpoint folder the rollout servers start on (a run syncs its own weights in)."),
+    ] = None,
+    config: Annotated[
+        Path, typer.Option(help="Config whose rollout settings and model length the servers use.")
+    ] = DEFAULT_CONFIG,
+) -> None:
+    """Start the local stack on 127.0.0.1: S3 (SeaweedFS), Prefect server + UI, MLflow server + UI; with
+    --rollout-servers, vLLM rollout servers too (stopped by ``down``)."""
     from infra.localstack.process import ServerError
-    from infra.localstack.stack import BUCKET, stack_dir
+    from infra.localstack.stack import BUCKET, check_model_folder, stack_dir, start_rollout_servers
     from infra.localstack.stack import up as start
 
+    cfg = None
+    if rollout_servers:
+        if model is None:
+            fail("--rollout-servers needs --model: a checkpoint folder (e.g. a run's warm-up checkpoint)")
+        cfg = _load(config)
+        try:
+            check_model_folder(model)
+        except ServerError as e:
+            fail(str(e))
     try:
         svc = start()["services"]
+        urls = start_rollout_servers(model, rollout_servers, cfg) if cfg is not None and model else []
     except ServerError as e:
         fail(str(e))
     creds = stack_dir() / "credentials.json"
     typer.echo(f"S3       {svc['s3']['url']}   bucket {BUCKET}; credentials from the environment or {creds}")
     typer.echo(f"Prefect  {svc['prefect']['url']}")
     typer.echo(f"MLflow   {svc['mlflow']['url']}")
+    for i, url in enumerate(urls):
+        typer.echo(f"rollout  {url}   vLLM server {i} on {model}")
     typer.echo(f"state    {stack_dir()}")
     typer.echo(f"use it:  rlfoundry run configs/default.yaml --set store.uri=s3://{BUCKET}/runs")
+    if urls:
+        typer.echo(f"         --set 'rollout.server_urls=[{','.join(urls)}]'   (generate on those servers)")
 
 
 def down() -> None:
@@ -76,16 +105,21 @@ def down() -> None:
         typer.echo(f"{name:8} {'stopped' if was else 'was not running'}")
 
 
+def _load(config: Path, overrides: list[str] | None = None) -> Config:
+    from rl_core.config import ConfigError, load_config
+
+    try:
+        return load_config(config, overrides or [])
+    except ConfigError as e:
+        fail(str(e))
+
+
 def _prepare(config: Path, overrides: list[str] | None = None) -> tuple[Config, str]:
     """The served config and the Prefect API URL, with the project root as the working directory (the
     deployments' entrypoints are relative to it)."""
-    from rl_core.config import ConfigError, load_config
     from rl_core.paths import PROJECT_ROOT, configure_env
 
-    try:
-        cfg = load_config(config, overrides or [])
-    except ConfigError as e:
-        fail(str(e))
+    cfg = _load(config, overrides)
     configure_env()
     api = os.environ.get("PREFECT_API_URL")
     if not api:

@@ -174,17 +174,23 @@ def _ensure_bucket(endpoint: str, creds: dict[str, str]) -> None:
         fs.mkdir(BUCKET)
 
 
+def check_model_folder(model_dir: Path) -> None:
+    """A rollout server's model: a Hugging Face checkpoint folder (config, weights, tokenizer), else an error
+    naming the folder and what it lacks."""
+    need = ("config.json", "model.safetensors", "tokenizer.json")
+    missing = [f for f in need if not (model_dir / f).exists()]
+    if not model_dir.is_dir() or missing:
+        what = "is not a folder" if not model_dir.is_dir() else f"has no {', '.join(missing)}"
+        raise ServerError(f"rollout servers: {model_dir} {what} (a Hugging Face checkpoint folder)")
+
+
 def start_rollout_servers(model_dir: Path, n: int, cfg: Any) -> list[str]:
     """Start ``n`` vLLM rollout servers (``infra.rollout_servers``, the settings of ``cfg.rollout``) on the
     checkpoint folder ``model_dir``; they outlive ``up`` and are recorded for ``down``. Their URLs: a run uses
     them with ``rollout.server_urls``."""
     from infra.rollout_servers import RolloutServers
 
-    need = ("config.json", "model.safetensors", "tokenizer.json")
-    missing = [f for f in need if not (model_dir / f).exists()]
-    if not model_dir.is_dir() or missing:
-        what = "is not a folder" if not model_dir.is_dir() else f"has no {', '.join(missing)}"
-        raise ServerError(f"rollout servers: {model_dir} {what} (a Hugging Face checkpoint folder)")
+    check_model_folder(model_dir)
     servers = RolloutServers(
         model_dir,
         cfg.rollout,
@@ -242,6 +248,7 @@ __all__ = [
     "BUCKET",
     "ServerError",
     "apply_env",
+    "check_model_folder",
     "credentials",
     "down",
     "is_up",

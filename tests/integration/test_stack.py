@@ -31,6 +31,23 @@ def _listening(pid: int) -> set[str]:
     return {c.laddr.ip for p in procs for c in p.net_connections("tcp") if c.status == psutil.CONN_LISTEN}
 
 
+def _rollout_servers_from_up(fs, env: dict[str, str]) -> list[str]:
+    """`rlfoundry up --rollout-servers 1` on the smoke run's warm-up checkpoint (this machine's copy)."""
+    from rl_core.paths import cache_dir
+
+    (warm,) = fs.glob("rlfoundry/runs/_base/*/iter-0000/warmup/_manifest.json")
+    model = cache_dir("checkpoints") / json.loads(fs.cat(warm))["outputs"]["checkpoint"]["sha256"]
+    bad = cli(["up", "--rollout-servers", "1", "--model", str(model / "nothing")], env, timeout=120)
+    assert bad.returncode == 2 and "nothing is not a folder" in bad.stderr, bad.stderr
+    r = cli(["up", "--rollout-servers", "1", "--model", str(model)], env, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    found = re.findall(r"^rollout\s+(http://127\.0\.0\.1:\d+)", r.stdout, re.M)
+    assert len(found) == 1 and f"rollout.server_urls=[{found[0]}]" in r.stdout, r.stdout
+    with urllib.request.urlopen(found[0] + "/health", timeout=30) as health:
+        assert health.status == 200
+    return found
+
+
 @pytest.mark.slow
 def test_up_run_on_s3_down(tmp_path):
     state = tmp_path / "state"
@@ -97,6 +114,32 @@ def test_up_run_on_s3_down(tmp_path):
             assert json.loads(a.read())["outputs"]["checkpoint"]["uri"].startswith("s3://rlfoundry/runs/t1/")
         seen = json.dumps(runs) + json.dumps(found) + run.stdout + run.stderr
         assert SECRET not in seen and KEY not in seen
+
+        # rollout servers started by `up` on the run's warm-up checkpoint; a second run generates through them
+        # and ends with the first run's weights (the servers sample as the in-process engine does)
+        server_urls = _rollout_servers_from_up(fs, env)
+        rollout = {"pid": json.loads((state / "stack" / "rollout.json").read_text())["servers"][0]["pid"]}
+        assert _listening(rollout["pid"]) <= {"127.0.0.1"}
+        on_servers = cli(
+            [
+                "run",
+                "configs/smoke.yaml",
+                "--run-id",
+                "t2",
+                "--set",
+                "store.uri=s3://rlfoundry/runs",
+                "--set",
+                "experiment.iterations=1",
+                "--set",
+                f"rollout.server_urls=[{server_urls[0]}]",
+            ],
+            run_env,
+        )
+        assert on_servers.returncode == 0, on_servers.stderr[-3000:]
+        trained = [json.loads(fs.cat(f"rlfoundry/runs/t{r}/iter-0001/train/_manifest.json")) for r in "12"]
+        assert trained[1]["metrics"]["policy_sha256"] == trained[0]["metrics"]["policy_sha256"]
+        gen = json.loads(fs.cat("rlfoundry/runs/t2/iter-0001/generate/_manifest.json"))["metrics"]
+        assert gen["prefix_cache_queries"] > 0, gen  # the servers' own counters: it ran there
         # nor in any file the stack or the run wrote (logs, Prefect and MLflow databases, S3 data), except the
         # two that must hold it: the generated-credentials file is absent (they came from the environment)
         assert not (state / "stack" / "credentials.json").exists()
@@ -109,8 +152,8 @@ def test_up_run_on_s3_down(tmp_path):
         assert d.returncode == 0, d.stderr
         assert sentinel.poll() is None
         sentinel.kill()
-    assert {line.split()[0] for line in d.stdout.splitlines()} == {"s3", "prefect", "mlflow"}
-    for svc in stack.values():
+    assert {line.split()[0] for line in d.stdout.splitlines()} == {"s3", "prefect", "mlflow", "rollout-0"}
+    for svc in [*stack.values(), rollout]:
         assert (
             not psutil.pid_exists(svc["pid"]) or psutil.Process(svc["pid"]).status() == psutil.STATUS_ZOMBIE
         )
