@@ -87,6 +87,8 @@ def experiment_flow(cfg: Config, run_id: str) -> dict[str, Any]:
     )
     start_rollout_engine(cfg, run_id)
     ev0 = task_for("evaluate")(cfg, run_id, 0, base_run)
+    if lin and base_run:
+        lineage_writer(cfg).submit(0, lambda: lin.finish(base_run))
     emit(summarize(0, {"init": init, "warmup": wu, "evaluate": ev0}))
     policy = wu.outputs["checkpoint"]
     last: dict[str, Manifest | None] = {"evaluate": ev0}

@@ -43,17 +43,29 @@ def run_iterations(
 ) -> Iterator[tuple[int, dict[str, Manifest | None]]]:
     """Run iterations 1..N; yields each one's manifests by stage (None: not due), in order."""
     lin, last = lineage(cfg), cfg.experiment.iterations
+    upcoming: dict[int, Any] = {}  # iteration -> future of its MLflow run, created by the lineage thread
 
-    def open_run(k: int) -> str | None:
+    def create(k: int) -> str:
+        return lin.iteration_run(parent_mlflow_run, run_id, k, flow_run_id)  # type: ignore[union-attr]
+
+    def open_run(k: int, ahead: bool = False) -> str | None:
+        """Iteration k's MLflow child run; ``ahead``: have the lineage thread create it meanwhile (it is
+        ready, off the critical path, when iteration k starts)."""
         if lin is None or parent_mlflow_run is None:
             return None
-        return lin.iteration_run(parent_mlflow_run, run_id, k, flow_run_id)
+        if ahead:
+            upcoming[k] = lineage_writer(cfg).submit(k, lambda: create(k))
+            return None
+        fut = upcoming.pop(k, None)
+        return fut.result() if fut is not None else create(k)
 
     ahead: dict[int, tuple[str | None, list[Any]]] = {}
     for k in range(1, last + 1):
         if lin:
             lineage_writer(cfg).flush(upto=k - 2)  # the last iteration's records may still be in flight
         run, futures = ahead.pop(k) if k in ahead else (open_run(k), None)
+        if k < last:
+            open_run(k + 1, ahead=True)
         manifests: dict[str, Manifest | None] = {}
         for spec in ITERATION:
             if spec.name in ROLLOUT_STAGES and futures is not None:

@@ -151,7 +151,7 @@ class LineageWriter:
 
     >>> w = LineageWriter()
     >>> seen = []
-    >>> w.submit(1, lambda: seen.append("a")); w.submit(2, lambda: seen.append("b"))
+    >>> first = w.submit(1, lambda: seen.append("a")); second = w.submit(2, lambda: seen.append("b"))
     >>> w.flush(upto=1); seen[:1]
     ['a']
     >>> w.flush(); seen
@@ -160,12 +160,15 @@ class LineageWriter:
 
     def __init__(self) -> None:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlf-lineage")
-        self._pending: list[tuple[int, Future[None]]] = []
+        self._pending: list[tuple[int, Future[Any]]] = []
         self._lock = threading.Lock()  # stages of two iterations may submit at once (asynchronous RL)
 
-    def submit(self, iteration: int, write: Callable[[], None]) -> None:
+    def submit(self, iteration: int, write: Callable[[], Any]) -> Future[Any]:
+        """Queue ``write`` (tagged with ``iteration``); its future (``flush`` also waits for it)."""
         with self._lock:
-            self._pending.append((iteration, self._pool.submit(write)))
+            fut = self._pool.submit(write)
+            self._pending.append((iteration, fut))
+        return fut
 
     def flush(self, upto: int | None = None) -> None:
         """Wait for the writes of iterations <= ``upto`` (all when None); raise the first one's failure."""
