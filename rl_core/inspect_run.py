@@ -82,6 +82,8 @@ def lineage(store: Store, run_id: str, iteration: int) -> list[dict[str, Any]]:
             {
                 "iteration": k,
                 "checkpoint": tr.outputs["checkpoint"].uri,
+                # False between train.checkpoint_every points: rebuilt from the last stored one on demand
+                "checkpoint_stored": tr.outputs["checkpoint"].stored is not False,
                 "policy_sha256": tr.metrics["policy_sha256"],
                 "parent_checkpoint": tr.inputs["policy"].uri,
                 "rollouts": tr.inputs["rollouts"].uri,

@@ -171,6 +171,8 @@ def test_checkpoint_cadence_resumes_and_replays_by_rebuilding(reference, tmp_pat
     for output in ("checkpoint", "optimizer.pt"):
         written = sorted(p.parts[-3] for p in run_dir.glob(f"iter-*/train/{output}"))
         assert written == ["iter-0003", "iter-0004"], (output, written)
+    chain = json.loads(_cli(["lineage", "c", "--iteration", "4", "--json"], tmp_path, timeout=120).stdout)
+    assert [c.get("checkpoint_stored") for c in chain] == [True, True, False, False, None]  # 4, 3, 2, 1, base
     if point == "train:start":  # a replay on a machine without the local copies rebuilds them identically
         for stage in ("train", "generate"):
             assert len(_drop_local_copies(run_dir)) == 2
