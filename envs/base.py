@@ -109,7 +109,7 @@ def register(name: str) -> Callable[[Callable[[], Env]], Callable[[], Env]]:
 
 
 def make_env(name: str) -> Env:
-    from envs import arithmetic, computer, humaneval, shapes, tools  # noqa: F401  (they register themselves)
+    from envs import arithmetic, computer, countup, humaneval, shapes, tools  # noqa: F401  (they register)
 
     if name not in _REGISTRY:
         raise KeyError(f"unknown environment {name!r}; registered: {', '.join(sorted(_REGISTRY))}")
@@ -117,6 +117,6 @@ def make_env(name: str) -> Env:
 
 
 def registered() -> list[str]:
-    from envs import arithmetic, computer, humaneval, shapes, tools  # noqa: F401
+    from envs import arithmetic, computer, countup, humaneval, shapes, tools  # noqa: F401
 
     return sorted(_REGISTRY)
