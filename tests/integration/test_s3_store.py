@@ -132,7 +132,10 @@ def test_run_and_replay_on_s3(s3, s3_run, tmp_path):
     assert SECRET not in record and KEY not in record
 
 
+# SIGKILLing the S3 server can leave a chunk the filer recorded but no volume kept (written in the instant
+# before the kill); the resume clears that uncommitted stage folder and SeaweedFS logs the lookup it failed.
 @pytest.mark.slow
+@pytest.mark.server_log_allows(r"LookupFileId .* volume \d+ not found")
 def test_s3_outage_fails_clearly_then_resume_matches(s3, s3_run, tmp_path):
     """Kill the S3 server mid-run: bounded retries, a failure naming the endpoint, nothing committed lost;
     after a restart on the same ports and data, resume ends with the uninterrupted run's weights."""
