@@ -123,13 +123,18 @@ def _update(ctx: RunContext, job: StageJob) -> tuple[Any, dict[str, Any]]:
     return engine, metrics
 
 
+def _carried(src: Path) -> list[Path]:
+    """The files of the parent checkpoint folder a new one keeps as they are: all but the weights (and the
+    cache's own markers)."""
+    keep = (f for f in Path(src).iterdir() if f.is_file() and f.name != WEIGHTS)
+    return sorted(f for f in keep if not f.name.startswith("."))
+
+
 def _store(ctx: RunContext, job: StageJob, engine: Any, weights: dict[str, Any]) -> tuple[ArtifactRef, ...]:
     """Write the checkpoint folder (the input policy's files with the new weights) and the optimizer state."""
-    src = ctx.local_checkpoint(job.inputs["policy"])
     with tempfile.TemporaryDirectory() as d:
-        for f in Path(src).iterdir():
-            if f.is_file() and f.name != WEIGHTS and not f.name.startswith("."):
-                shutil.copy(f, Path(d) / f.name)
+        for f in _carried(ctx.local_checkpoint(job.inputs["policy"])):
+            shutil.copy(f, Path(d) / f.name)
         save_weights(weights, d)
         ref = ctx.store.put_dir(d, f"{job.out_uri}/checkpoint")
     return ref, ctx.store.write_bytes(f"{job.out_uri}/optimizer.pt", engine.optimizer_state())
@@ -140,21 +145,15 @@ def _hold(ctx: RunContext, job: StageJob, weights: dict[str, Any]) -> tuple[Arti
     digest is the one its folder would have had; a local copy of the folder is written for this machine's
     readers (the rollout engine's tokenizer, evaluation)."""
     policy = job.inputs["policy"]
-    src = ctx.local_checkpoint(policy)
+    carried = _carried(ctx.local_checkpoint(policy))
     data = weights_bytes(weights)
-    files = {
-        rel: sha
-        for rel, sha in (policy.files or {}).items()
-        if rel != WEIGHTS and "/" not in rel and not rel.startswith(".")
-    }
-    files[WEIGHTS] = sha256_bytes(data)
+    files = {f.name: (policy.files or {})[f.name] for f in carried} | {WEIGHTS: sha256_bytes(data)}
     ref = ArtifactRef(uri=f"{job.out_uri}/checkpoint", sha256=dir_digest(files), files=files, stored=False)
     dest = unstored_dir(ref)
     if not (dest / ".complete").exists():
         tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=".held-"))
-        for rel in files:
-            if rel != WEIGHTS:
-                shutil.copy(Path(src) / rel, tmp / rel)
+        for f in carried:
+            shutil.copy(f, tmp / f.name)
         (tmp / WEIGHTS).write_bytes(data)
         (tmp / ".complete").touch()
         shutil.rmtree(dest, ignore_errors=True)
