@@ -4,7 +4,7 @@ Several operations (add, sub, mul) and difficulty levels (operand digit counts).
 seeded generator; a problem is held-out or train by a hash of its text, so the two splits are disjoint
 whatever their sizes. Single-turn: the first action ends the episode.
 
->>> env = ArithmeticEnv()
+>>> env = ArithmeticEnv(ArithmeticOptions(operations=["add"], digits=[1]))
 >>> env.reset({"prompt": "2+3=", "answer": "5"}, seed=0)
 '2+3='
 >>> env.step("5").outcome["correct"]
@@ -15,9 +15,25 @@ from __future__ import annotations
 
 import random
 import re
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from envs.base import StepResult, is_heldout, register
+
+
+class ArithmeticOptions(BaseModel):
+    """Arithmetic's own options (``task.env_args``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    operations: list[Literal["add", "sub", "mul"]] = Field(
+        ["add", "sub"], min_length=1, description="Arithmetic operations to draw problems from."
+    )
+    digits: list[int] = Field(
+        [1, 2], min_length=1, description="Difficulty levels: operand digit counts drawn from."
+    )
+
 
 _OPS = {"add": ("+", lambda a, b: a + b), "sub": ("-", lambda a, b: a - b), "mul": ("*", lambda a, b: a * b)}
 # At most 64 digits: a longer "number" is not an answer (and int() of 4300+ digits raises).
@@ -28,29 +44,30 @@ def _operand(rng: random.Random, digits: int) -> int:
     return rng.randint(0 if digits == 1 else 10 ** (digits - 1), 10**digits - 1)
 
 
-def problem_space_size(task_cfg: Any) -> int:
+def problem_space_size(options: ArithmeticOptions) -> int:
     total = 0
-    for d in set(task_cfg.digits):
+    for d in set(options.digits):
         n = 10**d - (0 if d == 1 else 10 ** (d - 1))
-        total += n * n * len(set(task_cfg.operations))
+        total += n * n * len(set(options.operations))
     return total
 
 
-def make_tasks(split: str, task_cfg: Any, seed: int) -> list[dict[str, Any]]:
-    """Distinct problems of one split; deterministic in (seed, split, config)."""
+def make_tasks(split: str, task_cfg: Any, seed: int, options: ArithmeticOptions) -> list[dict[str, Any]]:
+    """Distinct problems of one split (``task_cfg`` gives the split sizes); deterministic in (seed, split,
+    sizes, options)."""
     if split not in ("train", "heldout"):
         raise ValueError(f"split must be 'train' or 'heldout', got {split!r}")
     want = task_cfg.train_size if split == "train" else task_cfg.heldout_size
     share = 0.1 if split == "heldout" else 0.9
-    available = int(problem_space_size(task_cfg) * share * 0.9)
+    available = int(problem_space_size(options) * share * 0.9)
     if want > available:
         raise ValueError(
             f"task.{split}_size={want} exceeds the ~{available} distinct {split} problems of "
-            f"operations={task_cfg.operations} digits={task_cfg.digits}"
+            f"task.env_args operations={options.operations} digits={options.digits}"
         )
     rng = random.Random(f"{seed}:{split}")
-    ops = sorted(set(task_cfg.operations))
-    levels = sorted(set(task_cfg.digits))
+    ops = sorted(set(options.operations))
+    levels = sorted(set(options.digits))
     seen: set[str] = set()
     out: list[dict[str, Any]] = []
     while len(out) < want:
@@ -94,12 +111,23 @@ def parse_answer(completion: str) -> int | None:
 @register("arithmetic")
 class ArithmeticEnv:
     name = "arithmetic"
+    config_model: type[BaseModel] = ArithmeticOptions
 
-    def __init__(self) -> None:
+    def __init__(self, options: BaseModel | None = None) -> None:
+        self.options = options or self.config_model()
         self._task: dict[str, Any] | None = None
 
     def tasks(self, split: str, task_cfg: Any, seed: int) -> list[dict[str, Any]]:
-        return make_tasks(split, task_cfg, seed)
+        assert isinstance(self.options, ArithmeticOptions)
+        return make_tasks(split, task_cfg, seed, self.options)
+
+    def flawed(self, task: dict[str, Any]) -> str:
+        """The warm-up teacher's systematic mistake: off by one.
+
+        >>> ArithmeticEnv().flawed({"answer": "41"}), ArithmeticEnv().flawed({"answer": "-3"})
+        ('42', '-2')
+        """
+        return str(int(task["answer"]) + 1)
 
     def reset(self, task: dict[str, Any], seed: int) -> str:
         self._task = task

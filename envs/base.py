@@ -1,11 +1,20 @@
-"""The environment contract and registry.
+"""The environment contract, its capabilities, the outcome record, and the registry.
 
 An environment turns a task into an episode. Episodes may be multi-turn: ``reset(task, seed)`` gives the first
 observation (the prompt), then the generate stage alternates engine calls and ``step(action)`` until ``done``.
-``outcome`` is what the reward stage scores. Environments that run model-written code take an ``Executor``
-(the sandbox in ``envs/sandbox``), never ``exec`` on the host.
+The ``outcome`` of the last step is what the reward functions score: an ``Outcome`` record (``correct`` and
+``well_formed`` required, anything else the environment knows kept beside them). Environments that run
+model-written code take an ``Executor`` (the sandbox in ``envs/sandbox``), never ``exec`` on the host.
 
-    env = make_env("arithmetic")
+What an environment can do beyond single-turn text is a small Protocol it satisfies, not an attribute probed
+for: ``MultiTurn`` (``max_turns``), ``Multimodal`` (an image per task), ``Demonstrations`` (the warm-up's
+segments), ``Corpus`` (the text its tokenizer is built from), ``FlawedTeacher`` (the warm-up teacher's
+mistake), ``Configurable`` (its own options, a pydantic model validated from ``task.env_args``).
+
+An environment is named in the config by its registered name, by ``module:Class`` (a user's own package), or
+by an entry point of an installed package (group ``rlfoundry.envs``):
+
+    env = make_env("arithmetic", {"digits": [1, 2]})
     tasks = env.tasks("train", task_cfg, seed=0)
     first = env.reset(tasks[0], seed=1)
     result = env.step("46")
@@ -17,7 +26,10 @@ import hashlib
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from pathlib import Path
+from typing import Any, ClassVar, Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 
 @dataclass
@@ -38,6 +50,24 @@ class ExecResult:
     stdout: str
     stderr: str
     killed_reason: str | None = None
+
+
+class Outcome(BaseModel):
+    """What an episode achieved, as the reward functions see it. ``correct`` and ``well_formed`` are
+    required; whatever else the environment reports (``digit_match``, ``tests_passed``, ``flags``...) is kept
+    as extra fields and stored beside them. ``finish_reason`` is filled by the score stage from the rollout.
+
+    >>> Outcome(correct=True, well_formed=True, digit_match=1.0).digit_match
+    1.0
+    """
+
+    model_config = ConfigDict(extra="allow")
+
+    correct: bool = Field(description="The task was solved (what held-out accuracy counts).")
+    well_formed: bool = Field(description="The answer has the form the task asks for (parsed).")
+    finish_reason: str | None = Field(
+        None, description="'stop' (the model ended with EOS) or 'length' (cut off); set by the score stage."
+    )
 
 
 @runtime_checkable
@@ -64,6 +94,58 @@ class Env(Protocol):
     def step(self, action: str) -> StepResult:
         """Apply the model's action (its completion text)."""
         ...
+
+
+@runtime_checkable
+class MultiTurn(Protocol):
+    """Episodes of several model turns, the environment answering between them."""
+
+    max_turns: int
+
+
+@runtime_checkable
+class Multimodal(Protocol):
+    """Each task comes with an image the model sees before the prompt's text."""
+
+    image_size: int
+
+    def image(self, task: dict[str, Any]) -> bytes:
+        """The task's picture (PNG bytes, deterministic)."""
+        ...
+
+
+@runtime_checkable
+class Demonstrations(Protocol):
+    """The warm-up imitates whole episodes: (text, is_model_turn) segments."""
+
+    def demonstration(self, task: dict[str, Any], flawed: bool) -> list[tuple[str, bool]]: ...
+
+
+@runtime_checkable
+class FlawedTeacher(Protocol):
+    """The warm-up teacher's mistaken answer to a single-turn task (``warmup.teacher_error_rate``)."""
+
+    def flawed(self, task: dict[str, Any]) -> str: ...
+
+
+@runtime_checkable
+class Corpus(Protocol):
+    """The text the built-in tokenizer is trained on (default: the tasks' prompts and answers)."""
+
+    def corpus(self, tasks: list[dict[str, Any]]) -> list[str]: ...
+
+
+class NoOptions(BaseModel):
+    """The options of an environment that has none (``task.env_args`` must be empty)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+@runtime_checkable
+class Configurable(Protocol):
+    """Options of its own: ``config_model`` validates ``task.env_args``; the instance is built with them."""
+
+    config_model: ClassVar[type[BaseModel]]
 
 
 def draw_tasks(
@@ -97,26 +179,144 @@ def is_heldout(text: str) -> bool:
     return hashlib.sha256(text.encode()).digest()[0] < 26
 
 
-_REGISTRY: dict[str, Callable[[], Env]] = {}
+_REGISTRY: dict[str, type] = {}
+ENTRY_POINT_GROUP = "rlfoundry.envs"
 
 
-def register(name: str) -> Callable[[Callable[[], Env]], Callable[[], Env]]:
-    def deco(factory: Callable[[], Env]) -> Callable[[], Env]:
-        _REGISTRY[name] = factory
-        return factory
+def register(name: str) -> Callable[[type], type]:
+    """Class decorator: the project's own environments, by name."""
+
+    def deco(cls: type) -> type:
+        _REGISTRY[name] = cls
+        return cls
 
     return deco
 
 
-def make_env(name: str) -> Env:
+def _builtins() -> None:
     from envs import arithmetic, computer, countup, humaneval, shapes, tools  # noqa: F401  (they register)
 
-    if name not in _REGISTRY:
-        raise KeyError(f"unknown environment {name!r}; registered: {', '.join(sorted(_REGISTRY))}")
-    return _REGISTRY[name]()
+
+def installed() -> dict[str, str]:
+    """Environments other packages declare under the ``rlfoundry.envs`` entry point group: name -> target."""
+    from importlib.metadata import entry_points
+
+    return {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def load_object(target: str, what: str) -> Any:
+    """The object ``module:attribute`` names (a user's environment class or reward function), imported;
+    an error names the target and what is wrong with it."""
+    import importlib
+
+    module_name, _, attr = target.partition(":")
+    if not module_name or not attr:
+        raise ValueError(f"{what} {target!r}: expected 'module:attribute'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ValueError(f"{what} {target!r}: cannot import module {module_name!r} ({e})") from None
+    obj: Any = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ValueError(f"{what} {target!r}: module {module_name!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    return obj
+
+
+def env_class(name: str) -> type:
+    """The class of environment ``name``: a registered name, ``module:Class``, or an entry point of an
+    installed package. It must have the ``Env`` methods (``tasks``, ``reset``, ``step``)."""
+    _builtins()
+    if name in _REGISTRY:
+        return _REGISTRY[name]
+    target = name if ":" in name else installed().get(name)
+    if target is None:
+        known = ", ".join(sorted(_REGISTRY) + sorted(installed()))
+        raise ValueError(
+            f"unknown environment {name!r}; registered: {known}; or name one as 'module:Class' "
+            f"(or install a package declaring it under the {ENTRY_POINT_GROUP!r} entry points)"
+        )
+    cls = load_object(target, "environment")
+    missing = [m for m in ("tasks", "reset", "step") if not callable(getattr(cls, m, None))]
+    if not isinstance(cls, type) or missing:
+        raise ValueError(f"environment {name!r} ({target}) is not an environment class: lacks {missing}")
+    return cls
+
+
+def env_source(name: str) -> Path | None:
+    """The folder of the package that defines environment ``name`` when it lives outside this project and
+    outside the installed packages (a user's own package on ``sys.path``): what a Ray cluster must be sent
+    to import it (``runtime_env.py_modules``). None for the project's own and for installed environments."""
+    import importlib.util
+    import sysconfig
+
+    cls = env_class(name)
+    top = cls.__module__.split(".")[0]
+    spec = importlib.util.find_spec(top)
+    if spec is None or spec.origin is None:
+        return None
+    where = Path(spec.origin).resolve()
+    home = Path(__file__).resolve().parents[1]
+    installed_dirs = {Path(sysconfig.get_paths()[k]).resolve() for k in ("purelib", "platlib")}
+    if where.is_relative_to(home) or any(where.is_relative_to(d) for d in installed_dirs):
+        return None
+    if where.name != "__init__.py":
+        raise ValueError(
+            f"environment {name!r} is the single-file module {where}: make it a package (a folder with "
+            "__init__.py) so that Ray workers can be sent it, or install it on the cluster"
+        )
+    return where.parent
+
+
+def env_options(name: str, args: dict[str, Any] | None = None) -> BaseModel | None:
+    """The environment's own options: ``args`` (the config's ``task.env_args``) validated by its
+    ``config_model``. An environment without one takes no options."""
+    cls = env_class(name)
+    if not isinstance(cls, Configurable):
+        if args:
+            raise ValueError(f"task.env_args: environment {name!r} takes no options; got {sorted(args)}")
+        return None
+    model = cls.config_model
+    unknown = sorted(set(args or {}) - set(model.model_fields))
+    if unknown and model.model_config.get("extra") != "allow":  # a typo is never silently ignored
+        raise ValueError(
+            f"environment {name!r}: task.env_args.{unknown[0]}: not an option of {model.__name__} "
+            f"(extra fields not permitted; options: {', '.join(model.model_fields)})"
+        )
+    try:
+        return model.model_validate(args or {})
+    except ValidationError as e:
+        bad = "; ".join(f"task.env_args.{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors())
+        raise ValueError(f"environment {name!r}: {bad}") from None
+
+
+def make_env(name: str, args: dict[str, Any] | None = None) -> Env:
+    """A fresh environment ``name`` with its options (``task.env_args``)."""
+    cls = env_class(name)
+    options = env_options(name, args)
+    return cls() if options is None else cls(options)
 
 
 def registered() -> list[str]:
-    from envs import arithmetic, computer, countup, humaneval, shapes, tools  # noqa: F401
+    """The project's environments and those of installed packages."""
+    _builtins()
+    return sorted(set(_REGISTRY) | set(installed()))
 
-    return sorted(_REGISTRY)
+
+def check_outcome(env: str, outcome: dict[str, Any]) -> dict[str, Any]:
+    """``outcome`` as an ``Outcome`` would hold it; a missing or mistyped required field is an error naming
+    the environment and the field."""
+    try:
+        Outcome.model_validate(outcome)
+    except ValidationError as e:
+        bad = "; ".join(f"{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors())
+        raise ValueError(
+            f"environment {env!r} returned an outcome the reward stage cannot score: {bad}"
+        ) from None
+    return outcome
+
+
+def turns(env: Env) -> int:
+    """Most model turns of one episode (1 = single-turn)."""
+    return env.max_turns if isinstance(env, MultiTurn) else 1

@@ -3,8 +3,8 @@
 A generation-heavy task whose answers really are long: every answer holds as many numbers as fit in ~126
 answer tokens at one token per digit and per space (25 numbers of four digits: 125 tokens with the closing
 EOS), so a run samples up to 128 tokens per completion (``configs/countup.yaml``). The numbers have
-``task.digits`` digits (``[4]``: 1000-9999, 8,976 problems, 896 of them held-out; ``[2]``: only 49
-problems); ``task.operations`` is not used. A problem is held-out or train by a hash of its prompt
+``task.env_args.digits`` digits (``[4]``, the default: 1000-9999, 8,976 problems, 896 of them held-out;
+``[2]``: only 49 problems). A problem is held-out or train by a hash of its prompt
 (``envs.base.draw_tasks``), so the splits are disjoint. The length is fixed so that a tiny model learns
 where to stop within a short warm-up.
 
@@ -26,8 +26,21 @@ import random
 import re
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from envs.arithmetic import ArithmeticEnv
 from envs.base import StepResult, draw_tasks, register
+
+
+class CountUpOptions(BaseModel):
+    """Countup's own options (``task.env_args``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    digits: list[int] = Field(
+        [4], min_length=1, description="Digit counts of the numbers counted (answers hold 126 tokens)."
+    )
+
 
 # Answer tokens (digits, spaces and the closing EOS) a problem may need at most: within a 128-token budget.
 ANSWER_TOKENS = 126
@@ -54,18 +67,18 @@ def count_up(a: int, b: int) -> str:
     return " ".join(str(n) for n in range(a, b + 1))
 
 
-def make_tasks(split: str, task_cfg: Any, seed: int) -> list[dict[str, Any]]:
-    """Distinct problems of one split; deterministic in (seed, split, config).
+def make_tasks(split: str, task_cfg: Any, seed: int, digits: list[int]) -> list[dict[str, Any]]:
+    """Distinct problems of one split; deterministic in (seed, split, sizes, digits).
 
     >>> from types import SimpleNamespace
-    >>> cfg = SimpleNamespace(digits=[4], train_size=5, heldout_size=3)
-    >>> t = make_tasks("train", cfg, 0)[0]
+    >>> cfg = SimpleNamespace(train_size=5, heldout_size=3)
+    >>> t = make_tasks("train", cfg, 0, [4])[0]
     >>> t["answer"] == count_up(t["start"], t["stop"]) and t["prompt"] == f"{t['start']}..{t['stop']}="
     True
     """
-    low, high, n = count_range(task_cfg.digits)
+    low, high, n = count_range(digits)
     if high - low + 1 < n:
-        raise ValueError(f"task.digits={task_cfg.digits}: fewer than {n} numbers to count")
+        raise ValueError(f"task.env_args.digits={digits}: fewer than {n} numbers to count")
 
     def draw(rng: random.Random) -> dict[str, Any]:
         a = rng.randint(low, high - n + 1)
@@ -125,13 +138,19 @@ class CountUpEnv(ArithmeticEnv):
     """Episodes are arithmetic's (one action ends them); the tasks, demonstrations and verifier are new."""
 
     name = "countup"
+    config_model: type[BaseModel] = CountUpOptions
 
     def tasks(self, split: str, task_cfg: Any, seed: int) -> list[dict[str, Any]]:
-        return make_tasks(split, task_cfg, seed)
+        assert isinstance(self.options, CountUpOptions)
+        return make_tasks(split, task_cfg, seed, self.options.digits)
 
     def demonstration(self, task: dict[str, Any], flawed: bool) -> list[tuple[str, bool]]:
         """The warm-up's (text, is_model_turn) segments: the prompt, then the teacher's answer."""
-        return [(task["prompt"], False), (teacher_answer(task["answer"]) if flawed else task["answer"], True)]
+        return [(task["prompt"], False), (self.flawed(task) if flawed else task["answer"], True)]
+
+    def flawed(self, task: dict[str, Any]) -> str:
+        """The flawed teacher's answer: one number short (``teacher_answer``)."""
+        return teacher_answer(task["answer"])
 
     def step(self, action: str) -> StepResult:
         if self._task is None:

@@ -139,4 +139,10 @@ class HumanEvalEnv:
     def step(self, action: str) -> StepResult:
         assert self._task is not None, "reset() first"
         res = score([{"task_id": self._task["task_id"], "completion": action}], workers=1)["results"][0]
-        return StepResult(observation=None, done=True, outcome=res)
+        # The reward stage's record: correct = every test passed; well formed = it compiled.
+        outcome = {
+            "correct": res["passed"],
+            "well_formed": "syntax_error" not in res["flags"],
+            "flags": res["flags"],
+        }
+        return StepResult(observation=None, done=True, outcome=outcome)

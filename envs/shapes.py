@@ -19,8 +19,10 @@ import json
 import random
 from typing import Any
 
+from pydantic import BaseModel
+
 from envs.arithmetic import ArithmeticEnv
-from envs.base import draw_tasks, register
+from envs.base import NoOptions, draw_tasks, register
 
 COLORS = {"red": (220, 30, 30), "green": (30, 160, 30), "blue": (30, 30, 220)}
 KINDS = ("square", "circle")
@@ -64,7 +66,7 @@ class ShapesEnv(ArithmeticEnv):
     """Episodes and the verifier (a bare integer) are arithmetic's; the tasks and their pictures are new."""
 
     name = "shapes"
-    multimodal = True
+    config_model: type[BaseModel] = NoOptions
     image_size = IMAGE_SIZE
 
     def tasks(self, split: str, task_cfg: Any, seed: int) -> list[dict[str, Any]]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_origin
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -48,13 +48,25 @@ class ModelSection(_Section):
     )
 
 
+def _moved(data: Any, section: str, moved: dict[str, str]) -> Any:
+    """An error naming a field's new home when an old config still sets it (nothing is silently ignored)."""
+    if isinstance(data, dict):
+        for old, new in moved.items():
+            if old in data:
+                raise ValueError(f"{section}.{old} moved: set {new} instead")
+    return data
+
+
 class TaskSection(_Section):
-    env: str = Field("arithmetic", description="Environment name in the envs registry.")
-    operations: list[Literal["add", "sub", "mul"]] = Field(
-        ["add", "sub"], min_length=1, description="Arithmetic operations to draw problems from."
+    env: str = Field(
+        "arithmetic",
+        description="Environment: a registered name, 'module:Class' (your own package), or the name an "
+        "installed package declares under the 'rlfoundry.envs' entry points.",
     )
-    digits: list[int] = Field(
-        [1, 2], min_length=1, description="Difficulty levels: operand digit counts drawn from."
+    env_args: dict[str, Any] = Field(
+        {},
+        description="The environment's own options, validated by its config model (arithmetic: operations, "
+        "digits; countup: digits). Stored with every default filled in.",
     )
     train_size: int = Field(
         10_000, ge=10, description="Number of training problems (disjoint from held-out)."
@@ -71,6 +83,21 @@ class TaskSection(_Section):
         "",
         description="Ray cluster address for executor=ray (e.g. ray://head:10001); empty = a local cluster.",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _env_options_moved(cls, data: Any) -> Any:
+        return _moved(data, "task", {k: f"task.env_args.{k}" for k in ("operations", "digits")})
+
+    @model_validator(mode="after")
+    def _env_known(self) -> TaskSection:
+        from envs.base import env_options  # imports the environment (a user's module) to validate its options
+
+        options = env_options(self.env, self.env_args)
+        filled = {} if options is None else options.model_dump(mode="json")
+        if filled != self.env_args:
+            self.env_args = filled
+        return self
 
 
 class WarmupSection(_Section):
@@ -131,16 +158,30 @@ class RolloutSection(_Section):
 
 
 class RewardSection(_Section):
-    correct_weight: float = Field(1.0, description="Weight of the correctness reward.")
-    format_weight: float = Field(0.1, description="Weight of the format reward (a well-formed answer).")
-    partial_weight: float = Field(
-        0.0,
-        ge=0.0,
-        description="Weight of partial credit: the share of answer digits in the right place (dense signal).",
+    weights: dict[str, float] = Field(
+        {"correct": 1.0, "format": 0.1},
+        min_length=1,
+        description="Reward functions and their weights: a built-in name (correct, format, partial), "
+        "'module:function', or a name an installed package declares under 'rlfoundry.rewards'. The reward "
+        "is the weighted sum of the components that did not abstain.",
     )
     advantage: Literal["grpo", "drgrpo"] = Field(
         "grpo", description="grpo: (r - group mean) / group std; drgrpo: r - group mean (no std scaling)."
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _weights_moved(cls, data: Any) -> Any:
+        old = ("correct", "format", "partial")
+        return _moved(data, "reward", {f"{k}_weight": f"reward.weights.{k}" for k in old})
+
+    @model_validator(mode="after")
+    def _rewards_known(self) -> RewardSection:
+        from rl_core.rewards import reward_function  # imports a user's reward module to check it exists
+
+        for name in self.weights:
+            reward_function(name)
+        return self
 
 
 class TrainSection(_Section):
@@ -263,7 +304,9 @@ def _format_validation_error(err: ValidationError, source: str) -> str:
         ctx = e.get("ctx") or {}
         if "expected" in ctx:
             allowed = f" (allowed: {ctx['expected']})"
-        lines.append(f"  {loc}: {e['msg']}{allowed}; got {e.get('input')!r}")
+        got = e.get("input")
+        shown = "" if isinstance(got, dict) else f"; got {got!r}"  # a whole section says nothing new
+        lines.append(f"  {loc}: {e['msg']}{allowed}{shown}")
     return "\n".join(lines)
 
 
@@ -273,6 +316,11 @@ def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
     fields: dict[str, Any] = Config.model_fields
     model: type[BaseModel] | None = Config
     for i, part in enumerate(parts):
+        if model is dict:  # a free mapping (task.env_args, reward.weights): any key, checked by its owner
+            if i == len(parts) - 1:
+                node[part] = value
+                return
+            raise ConfigError(f"config field {'.'.join(parts[: i + 1])!r} is not a section")
         if model is None or part not in fields:
             known = ", ".join(sorted(fields)) if model is not None else "(none: not a section)"
             raise ConfigError(f"unknown config field {'.'.join(parts[: i + 1])!r}; known here: {known}")
@@ -281,7 +329,11 @@ def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
             return
         ann = fields[part].annotation
         model = ann if isinstance(ann, type) and issubclass(ann, BaseModel) else None
-        fields = model.model_fields if model is not None else {}
+        if model is None and get_origin(ann) is dict:
+            # one key of a mapping: the others keep their defaults (reward.weights.partial=0.5 adds a term)
+            node.setdefault(part, dict(fields[part].get_default(call_default_factory=True)))
+            model = dict  # type: ignore[assignment]
+        fields = model.model_fields if model is not None and model is not dict else {}
         node = node.setdefault(part, {})
         if not isinstance(node, dict):
             raise ConfigError(f"config field {'.'.join(parts[: i + 1])!r} is not a section")

@@ -100,7 +100,7 @@ class RunContext:
     def env(self) -> Any:
         from envs.base import make_env
 
-        return make_env(self.cfg.task.env)
+        return make_env(self.cfg.task.env, self.cfg.task.env_args)
 
     @functools.cached_property
     def train_tasks(self) -> list[dict[str, Any]]:

@@ -15,7 +15,7 @@ from typing import Any
 
 import pandas as pd
 
-from envs.base import make_env
+from envs.base import Multimodal, check_outcome, make_env, turns
 from rl_core.context import RunContext
 from rl_core.faults import iteration_of
 from rl_core.manifest import ArtifactRef
@@ -143,13 +143,13 @@ def sample_table(
     ends there (``max_turns`` 1). In a multi-turn one the engine and the environment then alternate: each
     observation's tokens are appended after the model's turn with loss_mask 0 and logprob 0, so the stored
     sequence is exactly what the engine was conditioned on (never re-tokenized)."""
-    env, max_turns = ctx.env, getattr(ctx.env, "max_turns", 1)
+    env, max_turns = ctx.env, turns(ctx.env)
     local = ctx.local_checkpoint(ckpt)
     tok = load_tokenizer(local)
     prompts = [env.reset(t, s) for t, s in zip(tasks, seeds, strict=True)]
     prompt_ids = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
     images: list[tuple[bytes, ...]] = [() for _ in tasks]
-    if getattr(env, "multimodal", False):
+    if isinstance(env, Multimodal):
         if max_turns > 1:
             raise ValueError(f"environment {env.name!r}: multi-turn episodes with images are not supported")
         prefix = image_prefix(local)
@@ -167,7 +167,7 @@ def sample_table(
         ]
         if max_turns > 1:
             for ep in episodes:
-                ep.env = make_env(ctx.cfg.task.env)
+                ep.env = make_env(ctx.cfg.task.env, ctx.cfg.task.env_args)
                 ep.env.reset(tasks[ep.prompt_index], seeds[ep.prompt_index])
             _more_turns(episodes, engine, tok, prompt_ids, seeds, spec, ctx.max_model_len(), max_turns)
     rows = []
@@ -264,23 +264,22 @@ def generate_body(ctx: RunContext, job: StageJob) -> StageResult:
 
 
 def outcomes_for(
-    env_name: str, rows: list[dict[str, Any]], tasks: dict[str, dict[str, Any]]
+    env_name: str, env_args: dict[str, Any], rows: list[dict[str, Any]], tasks: dict[str, dict[str, Any]]
 ) -> list[dict[str, Any]]:
-    """Each row's outcome from a fresh environment (pure: runs in any worker process or Ray task).
+    """Each row's outcome from a fresh environment (pure: runs in any worker process or Ray task), checked
+    against the ``Outcome`` record (an outcome without ``correct`` or ``well_formed`` is an error here).
 
     Multi-turn rows are replayed from their stored actions, and every observation the environment gives is
     checked against the one the model saw: a difference (a non-hermetic environment) sets ``replay_mismatch``.
     """
-    from envs.base import make_env
-
     out = []
     for r in rows:
-        env = make_env(env_name)
+        env = make_env(env_name, env_args)
         env.reset(tasks[r["task_id"]], int(r["seed"]))
         key = {"prompt_index": int(r["prompt_index"]), "sample_index": int(r["sample_index"])}
         if "actions" not in r:
             res = env.step(r["completion_text"])
-            out.append({**key, "done": res.done, **res.outcome})
+            out.append({**key, "done": res.done, **check_outcome(env_name, res.outcome)})
             continue
         mismatch, res = False, None
         seen = list(r["observations"])
@@ -291,6 +290,8 @@ def outcomes_for(
             if res.done:
                 break
         outcome = {**(res.outcome if res else {}), "truncated": not (res and res.done)}
+        if res is not None and res.done:
+            check_outcome(env_name, outcome)
         out.append(
             {
                 **key,
@@ -321,11 +322,13 @@ def _process_pool(ctx: RunContext) -> Any:
 def _ray_map(
     address: str,
     workers: int,
-    env_name: str,
+    env: tuple[str, dict[str, Any]],
     chunks: list[list[dict[str, Any]]],
     tasks: dict[str, dict[str, Any]],
 ) -> list[list[dict[str, Any]]]:
     import ray
+
+    from envs.base import env_source
 
     if not ray.is_initialized():
         if address:
@@ -338,9 +341,12 @@ def _ray_map(
                 log_to_driver=False,
                 runtime_env={"env_vars": {"PYTHONPATH": str(PROJECT_ROOT)}},
             )
-    remote = ray.remote(num_cpus=1)(outcomes_for)
+    # A user's environment package that is not installed on the cluster travels with the tasks.
+    source = env_source(env[0])
+    runtime = {"py_modules": [str(source)]} if source is not None else None
+    remote = ray.remote(num_cpus=1, runtime_env=runtime)(outcomes_for)
     tasks_ref = ray.put(tasks)
-    return ray.get([remote.remote(env_name, c, tasks_ref) for c in chunks])
+    return ray.get([remote.remote(*env, c, tasks_ref) for c in chunks])
 
 
 def env_outcomes(ctx: RunContext, df: pd.DataFrame) -> pd.DataFrame:
@@ -371,15 +377,16 @@ def env_outcomes(ctx: RunContext, df: pd.DataFrame) -> pd.DataFrame:
     needed = {r["task_id"] for r in rows}
     tasks = {k: v for k, v in tasks.items() if k in needed}
     if tc.executor == "inline" or len(rows) < 2:
-        return pd.DataFrame(outcomes_for(tc.env, rows, tasks))
+        return pd.DataFrame(outcomes_for(tc.env, tc.env_args, rows, tasks))
     n_chunks = max(1, min(len(rows), tc.env_workers * 4))
     size = -(-len(rows) // n_chunks)
     chunks = [rows[i : i + size] for i in range(0, len(rows), size)]
     if tc.executor == "ray":
-        parts = _ray_map(tc.ray_address, tc.env_workers, tc.env, chunks, tasks)
+        parts = _ray_map(tc.ray_address, tc.env_workers, (tc.env, tc.env_args), chunks, tasks)
     else:
         pool = _process_pool(ctx)
-        parts = list(pool.map(outcomes_for, [tc.env] * len(chunks), chunks, [tasks] * len(chunks)))
+        n = len(chunks)
+        parts = list(pool.map(outcomes_for, [tc.env] * n, [tc.env_args] * n, chunks, [tasks] * n))
     return pd.DataFrame([o for part in parts for o in part])
 
 

@@ -1,18 +1,165 @@
-"""Stage body of score_rewards: each completion's reward from its environment outcome, then group advantages.
+"""Reward functions, and the stage body of score_rewards: each completion's reward, then group advantages.
 
-reward = correct_weight * correct + format_weight * well formed (a bare answer that ended with EOS)
-         + partial_weight * digit_match; advantages per prompt group (GRPO: scaled by the group's std;
-Dr.GRPO: not). The reward table keeps every component, so a run's rewards can be audited row by row.
+A reward function is a plain function ``(prompt, completion, outcome) -> float | None``: the prompt text,
+the completion text and the environment's ``Outcome`` record (``envs.base.Outcome``: ``correct``,
+``well_formed``, ``finish_reason`` and whatever else the environment reported). ``None`` means *abstain*:
+the function has nothing to say about this completion, which is not the same as a zero.
+
+The config combines functions with weights (``reward.weights``): a built-in name below, ``module:function``
+(your own code), or a name an installed package declares under the ``rlfoundry.rewards`` entry points. A
+completion's reward is the weighted sum of the components that did not abstain; when every component
+abstains the completion has no reward, gets advantage 0 (it does not move the policy) and is counted
+(``abstained``), and its group's advantages use only the rewards that were given. Every component is stored
+per rollout (a column named by its config key) and summarised per iteration (``<key>_mean``,
+``<key>_abstained``), so a run's rewards can be audited row by row.
+
+    weights: {correct: 1.0, format: 0.1, "my_rewards:brevity": 0.05}
 """
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
 import pandas as pd
 
+from envs.base import Outcome, load_object
 from rl_core.context import RunContext
 from rl_core.losses import group_advantages
 from rl_core.stage import StageJob, StageResult
+
+RewardFn = Callable[[str, str, Outcome], "float | None"]
+ENTRY_POINT_GROUP = "rlfoundry.rewards"
+_BUILTIN: dict[str, RewardFn] = {}
+
+
+def builtin(name: str) -> Callable[[RewardFn], RewardFn]:
+    """Register one of the project's reward functions under ``name``."""
+
+    def deco(fn: RewardFn) -> RewardFn:
+        _BUILTIN[name] = fn
+        return fn
+
+    return deco
+
+
+@builtin("correct")
+def correct(prompt: str, completion: str, outcome: Outcome) -> float | None:
+    """1 when the environment's verifier accepted the answer, else 0.
+
+    >>> correct("2+3=", "5", Outcome(correct=True, well_formed=True))
+    1.0
+    >>> correct("2+3=", "6", Outcome(correct=False, well_formed=True))
+    0.0
+    """
+    return float(outcome.correct)
+
+
+@builtin("format")
+def well_formed_and_stopped(prompt: str, completion: str, outcome: Outcome) -> float | None:
+    """1 when the answer has the task's form and the model ended it itself (EOS, not cut off by max_tokens).
+
+    >>> well_formed_and_stopped("2+3=", "6", Outcome(correct=False, well_formed=True, finish_reason="stop"))
+    1.0
+    >>> cut_off = Outcome(correct=False, well_formed=True, finish_reason="length")
+    >>> well_formed_and_stopped("2+3=", "66666", cut_off)
+    0.0
+    """
+    return float(outcome.well_formed and outcome.finish_reason == "stop")
+
+
+@builtin("partial")
+def partial_credit(prompt: str, completion: str, outcome: Outcome) -> float | None:
+    """Dense partial credit: the share of the answer in the right place (``digit_match``, reported by
+    arithmetic and countup); abstains where the environment reports none.
+
+    >>> partial_credit("8..11=", "8 9 10", Outcome(correct=False, well_formed=True, digit_match=0.75))
+    0.75
+    >>> partial_credit("print hi", "print('hi')", Outcome(correct=True, well_formed=True)) is None
+    True
+    """
+    value = getattr(outcome, "digit_match", None)
+    return None if value is None or value != value else float(value)  # NaN: a row without it
+
+
+def installed() -> dict[str, str]:
+    """Reward functions other packages declare under the ``rlfoundry.rewards`` entry points."""
+    from importlib.metadata import entry_points
+
+    return {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def reward_function(name: str) -> RewardFn:
+    """The function a ``reward.weights`` key names: built-in, ``module:function``, or an entry point."""
+    if name in _BUILTIN:
+        return _BUILTIN[name]
+    target = name if ":" in name else installed().get(name)
+    if target is None:
+        known = ", ".join(sorted(_BUILTIN) + sorted(installed()))
+        raise ValueError(
+            f"reward.weights: unknown reward function {name!r}; known: {known}; or 'module:function'"
+        )
+    fn = load_object(target, "reward function")
+    try:
+        inspect.signature(fn).bind("prompt", "completion", None)
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"reward.weights: {name!r} ({target}) is not a function of (prompt, completion, outcome)"
+        ) from None
+    return fn
+
+
+def components(
+    weights: dict[str, float], prompts: list[str], texts: list[str], outcomes: list[Outcome]
+) -> dict[str, np.ndarray]:
+    """Each reward function's value per completion (NaN where it abstained); an answer that is not a number
+    is an error naming the function and the row."""
+    out = {}
+    for name in weights:
+        fn, values = reward_function(name), np.empty(len(texts))
+        for i, (p, t, o) in enumerate(zip(prompts, texts, outcomes, strict=True)):
+            v = fn(p, t, o)
+            if v is not None and not isinstance(v, int | float):
+                raise TypeError(
+                    f"reward function {name!r} returned {v!r} for row {i}: expected a float or None"
+                )
+            values[i] = np.nan if v is None else float(v)
+        out[name] = values
+    return out
+
+
+def combine(weights: dict[str, float], parts: dict[str, np.ndarray]) -> np.ndarray:
+    """The weighted sum of the components that did not abstain; NaN where all abstained.
+
+    >>> parts = {"a": np.array([1.0, np.nan, np.nan]), "b": np.array([1.0, 1.0, np.nan])}
+    >>> combine({"a": 1.0, "b": 0.5}, parts)
+    array([1.5, 0.5, nan])
+    """
+    n = len(next(iter(parts.values())))
+    total, given = np.zeros(n), np.zeros(n, dtype=bool)
+    for name, w in weights.items():
+        v = parts[name]
+        ok = ~np.isnan(v)
+        total = total + np.where(ok, w * np.where(ok, v, 0.0), 0.0)
+        given |= ok
+    return np.where(given, total, np.nan)
+
+
+def advantages(reward: np.ndarray, groups: np.ndarray, scale_by_std: bool) -> np.ndarray:
+    """Group advantages over the rewards that were given; 0 for a completion without one."""
+    ok = ~np.isnan(reward)
+    adv = np.zeros(len(reward))
+    if ok.any():
+        adv[ok] = group_advantages(reward[ok], groups[ok], scale_by_std=scale_by_std)
+    return adv
+
+
+def outcome_records(env: pd.DataFrame, finish: pd.Series) -> list[Outcome]:
+    """The stored environment results as ``Outcome`` records (``finish_reason`` from the rollouts)."""
+    rows: list[dict[str, Any]] = env.drop(columns=["prompt_index", "sample_index"]).to_dict("records")
+    return [Outcome(**r, finish_reason=f) for r, f in zip(rows, finish.tolist(), strict=True)]
 
 
 def score_rewards_body(ctx: RunContext, job: StageJob) -> StageResult:
@@ -22,32 +169,35 @@ def score_rewards_body(ctx: RunContext, job: StageJob) -> StageResult:
     env = ctx.store.read_table(env_results)
     if len(df) != len(env) or not (df["prompt_index"].to_numpy() == env["prompt_index"].to_numpy()).all():
         raise ValueError(f"env results {env_results.uri} do not line up with rollouts {rollouts.uri}")
-    correct = env["correct"].to_numpy(dtype=np.float64)
-    # A completion is well formed when it is a bare integer that ended with EOS (not cut off by max_tokens).
-    formatted = (env["well_formed"].to_numpy() & (df["finish_reason"] == "stop").to_numpy()).astype(
-        np.float64
-    )
-    partial = env["digit_match"].to_numpy(dtype=np.float64) if "digit_match" in env else np.zeros(len(env))
-    reward = rc.correct_weight * correct + rc.format_weight * formatted + rc.partial_weight * partial
-    adv = group_advantages(reward, df["prompt_index"].to_numpy(), scale_by_std=rc.advantage == "grpo")
+    outcomes = outcome_records(env, df["finish_reason"])
+    parts = components(rc.weights, df["prompt"].tolist(), df["completion_text"].tolist(), outcomes)
+    reward = combine(rc.weights, parts)
+    groups = df["prompt_index"].to_numpy()
+    adv = advantages(reward, groups, scale_by_std=rc.advantage == "grpo")
+    correct_ = env["correct"].to_numpy(dtype=np.float64)
+    formatted = parts.get("format")
+    if formatted is None:
+        formatted = np.array([well_formed_and_stopped("", "", o) for o in outcomes], dtype=np.float64)
     out = pd.DataFrame(
-        {
-            "prompt_index": df["prompt_index"],
-            "sample_index": df["sample_index"],
-            "correct": correct,
-            "format": formatted,
-            "reward": reward,
-            "advantage": adv,
-        }
+        {"prompt_index": df["prompt_index"], "sample_index": df["sample_index"], "correct": correct_}
+        | {"format": formatted}
+        | {k: v for k, v in parts.items() if k not in ("correct", "format")}
+        | {"reward": reward, "advantage": adv}
     )
     ref = ctx.store.write_table(f"{job.out_uri}/rewards.parquet", out)
-    groups = out.groupby("prompt_index")["reward"]
+    given = out.dropna(subset=["reward"]).groupby("prompt_index")["reward"]
+    summary = {}
+    for k, v in parts.items():
+        summary[f"{k}_abstained"] = float(np.isnan(v).mean())
+        summary[f"{k}_mean"] = float(np.nanmean(v)) if (~np.isnan(v)).any() else float("nan")
     return StageResult(
         outputs={"rewards": ref},
         metrics={
-            "mean_reward": float(reward.mean()),
-            "accuracy": float(correct.mean()),
+            "mean_reward": float(np.nanmean(reward)) if (~np.isnan(reward)).any() else float("nan"),
+            "accuracy": float(correct_.mean()),
             "format_rate": float(formatted.mean()),
-            "zero_std_groups": float((groups.std(ddof=0) == 0).mean()),
+            "abstained": int(np.isnan(reward).sum()),
+            "zero_std_groups": float((given.std(ddof=0) == 0).mean()) if len(given) else 1.0,
+            **summary,
         },
     )

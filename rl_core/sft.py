@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from envs.base import Corpus, Demonstrations, FlawedTeacher, Multimodal
 from rl_core.context import RunContext
 from rl_core.model import build_model, build_tokenizer, load_model, load_tokenizer, save_checkpoint
 from rl_core.seeding import derive_seed
@@ -20,11 +21,11 @@ from rl_core.vision import IMAGE_TOKEN, build_vlm, image_prefix, pixel_values, s
 
 def init_body(ctx: RunContext, job: StageJob) -> StageResult:
     cfg = ctx.cfg
-    if hasattr(ctx.env, "corpus"):  # environments with their own vocabulary (tool calls, observations)
+    if isinstance(ctx.env, Corpus):  # environments with their own vocabulary (tool calls, observations)
         texts = ctx.env.corpus(ctx.train_tasks)
     else:
         texts = [t["prompt"] for t in ctx.train_tasks] + [t["answer"] for t in ctx.train_tasks]
-    multimodal = getattr(ctx.env, "multimodal", False)
+    multimodal = isinstance(ctx.env, Multimodal)
     tok = build_tokenizer(texts, cfg.model.vocab_size, [IMAGE_TOKEN] if multimodal else [])
     seed = derive_seed(cfg.experiment.seed, 0, "init")
     if multimodal:
@@ -44,15 +45,6 @@ def init_body(ctx: RunContext, job: StageJob) -> StageResult:
     )
 
 
-def teacher_answer(answer: str) -> str:
-    """The flawed teacher's systematic mistake: off by one.
-
-    >>> teacher_answer("41"), teacher_answer("-3")
-    ('42', '-2')
-    """
-    return str(int(answer) + 1)
-
-
 def _pad(
     seqs: list[list[int]], labs: list[list[int]], pad_id: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -69,13 +61,24 @@ def _pad(
 
 
 def _sft_batch(
-    tok: Any, tasks: list[dict[str, Any]], flawed: list[bool] | None = None, prefix: list[int] | None = None
+    tok: Any,
+    env: Any,
+    tasks: list[dict[str, Any]],
+    flawed: list[bool] | None = None,
+    prefix: list[int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Prompt (after ``prefix``, e.g. image placeholders) + answer + EOS; labels on the answer only."""
+    """Prompt (after ``prefix``, e.g. image placeholders) + answer + EOS; labels on the answer only. A flawed
+    demonstration is the environment's teacher mistake (``FlawedTeacher``)."""
     seqs, labs = [], []
     for i, t in enumerate(tasks):
         p = (prefix or []) + tok(t["prompt"], add_special_tokens=False)["input_ids"]
-        ans = teacher_answer(t["answer"]) if flawed and flawed[i] else t["answer"]
+        bad = bool(flawed and flawed[i])
+        if bad and not isinstance(env, FlawedTeacher):
+            raise ValueError(
+                f"warmup.teacher_error_rate > 0 but environment {env.name!r} has no flawed teacher "
+                "(a flawed(task) method): set warmup.teacher_error_rate=0"
+            )
+        ans = env.flawed(t) if bad else t["answer"]
         a = tok(ans, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
         seqs.append(p + a)
         labs.append([-100] * len(p) + a)
@@ -110,7 +113,7 @@ def warmup_body(ctx: RunContext, job: StageJob) -> StageResult:
     seed = derive_seed(ctx.cfg.experiment.seed, 0, "warmup")
     gen = torch.Generator().manual_seed(seed)
     pool = ctx.train_tasks[: cfg.examples]
-    multimodal = getattr(ctx.env, "multimodal", False)
+    multimodal = isinstance(ctx.env, Multimodal)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
     losses = []
     for step in range(cfg.steps):
@@ -118,13 +121,13 @@ def warmup_body(ctx: RunContext, job: StageJob) -> StageResult:
         flawed = (torch.rand(cfg.batch_size, generator=gen) < cfg.teacher_error_rate).tolist()
         chosen = [pool[i] for i in idx]
         extra = {}
-        if hasattr(ctx.env, "demonstration"):
+        if isinstance(ctx.env, Demonstrations):
             ids, attn, labels = _segment_batch(tok, ctx.env, chosen, flawed)
         elif multimodal:
-            ids, attn, labels = _sft_batch(tok, chosen, flawed, prefix=image_prefix(src))
+            ids, attn, labels = _sft_batch(tok, ctx.env, chosen, flawed, prefix=image_prefix(src))
             extra["pixel_values"] = pixel_values(src, [ctx.env.image(t) for t in chosen])
         else:
-            ids, attn, labels = _sft_batch(tok, chosen, flawed)
+            ids, attn, labels = _sft_batch(tok, ctx.env, chosen, flawed)
         lr = cfg.lr * min(1.0, (step + 1) / max(1, cfg.steps // 10))
         for g in opt.param_groups:
             g["lr"] = lr

@@ -2,10 +2,15 @@
 
 import pytest
 
-from envs.arithmetic import ArithmeticEnv, make_tasks, parse_answer
+from envs.arithmetic import ArithmeticEnv, ArithmeticOptions, parse_answer
+from envs.arithmetic import make_tasks as _make_tasks
 from envs.base import make_env, registered
 from rl_core.config import load_config
 from rl_core.evaluate import pass_at_k
+
+
+def make_tasks(split, task_cfg, seed):
+    return _make_tasks(split, task_cfg, seed, ArithmeticOptions(**task_cfg.env_args))
 
 
 def test_splits_disjoint_and_deterministic():
@@ -18,7 +23,7 @@ def test_splits_disjoint_and_deterministic():
 
 
 def test_answers_are_right():
-    cfg = load_config(None, ["task.operations=[add,sub,mul]", "task.digits=[1,2,3]"]).task
+    cfg = load_config(None, ["task.env_args.operations=[add,sub,mul]", "task.env_args.digits=[1,2,3]"]).task
     for t in make_tasks("train", cfg, 3)[:500]:
         a, b = t["prompt"][:-1].replace("*", " ").replace("+", " ").replace("-", " ", 1).split()
         want = {"add": int(a) + int(b), "sub": int(a) - int(b), "mul": int(a) * int(b)}[t["op"]]
@@ -27,7 +32,7 @@ def test_answers_are_right():
 
 
 def test_too_many_problems_is_a_clear_error():
-    cfg = load_config(None, ["task.digits=[1]", "task.train_size=5000"]).task
+    cfg = load_config(None, ["task.env_args.digits=[1]", "task.train_size=5000"]).task
     with pytest.raises(ValueError, match="train_size=5000"):
         make_tasks("train", cfg, 0)
 
@@ -49,7 +54,7 @@ def test_env_episode_and_registry():
     assert r.done and r.outcome == {"parsed": "-3", "well_formed": True, "correct": True, "digit_match": 1.0}
     wrong = env.step("3").outcome
     assert wrong["correct"] is False and wrong["digit_match"] == 0.5
-    with pytest.raises(KeyError, match="unknown environment 'nope'"):
+    with pytest.raises(ValueError, match="unknown environment 'nope'"):
         make_env("nope")
 
 

@@ -24,7 +24,7 @@ def test_every_shipped_config_loads(path: Path):
     # its environment can draw the task sets it asks for (a config that cannot start is caught here)
     from envs.base import make_env
 
-    env = make_env(cfg.task.env)
+    env = make_env(cfg.task.env, cfg.task.env_args)
     for split, size in (("train", cfg.task.train_size), ("heldout", cfg.task.heldout_size)):
         assert len(env.tasks(split, cfg.task, cfg.experiment.seed)) == size
     assert cfg.warmup.examples <= cfg.task.train_size or cfg.warmup.steps == 0
@@ -32,11 +32,11 @@ def test_every_shipped_config_loads(path: Path):
 
 def test_set_overrides_any_field():
     cfg = load_config(
-        None, ["train.lr=3e-5", "rollout.engine=hf", "task.operations=[mul]", "experiment.name=x"]
+        None, ["train.lr=3e-5", "rollout.engine=hf", "task.env_args.operations=[mul]", "experiment.name=x"]
     )
     assert cfg.train.lr == 3e-5
     assert cfg.rollout.engine == "hf"
-    assert cfg.task.operations == ["mul"]
+    assert cfg.task.env_args == {"operations": ["mul"], "digits": [1, 2]}  # the others keep defaults
     assert cfg.experiment.name == "x"
 
 

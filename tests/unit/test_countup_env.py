@@ -32,9 +32,9 @@ def test_registered_and_config_draws_its_sets():
     [([4], 300, 125), ([3], 300, 124), ([3, 4], 300, 25 * 4), ([1, 2], 40, 10 * 2 + 32 * 3)],
 )
 def test_answers_are_long_and_fit_the_budget(digits, size, fewest_tokens):
-    cfg = CFG.task.model_copy(update={"digits": digits, "train_size": size, "heldout_size": 3})
+    cfg = CFG.task.model_copy(update={"train_size": size, "heldout_size": 3})
     low, high, n = count_range(digits)
-    for t in make_env("countup").tasks("train", cfg, 0):
+    for t in make_env("countup", {"digits": digits}).tasks("train", cfg, 0):
         numbers = t["answer"].split(" ")
         assert numbers == [str(k) for k in range(t["start"], t["stop"] + 1)] and len(numbers) == n
         assert low <= t["start"] <= t["stop"] <= high
@@ -44,7 +44,7 @@ def test_answers_are_long_and_fit_the_budget(digits, size, fewest_tokens):
 
 def test_too_few_numbers_is_refused():
     with pytest.raises(ValueError, match="fewer than"):
-        make_env("countup").tasks("train", CFG.task.model_copy(update={"digits": [1]}), 0)
+        make_env("countup", {"digits": [1]}).tasks("train", CFG.task, 0)
 
 
 def test_splits_are_disjoint_and_reproducible():
