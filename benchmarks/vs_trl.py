@@ -123,20 +123,21 @@ def rlfoundry_arm(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def reward_function(cfg: Any, tasks: dict[str, dict[str, Any]], eos_id: int) -> Any:
-    """rlfoundry's reward (rl_core/rewards.py) as a TRL reward function, from the same environment outcome."""
-    from envs.base import make_env
+    """rlfoundry's reward (the config's reward functions and weights, ``rl_core.rewards``) as a TRL reward
+    function, from the same environment outcome."""
+    from envs.base import Outcome, make_env
+    from rl_core.rewards import combine, components
 
-    env, rc = make_env(cfg.task.env), cfg.reward
+    env, weights = make_env(cfg.task.env, cfg.task.env_args), cfg.reward.weights
 
     def rlfoundry_reward(completions: list[str], completion_ids: list, task_id: list, **_: Any) -> list:
-        out = []
+        outcomes = []
         for text, ids, tid in zip(completions, completion_ids, task_id, strict=True):
             env.reset(tasks[tid], 0)
-            o = env.step(text).outcome
-            formatted = o["well_formed"] and bool(ids) and ids[-1] == eos_id  # ended by EOS, not cut off
-            partial = rc.partial_weight * o.get("digit_match", 0.0)
-            out.append(rc.correct_weight * o["correct"] + rc.format_weight * formatted + partial)
-        return out
+            stopped = bool(ids) and ids[-1] == eos_id  # ended by EOS, not cut off
+            outcomes.append(Outcome(**env.step(text).outcome, finish_reason="stop" if stopped else "length"))
+        prompts = [tasks[t]["prompt"] for t in task_id]
+        return combine(weights, components(weights, prompts, list(completions), outcomes)).tolist()
 
     return rlfoundry_reward
 

@@ -394,7 +394,7 @@ def execute_envs_body(ctx: RunContext, job: StageJob) -> StageResult:
     df = ctx.store.read_table(job.inputs["rollouts"])
     out = env_outcomes(ctx, df)
     ref = ctx.store.write_table(f"{job.out_uri}/env_results.parquet", out)
-    return StageResult(
-        outputs={"env_results": ref},
-        metrics={"well_formed": float(out["well_formed"].mean()), "correct": float(out["correct"].mean())},
-    )
+    metrics = {"well_formed": float(out["well_formed"].mean()), "correct": float(out["correct"].mean())}
+    if "sandbox_s" in out:  # environments that run code report the sandbox time of each episode
+        metrics["sandbox_s"] = float(out["sandbox_s"].sum())
+    return StageResult(outputs={"env_results": ref}, metrics=metrics)
