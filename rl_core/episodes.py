@@ -1,10 +1,9 @@
-"""Episodes: the stage bodies of generate and execute_envs, and the one loop that samples episodes.
+"""Episodes: the stage body of generate, and the one loop that samples episodes.
 
 generate: choose this iteration's prompts (derived seed), ask the run's rollout engine for ``n`` completions
 per prompt (a derived seed per request) and store token ids and sampling logprobs as produced; single-turn
 is the ``max_turns == 1`` case of the multi-turn loop over ``Episode`` records.
-execute_envs: replay each completion into its environment and store the outcome.
-(Rewards: ``rl_core.rewards``.)
+(Outcomes: ``rl_core.outcomes``; rewards: ``rl_core.rewards``.)
 """
 
 from __future__ import annotations
@@ -15,12 +14,11 @@ from typing import Any
 
 import pandas as pd
 
-from envs.base import Multimodal, check_outcome, make_env, turns
+from envs.base import Multimodal, make_env, turns
 from rl_core.context import RunContext
 from rl_core.faults import iteration_of
 from rl_core.manifest import ArtifactRef
 from rl_core.model import load_tokenizer
-from rl_core.paths import PROJECT_ROOT
 from rl_core.rollout import Completion, Request, SamplingSpec, start_engine, sync_weights
 from rl_core.seeding import derive_seed
 from rl_core.stage import StageJob, StageResult
@@ -261,140 +259,3 @@ def generate_body(ctx: RunContext, job: StageJob) -> StageResult:
             "requests": "derive_seed(run_seed, iteration, 'generate', prompt_index)",
         },
     )
-
-
-def outcomes_for(
-    env_name: str, env_args: dict[str, Any], rows: list[dict[str, Any]], tasks: dict[str, dict[str, Any]]
-) -> list[dict[str, Any]]:
-    """Each row's outcome from a fresh environment (pure: runs in any worker process or Ray task), checked
-    against the ``Outcome`` record (an outcome without ``correct`` or ``well_formed`` is an error here).
-
-    Multi-turn rows are replayed from their stored actions, and every observation the environment gives is
-    checked against the one the model saw: a difference (a non-hermetic environment) sets ``replay_mismatch``.
-    """
-    out = []
-    for r in rows:
-        env = make_env(env_name, env_args)
-        env.reset(tasks[r["task_id"]], int(r["seed"]))
-        key = {"prompt_index": int(r["prompt_index"]), "sample_index": int(r["sample_index"])}
-        if "actions" not in r:
-            res = env.step(r["completion_text"])
-            out.append({**key, "done": res.done, **check_outcome(env_name, res.outcome)})
-            continue
-        mismatch, res = False, None
-        seen = list(r["observations"])
-        for j, action in enumerate(r["actions"]):
-            res = env.step(str(action))
-            if j < len(seen) and (res.observation or "") != seen[j]:
-                mismatch = True
-            if res.done:
-                break
-        outcome = {**(res.outcome if res else {}), "truncated": not (res and res.done)}
-        if res is not None and res.done:
-            check_outcome(env_name, outcome)
-        out.append(
-            {
-                **key,
-                "done": bool(res and res.done),
-                "turns": int(r["turns"]),
-                "replay_mismatch": mismatch,
-                **outcome,
-            }
-        )
-    return out
-
-
-def _process_pool(ctx: RunContext) -> Any:
-    """The run's environment process pool, held by its context (spawned: safe beside the rollout engine's
-    threads)."""
-    if ctx.held.env_pool is None:
-        import multiprocessing as mp
-        from concurrent.futures import ProcessPoolExecutor
-
-        from envs.sandbox.pool import exit_with_parent
-
-        ctx.held.env_pool = ProcessPoolExecutor(
-            ctx.cfg.task.env_workers, mp_context=mp.get_context("spawn"), initializer=exit_with_parent
-        )
-    return ctx.held.env_pool
-
-
-def _ray_map(
-    address: str,
-    workers: int,
-    env: tuple[str, dict[str, Any]],
-    chunks: list[list[dict[str, Any]]],
-    tasks: dict[str, dict[str, Any]],
-) -> list[list[dict[str, Any]]]:
-    import ray
-
-    from envs.base import env_source
-
-    if not ray.is_initialized():
-        if address:
-            ray.init(address=address, log_to_driver=False)
-        else:  # a local single-node cluster on 127.0.0.1
-            ray.init(
-                num_cpus=workers,
-                include_dashboard=False,
-                _node_ip_address="127.0.0.1",
-                log_to_driver=False,
-                runtime_env={"env_vars": {"PYTHONPATH": str(PROJECT_ROOT)}},
-            )
-    # A user's environment package that is not installed on the cluster travels with the tasks.
-    source = env_source(env[0])
-    runtime = {"py_modules": [str(source)]} if source is not None else None
-    remote = ray.remote(num_cpus=1, runtime_env=runtime)(outcomes_for)
-    tasks_ref = ray.put(tasks)
-    return ray.get([remote.remote(*env, c, tasks_ref) for c in chunks])
-
-
-def env_outcomes(ctx: RunContext, df: pd.DataFrame) -> pd.DataFrame:
-    """Outcomes of every row, in row order.
-
-    Computed where ``task.executor`` says: inline, a local process pool, or Ray."""
-    tc = ctx.cfg.task
-    cols = [
-        c
-        for c in (
-            "prompt_index",
-            "sample_index",
-            "task_id",
-            "seed",
-            "completion_text",
-            "actions",
-            "observations",
-            "turns",
-        )
-        if c in df.columns
-    ]
-    rows = df[cols].to_dict("records")
-    for r in rows:
-        for c in ("actions", "observations"):
-            if c in r:
-                r[c] = [str(x) for x in r[c]]
-    tasks = {t["task_id"]: t for t in ctx.train_tasks + ctx.heldout_tasks}
-    needed = {r["task_id"] for r in rows}
-    tasks = {k: v for k, v in tasks.items() if k in needed}
-    if tc.executor == "inline" or len(rows) < 2:
-        return pd.DataFrame(outcomes_for(tc.env, tc.env_args, rows, tasks))
-    n_chunks = max(1, min(len(rows), tc.env_workers * 4))
-    size = -(-len(rows) // n_chunks)
-    chunks = [rows[i : i + size] for i in range(0, len(rows), size)]
-    if tc.executor == "ray":
-        parts = _ray_map(tc.ray_address, tc.env_workers, (tc.env, tc.env_args), chunks, tasks)
-    else:
-        pool = _process_pool(ctx)
-        n = len(chunks)
-        parts = list(pool.map(outcomes_for, [tc.env] * n, [tc.env_args] * n, chunks, [tasks] * n))
-    return pd.DataFrame([o for part in parts for o in part])
-
-
-def execute_envs_body(ctx: RunContext, job: StageJob) -> StageResult:
-    df = ctx.store.read_table(job.inputs["rollouts"])
-    out = env_outcomes(ctx, df)
-    ref = ctx.store.write_table(f"{job.out_uri}/env_results.parquet", out)
-    metrics = {"well_formed": float(out["well_formed"].mean()), "correct": float(out["correct"].mean())}
-    if "sandbox_s" in out:  # environments that run code report the sandbox time of each episode
-        metrics["sandbox_s"] = float(out["sandbox_s"].sum())
-    return StageResult(outputs={"env_results": ref}, metrics=metrics)

@@ -14,7 +14,8 @@ import numpy as np
 import pandas as pd
 
 from rl_core.context import RunContext
-from rl_core.episodes import env_outcomes, sample_table
+from rl_core.episodes import sample_table
+from rl_core.outcomes import env_outcomes
 from rl_core.rollout import SamplingSpec
 from rl_core.seeding import derive_seed
 from rl_core.stage import StageJob, StageResult

@@ -27,9 +27,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from rl_core.config import Config
-from rl_core.episodes import execute_envs_body, generate_body
+from rl_core.episodes import generate_body
 from rl_core.evaluate import evaluate_body
 from rl_core.manifest import ArtifactRef, Manifest
+from rl_core.outcomes import execute_envs_body
 from rl_core.rewards import score_rewards_body
 from rl_core.sft import init_body, warmup_body
 from rl_core.train import train_body

@@ -17,7 +17,7 @@ import pytest
 
 from rl_core.config import load_config
 from rl_core.context import RunContext
-from rl_core.episodes import env_outcomes
+from rl_core.outcomes import env_outcomes
 
 ROOT = Path(__file__).resolve().parents[2]
 

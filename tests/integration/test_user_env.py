@@ -19,7 +19,7 @@ import pytest
 
 from rl_core.config import ConfigError, load_config
 from rl_core.context import RunContext
-from rl_core.episodes import env_outcomes
+from rl_core.outcomes import env_outcomes
 from rl_core.rewards import advantages, combine, components, outcome_records
 
 ROOT = Path(__file__).resolve().parents[2]
