@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import secrets
+import time
 from typing import Any
 
 from envs.base import StepResult, register
@@ -138,11 +139,13 @@ class HumanEvalEnv:
 
     def step(self, action: str) -> StepResult:
         assert self._task is not None, "reset() first"
+        start = time.monotonic()
         res = score([{"task_id": self._task["task_id"], "completion": action}], workers=1)["results"][0]
         # The reward stage's record: correct = every test passed; well formed = it compiled.
         outcome = {
             "correct": res["passed"],
             "well_formed": "syntax_error" not in res["flags"],
             "flags": res["flags"],
+            "sandbox_s": time.monotonic() - start,
         }
         return StepResult(observation=None, done=True, outcome=outcome)
