@@ -22,6 +22,7 @@ by an entry point of an installed package (group ``rlfoundry.envs``):
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import random
 from collections.abc import Callable
@@ -224,9 +225,11 @@ def load_object(target: str, what: str) -> Any:
     return obj
 
 
+@functools.cache
 def env_class(name: str) -> type:
     """The class of environment ``name``: a registered name, ``module:Class``, or an entry point of an
-    installed package. It must have the ``Env`` methods (``tasks``, ``reset``, ``step``)."""
+    installed package. It must have the ``Env`` methods (``tasks``, ``reset``, ``step``). Resolved once per
+    process (``execute_envs`` makes a fresh environment per episode)."""
     _builtins()
     if name in _REGISTRY:
         return _REGISTRY[name]
@@ -305,7 +308,7 @@ def registered() -> list[str]:
 
 
 def check_outcome(env: str, outcome: dict[str, Any]) -> dict[str, Any]:
-    """``outcome`` as an ``Outcome`` would hold it; a missing or mistyped required field is an error naming
+    """``outcome``, once checked against ``Outcome``: a missing or mistyped required field is an error naming
     the environment and the field."""
     try:
         Outcome.model_validate(outcome)
