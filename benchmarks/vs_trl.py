@@ -377,6 +377,10 @@ def main() -> None:
     from infra.localstack.prefect_server import ensure_api
 
     ensure_api()  # one Prefect server for every rlfoundry arm (the subprocesses inherit PREFECT_API_URL)
+    # DeepSpeed compiles its CPU communication op on first use (~50 s, once per machine and install): done
+    # here, off both clocks, as `make venv` does (it once landed inside rlfoundry's first step).
+    warm = "from rl_core.train_engine import build_ops; build_ops()"
+    subprocess.run([sys.executable, "-c", warm], check=True, cwd=ROOT)
     found = {}
     for w in WORKLOADS if args.workload == "both" else [args.workload]:
         given = {

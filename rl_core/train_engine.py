@@ -36,6 +36,17 @@ class TrainEngine(Protocol):
     def load_optimizer_state(self, data: bytes) -> None: ...
 
 
+def build_ops() -> None:
+    """Compile the C++ ops DeepSpeed loads when it initialises on this machine (on CPU its shared-memory
+    communication op: ~50 s of compiling, once per machine and install, cached under
+    ``cache_dir("torch_extensions")``), so that the first train stage of a run does not pay for it (the venv
+    set-up and the benchmarks call this; on a GPU there is nothing to build)."""
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(cache_dir("torch_extensions")))
+    from deepspeed.comm.torch import build_shm_op
+
+    build_shm_op()
+
+
 def init_distributed() -> None:
     """Join the launcher's process group, or make a world of one on 127.0.0.1 when run in-flow."""
     import torch.distributed as dist
