@@ -102,3 +102,26 @@ def test_apply_overrides_refuses_unknown_fields():
     assert data == {"train": {"lr": 0.2}, "rollout": {"n": 4}}
     with pytest.raises(ConfigError, match="unknown config field 'train.nope'"):
         apply_overrides({}, ["train.nope=1"])
+
+
+def test_old_schema_fields_name_their_new_home(tmp_path):
+    old = tmp_path / "old.yaml"
+    old.write_text("task:\n  env: arithmetic\n  digits: [3]\nreward:\n  correct_weight: 1.0\n")
+    with pytest.raises(ConfigError, match=r"task\.digits moved: set task\.env_args\.digits instead"):
+        load_config(old)
+    old.write_text("reward:\n  format_weight: 0.2\n")
+    with pytest.raises(ConfigError, match=r"reward\.format_weight moved: set reward\.weights\.format"):
+        load_config(old)
+
+
+def test_env_args_are_the_environments_and_filled_in():
+    cfg = load_config(None, ["task.env=countup"])
+    assert cfg.task.env_args == {"digits": [4]}  # countup's own default, not arithmetic's
+    with pytest.raises(ConfigError, match=r"task\.env_args\.operations: not an option of CountUpOptions"):
+        load_config(None, ["task.env=countup", "task.env_args.operations=[add]"])
+    with pytest.raises(ConfigError, match="environment 'tooluse' takes no options"):
+        load_config(None, ["task.env=tooluse", "task.env_args.digits=[1]"])
+    with pytest.raises(ConfigError, match="unknown reward function 'nope'"):
+        load_config(None, ["reward.weights.nope=1.0"])
+    weights = load_config(None, ["reward.weights.partial=0.5"]).reward.weights
+    assert weights == {"correct": 1.0, "format": 0.1, "partial": 0.5}
