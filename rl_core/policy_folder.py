@@ -187,6 +187,27 @@ def check_policy_folder(
     return {"architecture": arch, "parameters": parameters, "vocab_size": len(tok)}
 
 
+def check_stored_base(path: str, store: Any, base_id: str) -> None:
+    """Refuse a folder that no longer holds what the shared base model (``_base/<hash>``, keyed by the
+    config, i.e. by the path) was built from: a new run would otherwise start from the old model."""
+    import hashlib
+
+    m = store.read_manifest(store.stage_uri(base_id, 0, "init"))
+    if m is None:
+        return
+    with tempfile.TemporaryDirectory() as d:
+        local = fetch_policy_folder(path, d)
+        now = {}
+        for f in sorted(local.iterdir()):
+            with open(f, "rb") as fh:
+                now[f.name] = hashlib.file_digest(fh, "sha256").hexdigest()
+    if now != m.outputs["checkpoint"].files:
+        raise ModelFolderError(
+            f"model.path {path}: the folder changed since the base model {store.run_uri(base_id)} was built "
+            "from it; save the new model under another path (or delete that base folder)"
+        )
+
+
 def check_model_section(cfg: Any) -> dict[str, Any] | None:
     """``check_policy_folder`` for a run's config (None when the run builds its own tiny policy)."""
     if not cfg.model.path:

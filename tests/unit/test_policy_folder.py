@@ -191,3 +191,34 @@ def test_init_stores_the_folder_unchanged_and_warmup_zero_passes_it_on(folder, t
         k: v for k, v in want.items() if k != "model.safetensors"
     }
     assert files["model.safetensors"] != want["model.safetensors"]
+
+
+def test_a_folder_behind_an_fsspec_url(folder, tmp_path):
+    """A remote folder (fsspec's in-memory filesystem stands for S3 here: same calls) is checked without
+    fetching its weights, then stored byte for byte; a changed folder is refused for a new run."""
+    import fsspec
+
+    from rl_core.context import RunContext
+    from rl_core.policy_folder import check_stored_base
+    from rl_core.sft import init_body
+    from rl_core.stage import run_stage
+    from rl_core.store import Store
+
+    fs = fsspec.filesystem("memory")
+    for f in folder.iterdir():
+        if f.is_file():
+            fs.pipe(f"/models/llama/{f.name}", f.read_bytes())
+    url = "memory://models/llama"
+    assert check_policy_folder(url, vllm=False)["architecture"] == "LlamaForCausalLM"
+    _refused("memory://models/none", "no such folder")
+    cfg = load_config("configs/smoke.yaml", [f"model.path={url}", "rollout.engine=hf"])
+    store = Store(str(tmp_path / "store"))
+    ctx = RunContext(cfg, "r", store=store)
+    init = run_stage(store, ctx.base_id, 0, "init", ctx.base_hash, {}, lambda job: init_body(ctx, job))
+    want = {f.name: _sha(f) for f in folder.iterdir() if f.is_file()}
+    assert init.outputs["checkpoint"].files == want
+    check_stored_base(url, store, ctx.base_id)  # unchanged: fine
+    fs.pipe("/models/llama/generation_config.json", b'{"eos_token_id": 3}')
+    with pytest.raises(ModelFolderError, match="the folder changed since the base model"):
+        check_stored_base(url, store, ctx.base_id)
+    fs.rm("/models/llama", recursive=True)
