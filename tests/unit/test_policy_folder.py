@@ -222,3 +222,20 @@ def test_a_folder_behind_an_fsspec_url(folder, tmp_path):
     with pytest.raises(ModelFolderError, match="the folder changed since the base model"):
         check_stored_base(url, store, ctx.base_id)
     fs.rm("/models/llama", recursive=True)
+
+
+def test_hf_engine_stops_at_either_eos_id(folder):
+    """The HF engine (the fallback) ends a completion at the first of the model's EOS ids, the second one
+    (generation_config.json's <|eot|>) included."""
+    from rl_core.rollout import HFEngine, Request, SamplingSpec
+
+    engine = HFEngine(folder)
+    tok = engine.tokenizer
+    eos = set(stop_ids(folder, tok))
+    reqs = [Request(prompt_ids(tok, f"{i}+{i}="), seed=i) for i in range(4)]
+    comps = [c for cs in engine.generate(reqs, SamplingSpec(n=8, max_tokens=12)) for c in cs]
+    ends = {c.token_ids[-1] for c in comps if c.finish_reason == "stop"}
+    assert ends == eos  # both ids were sampled and each ended its completion
+    for c in comps:
+        assert not set(c.token_ids[:-1]) & eos
+        assert (c.finish_reason == "stop") == (c.token_ids[-1] in eos)
