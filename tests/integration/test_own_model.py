@@ -123,3 +123,19 @@ def test_a_bad_folder_stops_run_before_any_work(tmp_path):
     assert r.returncode == 2, r.stderr[-2000:]
     assert f"model.path {folder}: no tokenizer (tokenizer.json)" in r.stderr
     assert not (tmp_path / "state" / "store" / "bad").exists()
+
+
+@pytest.mark.slow
+def test_no_warmup_on_the_hf_engine(own_run, tmp_path):
+    """warmup.steps 0: the folder itself is the base policy; the HF fallback engine samples it."""
+    folder, _ = own_run
+    args = _args(folder, "plain") + ["--set", "warmup.steps=0", "--set", "rollout.engine=hf"]
+    args[args.index(f"experiment.iterations={ITERATIONS}")] = "experiment.iterations=1"
+    r = run_cli(args, tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    data = _show(tmp_path, "plain")
+    base = data["base"]
+    assert base["warmup"]["artifacts"]["checkpoint"] == base["init"]["artifacts"]["checkpoint"]
+    assert base["policy_sha256"] == _sha(folder / "model.safetensors")
+    (it,) = data["iterations"]
+    assert it["stages"]["train"]["metrics"]["logprob_mismatch_max"] < 1e-3
