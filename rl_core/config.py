@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Literal, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 
 class _Section(BaseModel):
@@ -29,6 +29,19 @@ class ExperimentSection(_Section):
 
 
 class ModelSection(_Section):
+    path: str = Field(
+        "",
+        description="Your own policy: a Hugging Face save_pretrained folder (a local path, file:// or an "
+        "fsspec URL such as s3://bucket/model) with config.json, model.safetensors, tokenizer.json (and "
+        "its chat template) and generation_config.json, used as saved. Empty = build the tiny policy "
+        "below (the architecture and vocab_size fields are then ignored).",
+    )
+    chat_template: bool | Literal["auto"] = Field(
+        "auto",
+        description="Render each text prompt as a user message with the tokenizer's chat template: true, "
+        "false (the prompt's text as is), or auto (when the tokenizer has a template). Prompts given as chat "
+        "messages always use the template.",
+    )
     hidden_size: int = Field(128, ge=16, le=8192, description="Width of the tiny Qwen2 policy.")
     num_layers: int = Field(4, ge=1, le=128, description="Number of transformer blocks.")
     num_heads: int = Field(2, ge=1, le=128, description="Attention heads (hidden_size must divide by it).")
@@ -46,6 +59,14 @@ class ModelSection(_Section):
     patch_size: int = Field(
         8, ge=1, le=64, description="Image patch side in pixels; each patch is one image token."
     )
+
+    @field_validator("path")
+    @classmethod
+    def _absolute(cls, v: str) -> str:
+        """A local folder is recorded as an absolute path: a resumed run may start from another directory."""
+        if not v or "://" in v:
+            return v
+        return str(Path(v).expanduser().resolve())
 
 
 def _moved(data: Any, section: str, moved: dict[str, str]) -> Any:
@@ -101,7 +122,12 @@ class TaskSection(_Section):
 
 
 class WarmupSection(_Section):
-    steps: int = Field(2500, ge=0, description="Supervised warm-up optimizer steps before RL.")
+    steps: int = Field(
+        2500,
+        ge=0,
+        description="Supervised warm-up optimizer steps before RL; 0 passes the init checkpoint through "
+        "unchanged (e.g. your own model.path, already able to answer).",
+    )
     batch_size: int = Field(64, ge=1, description="Warm-up batch size (sequences).")
     lr: float = Field(2e-3, gt=0, le=1.0, description="Warm-up learning rate.")
     examples: int = Field(

@@ -18,7 +18,8 @@ from envs.base import Multimodal, make_env, turns
 from rl_core.context import RunContext
 from rl_core.faults import iteration_of
 from rl_core.manifest import ArtifactRef
-from rl_core.model import load_tokenizer
+from rl_core.model import load_tokenizer, prompt_text
+from rl_core.model import prompt_ids as tokenize_prompt
 from rl_core.rollout import Completion, Request, SamplingSpec, start_engine, sync_weights
 from rl_core.seeding import derive_seed
 from rl_core.stage import StageJob, StageResult
@@ -144,8 +145,9 @@ def sample_table(
     env, max_turns = ctx.env, turns(ctx.env)
     local = ctx.local_checkpoint(ckpt)
     tok = load_tokenizer(local)
-    prompts = [env.reset(t, s) for t, s in zip(tasks, seeds, strict=True)]
-    prompt_ids = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
+    given = [env.reset(t, s) for t, s in zip(tasks, seeds, strict=True)]  # texts or chat messages
+    prompt_ids = [tokenize_prompt(tok, p, ctx.cfg.model.chat_template) for p in given]
+    prompts = [prompt_text(tok, p) for p in given]
     images: list[tuple[bytes, ...]] = [() for _ in tasks]
     if isinstance(env, Multimodal):
         if max_turns > 1:

@@ -102,6 +102,20 @@ def save_weights(state_dict: dict[str, Any], out_dir: str | Path) -> Path:
     return out / WEIGHTS
 
 
+def save_with_weights(src: str | Path, state_dict: dict[str, Any], out_dir: str | Path) -> Path:
+    """A copy of the checkpoint folder ``src`` (config, tokenizer, processor: every top-level file but hidden
+    ones) whose weights are ``state_dict``."""
+    import shutil
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    for f in sorted(Path(src).iterdir()):
+        if f.is_file() and f.name != WEIGHTS and not f.name.startswith("."):
+            shutil.copy(f, out / f.name)
+    save_weights(state_dict, out)
+    return out
+
+
 def load_model(ckpt_dir: str | Path) -> Any:
     """The checkpoint's model: a causal LM, or a vision-language model (LLaVA) when the folder holds one."""
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
@@ -120,3 +134,64 @@ def load_tokenizer(ckpt_dir: str | Path) -> Any:
     tok = PreTrainedTokenizerFast.from_pretrained(str(ckpt_dir))
     tok.padding_side = "left"
     return tok
+
+
+Prompt = str | list[dict[str, Any]]  # a text, or chat messages ({"role": ..., "content": ...})
+
+
+def has_chat_template(tokenizer: Any) -> bool:
+    return bool(getattr(tokenizer, "chat_template", None))
+
+
+def render_prompt(tokenizer: Any, prompt: Prompt) -> str:
+    """Chat messages (a text becomes one user message) rendered with the tokenizer's chat template, ending
+    where the assistant's answer begins."""
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+def uses_chat_template(tokenizer: Any, prompt: Prompt, chat_template: bool | str = "auto") -> bool:
+    """Whether ``prompt`` goes through the chat template: chat messages always; a text when
+    ``model.chat_template`` is true, or "auto" and the tokenizer has a template."""
+    if not isinstance(prompt, str) or chat_template is True:
+        if not has_chat_template(tokenizer):
+            raise ValueError("the prompt needs a chat template and the tokenizer has none")
+        return True
+    return chat_template == "auto" and has_chat_template(tokenizer)
+
+
+def prompt_ids(tokenizer: Any, prompt: Prompt, chat_template: bool | str = "auto") -> list[int]:
+    """The token ids the policy is conditioned on for ``prompt`` (generate, warm-up and evaluate alike).
+
+    A rendered chat template already holds its special tokens (BOS, role markers), so nothing is added to it;
+    a plain text gets what the tokenizer itself adds (e.g. a BOS; the built-in policy's tokenizer adds
+    nothing)."""
+    if uses_chat_template(tokenizer, prompt, chat_template):
+        return list(tokenizer(render_prompt(tokenizer, prompt), add_special_tokens=False)["input_ids"])
+    return list(tokenizer(prompt)["input_ids"])
+
+
+def prompt_text(tokenizer: Any, prompt: Prompt) -> str:
+    """What a rollout row stores as its prompt: a text as given, chat messages as rendered."""
+    return prompt if isinstance(prompt, str) else render_prompt(tokenizer, prompt)
+
+
+def stop_ids(ckpt_dir: str | Path, tokenizer: Any) -> list[int]:
+    """The ids generation stops at: generation_config.json's ``eos_token_id`` (one or a list) and the
+    tokenizer's EOS, in that order, without repeats."""
+    import json
+
+    ids: list[int] = []
+    gen = Path(ckpt_dir) / "generation_config.json"
+    if gen.exists():
+        eos = json.loads(gen.read_text()).get("eos_token_id")
+        ids += [eos] if isinstance(eos, int) else list(eos or [])
+    if tokenizer.eos_token_id is not None:
+        ids.append(tokenizer.eos_token_id)
+    return list(dict.fromkeys(int(i) for i in ids))
+
+
+def pad_id(tokenizer: Any) -> int:
+    """The id that fills padding (never attended to, never trained on): the pad token, else the EOS."""
+    pad = tokenizer.pad_token_id
+    return int(pad if pad is not None else tokenizer.eos_token_id)

@@ -89,10 +89,13 @@ class VLLMEngine:
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
         from vllm import LLM
 
+        from rl_core.model import load_tokenizer, stop_ids
         from rl_core.vision import allowed_token_ids
 
         # What the trainer's logits allow (rl_core.vision.suppress): never the image placeholder.
         self.allowed = allowed_token_ids(ckpt_dir)
+        # The model's own EOS ids (generation config and tokenizer), whatever vLLM's tokenizer would say.
+        self.stop = stop_ids(ckpt_dir, load_tokenizer(ckpt_dir))
         with _captured_stderr():
             self.llm = LLM(
                 model=str(ckpt_dir),
@@ -133,6 +136,7 @@ class VLLMEngine:
                 max_tokens=spec.max_tokens,
                 seed=r.seed,
                 logprobs=0,
+                stop_token_ids=self.stop,
             )
             for r in requests
         ]
@@ -169,12 +173,13 @@ class HFEngine:
     """Plain transformers sampling loop with one torch.Generator per request (bitwise reproducible)."""
 
     def __init__(self, ckpt_dir: str | Path, *, dtype: str = "float32", **_: Any):
-        from rl_core.model import load_model, load_tokenizer
+        from rl_core.model import load_model, load_tokenizer, pad_id, stop_ids
 
         self.ckpt_dir = str(ckpt_dir)
         self.tokenizer = load_tokenizer(ckpt_dir)
         self.model = load_model(ckpt_dir).eval()
-        self.eos = self.tokenizer.eos_token_id
+        self.eos = set(stop_ids(ckpt_dir, self.tokenizer))
+        self.pad = pad_id(self.tokenizer)
         self.never = unsampleable_ids(self.model)
 
     def generate(self, requests: list[Request], spec: SamplingSpec) -> list[list[Completion]]:
@@ -190,7 +195,7 @@ class HFEngine:
             g = torch.Generator().manual_seed(r.seed * 1009 + k)
             gens.append(g)
         width = max(len(r.prompt_ids) for r, _ in flat)
-        pad = self.tokenizer.pad_token_id
+        pad = self.pad
         ids = torch.tensor([[pad] * (width - len(r.prompt_ids)) + list(r.prompt_ids) for r, _ in flat])
         attn = (
             torch.arange(width)[None, :]
@@ -234,7 +239,7 @@ class HFEngine:
                     if not done[i]:
                         out_ids[i].append(tok)
                         out_lp[i].append(lp)
-                        done[i] = tok == self.eos
+                        done[i] = tok in self.eos
                     nxt.append(tok)
                 if all(done):
                     break
@@ -245,7 +250,7 @@ class HFEngine:
             if k == 0:
                 result.append([])
             toks = out_ids[j]
-            stopped = bool(toks) and toks[-1] == self.eos
+            stopped = bool(toks) and toks[-1] in self.eos
             text = self.tokenizer.decode(toks[:-1] if stopped else toks)
             result[-1].append(Completion(toks, out_lp[j], text, "stop" if stopped else "length"))
         return result

@@ -26,6 +26,7 @@ from typing import Any
 import httpx
 import tenacity
 
+from rl_core.model import load_tokenizer, stop_ids
 from rl_core.rollout import Completion, Request, SamplingSpec
 
 _METRIC = re.compile(r"^vllm:prefix_cache_(queries|hits)_total\{[^}]*\}\s+([0-9.eE+-]+)$", re.M)
@@ -52,6 +53,7 @@ class ServerEngine:
         self.urls = list(urls)
         self.ckpt_dir = str(ckpt_dir)
         self.allowed = allowed_token_ids
+        self.stop = stop_ids(ckpt_dir, load_tokenizer(ckpt_dir))  # the model's own EOS ids
         self.restart = restart
         self.on_close = on_close
         self.restarts = 0
@@ -116,6 +118,8 @@ class ServerEngine:
         }
         if self.allowed is not None:
             body["allowed_token_ids"] = self.allowed
+        if self.stop:
+            body["stop_token_ids"] = self.stop
         out = self._retrying(i, body)
         comps = []
         for c in sorted(out["choices"], key=lambda c: c["index"]):

@@ -107,13 +107,19 @@ def create_or_resume(
 
     ``mode`` "new" refuses an existing run, "resume" an unknown one, "either" takes whichever applies. An
     existing run continues only with the config it was started with (``ctx.cfg`` is compared with the record),
-    unless ``force``. Raises RunError (and RunIdError for a bad id) before anything is written.
+    unless ``force``. Raises RunError (and RunIdError for a bad id; ModelFolderError for a new run whose
+    ``model.path`` is not a usable policy folder) before anything is written.
     """
     check_run_id(ctx.run_id)
     uri = f"{ctx.store.run_uri(ctx.run_id)}/{RUN_RECORD}"
     if not ctx.store.exists(uri):
         if mode == "resume":
             raise RunError(f"no run {ctx.run_id!r} in {ctx.store.root}")
+        if ctx.cfg.model.path:  # a bad or changed model.path folder (ModelFolderError) stops the run here
+            from rl_core.policy_folder import check_model_section, check_stored_base
+
+            check_model_section(ctx.cfg)
+            check_stored_base(ctx.cfg.model.path, ctx.store, ctx.base_id)
         record = {
             "run_id": ctx.run_id,
             "config": ctx.cfg.model_dump(mode="json"),

@@ -1,7 +1,10 @@
 """Base-model stages: build the tiny model and tokenizer (``init``), then a short supervised warm-up.
 
-The warm-up sees only ``warmup.examples`` training problems for ``warmup.steps`` steps, so the base model
-answers in the right format with low but non-zero accuracy: RL has room to show what it adds.
+With ``model.path`` set, ``init`` checks that folder (``rl_core.policy_folder``) and puts it into the store
+unchanged instead. The warm-up sees only ``warmup.examples`` training problems for ``warmup.steps`` steps, so
+the base model answers in the right format with low but non-zero accuracy: RL has room to show what it adds.
+``warmup.steps: 0`` passes the init checkpoint through unchanged (a model of your own may need no warm-up).
+Prompts are tokenized as the generate stage does (``rl_core.model.prompt_ids``: the chat template when used).
 """
 
 from __future__ import annotations
@@ -13,7 +16,16 @@ import torch
 
 from envs.base import Corpus, Demonstrations, FlawedTeacher, Multimodal
 from rl_core.context import RunContext
-from rl_core.model import build_model, build_tokenizer, load_model, load_tokenizer, save_checkpoint
+from rl_core.model import (
+    build_model,
+    build_tokenizer,
+    load_model,
+    load_tokenizer,
+    pad_id,
+    prompt_ids,
+    save_checkpoint,
+    save_with_weights,
+)
 from rl_core.seeding import derive_seed
 from rl_core.stage import StageJob, StageResult
 from rl_core.vision import IMAGE_TOKEN, build_vlm, image_prefix, pixel_values, save_processor
@@ -21,6 +33,8 @@ from rl_core.vision import IMAGE_TOKEN, build_vlm, image_prefix, pixel_values, s
 
 def init_body(ctx: RunContext, job: StageJob) -> StageResult:
     cfg = ctx.cfg
+    if cfg.model.path:
+        return _init_from_folder(ctx, job)
     if isinstance(ctx.env, Corpus):  # environments with their own vocabulary (tool calls, observations)
         texts = ctx.env.corpus(ctx.train_tasks)
     else:
@@ -45,6 +59,22 @@ def init_body(ctx: RunContext, job: StageJob) -> StageResult:
     )
 
 
+def _init_from_folder(ctx: RunContext, job: StageJob) -> StageResult:
+    """The user's policy folder, checked, into the store byte for byte as the base checkpoint."""
+    from rl_core.policy_folder import check_model_section, fetch_policy_folder
+
+    info = check_model_section(ctx.cfg)
+    assert info is not None
+    with tempfile.TemporaryDirectory() as d:
+        local = fetch_policy_folder(ctx.cfg.model.path, d)
+        ref = ctx.store.put_dir(local, f"{job.out_uri}/checkpoint")
+    return StageResult(
+        outputs={"checkpoint": ref},
+        metrics={"parameters": info["parameters"], "vocab_size": info["vocab_size"]},
+        seeds={"init": f"model.path {ctx.cfg.model.path} ({info['architecture']})"},
+    )
+
+
 def _pad(
     seqs: list[list[int]], labs: list[list[int]], pad_id: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -66,12 +96,13 @@ def _sft_batch(
     tasks: list[dict[str, Any]],
     flawed: list[bool] | None = None,
     prefix: list[int] | None = None,
+    chat_template: bool | str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Prompt (after ``prefix``, e.g. image placeholders) + answer + EOS; labels on the answer only. A flawed
     demonstration is the environment's teacher mistake (``FlawedTeacher``)."""
     seqs, labs = [], []
     for i, t in enumerate(tasks):
-        p = (prefix or []) + tok(t["prompt"], add_special_tokens=False)["input_ids"]
+        p = (prefix or []) + prompt_ids(tok, t["prompt"], chat_template)
         bad = bool(flawed and flawed[i])
         if bad and not isinstance(env, FlawedTeacher):
             raise ValueError(
@@ -82,7 +113,7 @@ def _sft_batch(
         a = tok(ans, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
         seqs.append(p + a)
         labs.append([-100] * len(p) + a)
-    return _pad(seqs, labs, tok.pad_token_id)
+    return _pad(seqs, labs, pad_id(tok))
 
 
 def _segment_batch(
@@ -102,11 +133,13 @@ def _segment_batch(
             lab += piece if is_model else [-100] * len(piece)
         seqs.append(ids)
         labs.append(lab)
-    return _pad(seqs, labs, tok.pad_token_id)
+    return _pad(seqs, labs, pad_id(tok))
 
 
 def warmup_body(ctx: RunContext, job: StageJob) -> StageResult:
     cfg = ctx.cfg.warmup
+    if cfg.steps == 0:  # no warm-up: the init checkpoint itself is the base policy
+        return StageResult(outputs={"checkpoint": job.inputs["checkpoint"]}, metrics={"steps": 0})
     src = ctx.local_checkpoint(job.inputs["checkpoint"])
     tok = load_tokenizer(src)
     model = load_model(src).train()
@@ -124,10 +157,12 @@ def warmup_body(ctx: RunContext, job: StageJob) -> StageResult:
         if isinstance(ctx.env, Demonstrations):
             ids, attn, labels = _segment_batch(tok, ctx.env, chosen, flawed)
         elif multimodal:
-            ids, attn, labels = _sft_batch(tok, ctx.env, chosen, flawed, prefix=image_prefix(src))
+            ids, attn, labels = _sft_batch(
+                tok, ctx.env, chosen, flawed, image_prefix(src), ctx.cfg.model.chat_template
+            )
             extra["pixel_values"] = pixel_values(src, [ctx.env.image(t) for t in chosen])
         else:
-            ids, attn, labels = _sft_batch(tok, ctx.env, chosen, flawed)
+            ids, attn, labels = _sft_batch(tok, ctx.env, chosen, flawed, None, ctx.cfg.model.chat_template)
         lr = cfg.lr * min(1.0, (step + 1) / max(1, cfg.steps // 10))
         for g in opt.param_groups:
             g["lr"] = lr
@@ -138,9 +173,12 @@ def warmup_body(ctx: RunContext, job: StageJob) -> StageResult:
         opt.step()
         losses.append(float(loss))
     with tempfile.TemporaryDirectory() as d:
-        save_checkpoint(model, tok, d)
-        if multimodal:
-            save_processor(d, tok, ctx.env.image_size, ctx.cfg.model.patch_size)
+        if ctx.cfg.model.path:  # the user's folder as it was, with the new weights (as train writes them)
+            save_with_weights(src, model.state_dict(), d)
+        else:
+            save_checkpoint(model, tok, d)
+            if multimodal:
+                save_processor(d, tok, ctx.env.image_size, ctx.cfg.model.patch_size)
         ref = ctx.store.put_dir(d, f"{job.out_uri}/checkpoint")
     tail = losses[-10:] or [float("nan")]
     return StageResult(

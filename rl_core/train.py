@@ -23,7 +23,7 @@ from typing import Any
 
 from rl_core.context import RunContext, unstored_dir
 from rl_core.manifest import ArtifactRef, Manifest
-from rl_core.model import WEIGHTS, load_model, load_tokenizer, save_weights, weights_bytes
+from rl_core.model import WEIGHTS, load_model, load_tokenizer, pad_id, save_weights, weights_bytes
 from rl_core.ppo import make_batch, sequence_logprobs
 from rl_core.seeding import derive_seed
 from rl_core.stage import StageJob, StageResult, committed
@@ -106,7 +106,7 @@ def _update(ctx: RunContext, job: StageJob) -> tuple[Any, dict[str, Any]]:
     local = ctx.local_checkpoint(policy)
     batch = make_batch(
         df,
-        pad_id=load_tokenizer(local).pad_token_id,
+        pad_id=pad_id(load_tokenizer(local)),
         temperature=cfg.rollout.temperature,
         max_tokens=cfg.rollout.max_tokens,
         seed=seed,

@@ -111,6 +111,7 @@ def launch(
 ) -> None:
     """Create or resume the run record (``create_or_resume``), then run the experiment flow with progress."""
     from infra.localstack.prefect_server import ensure_api
+    from rl_core.config import ConfigError
     from rl_core.context import RunContext
     from rl_core.report import subscribe
     from rl_core.runs import RunError, create_or_resume, new_run_id
@@ -120,7 +121,7 @@ def launch(
     ctx = RunContext(cfg, rid)
     try:
         create_or_resume(ctx, mode, force=force)
-    except (RunError, StoreUnavailable) as e:
+    except (RunError, ConfigError, StoreUnavailable) as e:  # ConfigError: a bad model.path folder
         fail(str(e), 3 if isinstance(e, StoreUnavailable) else 2)
     typer.echo(f"run id: {rid}")
     typer.echo(f"artifacts: {ctx.store.run_uri(rid)}")

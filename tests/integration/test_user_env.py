@@ -113,7 +113,8 @@ def _config(env: str, executor: str = "inline", *extra: str):
 def _rows(ctx: RunContext) -> pd.DataFrame:
     rows = []
     for i, t in enumerate(ctx.train_tasks[:30]):
-        for k, text in enumerate((t["answer"], t["answer"][::-1], "??", "abcdefgh")):
+        wrong = t["answer"][:-1] + ("b" if t["answer"].endswith("a") else "a")  # well formed, one letter off
+        for k, text in enumerate((t["answer"], wrong, "??", "abcdefgh")):
             rows.append(
                 {
                     "prompt_index": i,

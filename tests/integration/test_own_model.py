@@ -1,0 +1,141 @@
+"""Your own model as the policy, end to end: a Llama folder written here (an architecture, a tokenizer, a chat
+template and EOS ids unlike the built-in policy's) trained by RL on vLLM + DeepSpeed through `rlfoundry run`,
+killed and resumed to the same weights, and replayed stage by stage; a bad folder stops `run` with exit 2."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import signal
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from tests.conftest import run_cli
+from tests.model_folders import EOT, write_llama_folder
+
+ITERATIONS = 2
+
+
+def _args(folder: Path, run_id: str) -> list[str]:
+    return [
+        "run",
+        "configs/smoke.yaml",
+        "--run-id",
+        run_id,
+        "--set",
+        f"model.path={folder}",
+        "--set",
+        "model.max_position=48",
+        "--set",
+        f"experiment.iterations={ITERATIONS}",
+        "--set",
+        "tracking.enabled=false",
+    ]
+
+
+def _show(state: Path, run_id: str) -> dict:
+    r = run_cli(["show", run_id, "--json"], state, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return json.loads(r.stdout)
+
+
+def _sha(p: Path) -> str:
+    return hashlib.sha256(p.read_bytes()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def own_run(tmp_path_factory):
+    folder = write_llama_folder(tmp_path_factory.mktemp("model") / "llama")
+    state = tmp_path_factory.mktemp("state")
+    r = run_cli(_args(folder, "own"), state)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    return folder, state
+
+
+def _uri_path(uri: str) -> Path:
+    return Path(uri.removeprefix("file://"))
+
+
+@pytest.mark.slow
+def test_the_folder_is_the_base_policy_unchanged(own_run):
+    folder, state = own_run
+    data = _show(state, "own")
+    init = _uri_path(data["base"]["init"]["artifacts"]["checkpoint"])
+    assert {f.name: _sha(f) for f in init.iterdir()} == {f.name: _sha(f) for f in folder.iterdir()}
+    # every later checkpoint is the same folder with new weights
+    for it in data["iterations"]:
+        ckpt = _uri_path(it["stages"]["train"]["artifacts"]["checkpoint"])
+        for f in folder.iterdir():
+            same = _sha(ckpt / f.name) == _sha(f)
+            assert same == (f.name != "model.safetensors"), f.name
+
+
+@pytest.mark.slow
+def test_rl_on_vllm_and_deepspeed_with_the_models_own_template_and_eos(own_run):
+    from transformers import PreTrainedTokenizerFast
+
+    folder, state = own_run
+    data = _show(state, "own")
+    assert data["iterations_committed"] == ITERATIONS
+    hashes = [it["policy_sha256"] for it in data["iterations"]]
+    assert len(set(hashes)) == ITERATIONS  # the weights moved every iteration
+    for it in data["iterations"]:
+        assert it["stages"]["train"]["metrics"]["logprob_mismatch_max"] < 1e-3
+    tok = PreTrainedTokenizerFast.from_pretrained(str(folder))
+    eos = {tok.eos_token_id, tok.convert_tokens_to_ids(EOT)}
+    df = pd.read_parquet(state / "store" / "own" / "iter-0001" / "generate" / "rollouts.parquet")
+    for p, text in zip(df["prompt_ids"], df["prompt"], strict=True):
+        assert tok.decode(p) == f"<s>[INST]{text}[/INST]"  # rendered with the folder's chat template
+    stopped = df[df["finish_reason"] == "stop"]
+    assert len(stopped) > 0
+    assert all(int(c[-1]) in eos for c in stopped["completion_ids"])
+    # generation ends at the first of the model's EOS ids, whichever it is
+    assert not any(set(map(int, c[:-1])) & eos for c in df["completion_ids"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", ["generate", "train", "evaluate"])
+def test_replay_reproduces_the_stage(own_run, stage):
+    _, state = own_run
+    r = run_cli(
+        ["replay", "own", "--iteration", str(ITERATIONS), "--stage", stage, "--json"], state, timeout=600
+    )
+    assert r.returncode == 0 and json.loads(r.stdout)["identical"] is True, r.stdout + r.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_killed_run_resumes_to_the_same_weights(own_run, tmp_path):
+    folder, state = own_run
+    want = [it["policy_sha256"] for it in _show(state, "own")["iterations"]]
+    killed = run_cli(_args(folder, "k"), tmp_path, env={"RLFOUNDRY_FAULT": "train:outputs@2"})
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    resumed = run_cli(["resume", "k"], tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert [it["policy_sha256"] for it in _show(tmp_path, "k")["iterations"]] == want
+
+
+def test_a_bad_folder_stops_run_before_any_work(tmp_path):
+    folder = write_llama_folder(tmp_path / "llama")
+    (folder / "tokenizer.json").unlink()
+    r = run_cli(_args(folder, "bad"), tmp_path / "state", timeout=300)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert f"model.path {folder}: no tokenizer (tokenizer.json)" in r.stderr
+    assert not (tmp_path / "state" / "store" / "bad").exists()
+
+
+@pytest.mark.slow
+def test_no_warmup_on_the_hf_engine(own_run, tmp_path):
+    """warmup.steps 0: the folder itself is the base policy; the HF fallback engine samples it."""
+    folder, _ = own_run
+    args = _args(folder, "plain") + ["--set", "warmup.steps=0", "--set", "rollout.engine=hf"]
+    args[args.index(f"experiment.iterations={ITERATIONS}")] = "experiment.iterations=1"
+    r = run_cli(args, tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    data = _show(tmp_path, "plain")
+    base = data["base"]
+    assert base["warmup"]["artifacts"]["checkpoint"] == base["init"]["artifacts"]["checkpoint"]
+    assert base["policy_sha256"] == _sha(folder / "model.safetensors")
+    (it,) = data["iterations"]
+    assert it["stages"]["train"]["metrics"]["logprob_mismatch_max"] < 1e-3

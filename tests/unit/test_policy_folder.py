@@ -1,0 +1,241 @@
+"""Your own model folder as the policy (``model.path``): each bad folder is refused before any work, naming
+the path and what is wrong; a good one goes into the store unchanged; prompts use its chat template;
+generation stops at its own EOS ids. No engine is started here (vLLM's registry is imported, not run)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from rl_core.config import ConfigError, load_config
+from rl_core.model import build_tokenizer, load_tokenizer, prompt_ids, prompt_text, stop_ids
+from rl_core.policy_folder import ModelFolderError, check_policy_folder
+from tests.model_folders import BOS, EOT, write_llama_folder
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory) -> Path:
+    return write_llama_folder(tmp_path_factory.mktemp("own") / "llama")
+
+
+def _copy(src: Path, dest: Path, drop: tuple[str, ...] = ()) -> Path:
+    dest.mkdir()
+    for f in src.iterdir():
+        if f.name not in drop:
+            (dest / f.name).write_bytes(f.read_bytes())
+    return dest
+
+
+def _refused(path: Path | str, match: str, **kw) -> str:
+    with pytest.raises(ModelFolderError, match=match) as e:
+        check_policy_folder(str(path), **{"vllm": False, **kw})
+    assert str(path) in str(e.value)
+    return str(e.value)
+
+
+def test_a_good_folder_passes_with_what_it_holds(folder):
+    info = check_policy_folder(str(folder), vllm=True, max_model_len=64)
+    assert info["architecture"] == "LlamaForCausalLM"
+    assert info["vocab_size"] == len(load_tokenizer(folder)) and info["parameters"] > 10_000
+
+
+def test_no_such_folder(tmp_path):
+    _refused(tmp_path / "nowhere", "no such folder")
+
+
+def test_no_config(folder, tmp_path):
+    _refused(_copy(folder, tmp_path / "x", drop=("config.json",)), "no config.json")
+
+
+def test_no_tokenizer(folder, tmp_path):
+    _refused(_copy(folder, tmp_path / "x", drop=("tokenizer.json",)), r"no tokenizer \(tokenizer.json\)")
+
+
+def test_no_weights(folder, tmp_path):
+    bare = _copy(folder, tmp_path / "x", drop=("model.safetensors",))
+    _refused(bare, r"no weights \(model.safetensors\)$")
+    (bare / "pytorch_model.bin").write_bytes(b"0")
+    _refused(bare, "found pytorch_model.bin: re-save with safe_serialization=True")
+
+
+def test_sharded_or_corrupt_weights(folder, tmp_path):
+    sharded = _copy(folder, tmp_path / "s")
+    (sharded / "model.safetensors.index.json").write_text("{}")
+    _refused(sharded, "sharded weights")
+    corrupt = _copy(folder, tmp_path / "c")
+    (corrupt / "model.safetensors").write_bytes(b"\x05\x00")
+    _refused(corrupt, "not a safetensors file")
+
+
+def test_an_architecture_vllm_cannot_load(tmp_path):
+    from transformers import BioGptConfig, BioGptForCausalLM
+
+    from tests.model_folders import build_tokenizer as own_tokenizer
+
+    tok = own_tokenizer()
+    cfg = BioGptConfig(
+        vocab_size=len(tok),
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        tie_word_embeddings=False,
+    )
+    out = tmp_path / "biogpt"
+    BioGptForCausalLM(cfg).save_pretrained(out)
+    tok.save_pretrained(out)
+    msg = _refused(out, "architecture BioGptForCausalLM cannot be loaded by vLLM", vllm=True)
+    assert "rollout.engine=hf" in msg
+    assert check_policy_folder(str(out), vllm=False)["architecture"] == "BioGptForCausalLM"
+
+
+def test_a_chat_template_that_does_not_render(tmp_path):
+    broken = write_llama_folder(tmp_path / "b", chat_template="{% for m in messages %}{{ m['content'] }")
+    _refused(broken, "chat template does not render")
+    raising = write_llama_folder(tmp_path / "r", chat_template="{{ raise_exception('no user role here') }}")
+    _refused(raising, "no user role here")
+    _refused(raising, "no user role here", chat_template=True)
+    # not used, not rendered: a text prompt stays text
+    assert check_policy_folder(str(raising), vllm=False, chat_template=False)
+
+
+def test_chat_template_true_needs_one(tmp_path):
+    plain = write_llama_folder(tmp_path / "p", chat_template=None)
+    _refused(plain, "model.chat_template is true but the tokenizer has none", chat_template=True)
+    assert check_policy_folder(str(plain), vllm=False)  # auto: plain text prompts
+
+
+def test_tied_embeddings_are_refused(tmp_path):
+    tied = write_llama_folder(tmp_path / "t", tie=True)
+    _refused(tied, "tie_word_embeddings is true")
+
+
+def test_longer_context_than_the_model_is_refused(folder):
+    _refused(folder, "max_position_embeddings=128", max_model_len=512)
+
+
+def test_cli_config_keeps_an_absolute_path(folder, monkeypatch):
+    monkeypatch.chdir(folder.parent)
+    cfg = load_config(None, ["model.path=llama"])
+    assert cfg.model.path == str(folder)
+    assert load_config(None, ["model.path=s3://b/m"]).model.path == "s3://b/m"
+    with pytest.raises(ConfigError, match="model.chat_template"):
+        load_config(None, ["model.chat_template=maybe"])
+
+
+def test_prompts_render_with_the_chat_template(folder):
+    tok = load_tokenizer(folder)
+    ids = prompt_ids(tok, "37-85=")
+    assert tok.convert_ids_to_tokens(ids) == [BOS, "[INST]", *"37-85=", "[/INST]"]
+    messages = [{"role": "user", "content": "1+1="}, {"role": "assistant", "content": "2"}]
+    both = prompt_ids(tok, [*messages, {"role": "user", "content": "2+2="}])
+    assert tok.decode(both) == "<s>[INST]1+1=[/INST]2</s>[INST]2+2=[/INST]"
+    assert prompt_text(tok, messages[:1]) == "<s>[INST]1+1=[/INST]"
+    assert tok.convert_ids_to_tokens(prompt_ids(tok, "37-85=", False)) == list("37-85=")
+
+
+def test_built_in_tokenization_is_unchanged():
+    """The built-in policy has no chat template and its tokenizer adds nothing: prompt ids as before."""
+    from envs.base import make_env
+
+    cfg = load_config("configs/smoke.yaml")
+    tasks = make_env("arithmetic").tasks("train", cfg.task, 0)[:200]
+    tok = build_tokenizer([t["prompt"] for t in tasks] + [t["answer"] for t in tasks], 64)
+    for t in tasks:
+        assert prompt_ids(tok, t["prompt"]) == tok(t["prompt"], add_special_tokens=False)["input_ids"]
+    with pytest.raises(ValueError, match="has none"):
+        prompt_ids(tok, [{"role": "user", "content": "1+1="}])
+
+
+def test_stop_ids_are_the_models_own(folder, tmp_path):
+    tok = load_tokenizer(folder)
+    assert stop_ids(folder, tok) == [tok.eos_token_id, tok.convert_tokens_to_ids(EOT)]
+    gen = json.loads((folder / "generation_config.json").read_text())
+    assert gen["eos_token_id"] == stop_ids(folder, tok)
+    single = _copy(folder, tmp_path / "one", drop=("generation_config.json",))
+    assert stop_ids(single, tok) == [tok.eos_token_id]
+
+
+def _sha(p: Path) -> str:
+    return hashlib.sha256(p.read_bytes()).hexdigest()
+
+
+def test_init_stores_the_folder_unchanged_and_warmup_zero_passes_it_on(folder, tmp_path):
+    from rl_core.context import RunContext
+    from rl_core.sft import init_body, warmup_body
+    from rl_core.stage import StageJob
+    from rl_core.store import Store
+
+    (folder / ".cache").mkdir(exist_ok=True)  # a hub download's leftovers are not part of the model
+    cfg = load_config(
+        "configs/smoke.yaml",
+        [f"model.path={folder}", "rollout.engine=hf", "warmup.steps=0", "model.max_position=48"],
+    )
+    store = Store(str(tmp_path / "store"))
+    ctx = RunContext(cfg, "r", store=store)
+    init = init_body(ctx, StageJob(0, {}, store.stage_uri(ctx.base_id, 0, "init")))
+    ref = init.outputs["checkpoint"]
+    want = {f.name: _sha(f) for f in folder.iterdir() if f.is_file()}
+    assert ref.files == want and init.metrics["vocab_size"] == len(load_tokenizer(folder))
+    warm = warmup_body(ctx, StageJob(0, {"checkpoint": ref}, store.stage_uri(ctx.base_id, 0, "warmup")))
+    assert warm.outputs["checkpoint"] == ref
+
+    # a warm-up that trains keeps every file of the folder but the weights
+    ctx.cfg.warmup.steps, ctx.cfg.warmup.batch_size = 2, 4
+    trained = warmup_body(ctx, StageJob(0, {"checkpoint": ref}, store.stage_uri(ctx.base_id, 0, "warm2")))
+    files = trained.outputs["checkpoint"].files
+    assert {k: v for k, v in files.items() if k != "model.safetensors"} == {
+        k: v for k, v in want.items() if k != "model.safetensors"
+    }
+    assert files["model.safetensors"] != want["model.safetensors"]
+
+
+def test_a_folder_behind_an_fsspec_url(folder, tmp_path):
+    """A remote folder (fsspec's in-memory filesystem stands for S3 here: same calls) is checked without
+    fetching its weights, then stored byte for byte; a changed folder is refused for a new run."""
+    import fsspec
+
+    from rl_core.context import RunContext
+    from rl_core.policy_folder import check_stored_base
+    from rl_core.sft import init_body
+    from rl_core.stage import run_stage
+    from rl_core.store import Store
+
+    fs = fsspec.filesystem("memory")
+    for f in folder.iterdir():
+        if f.is_file():
+            fs.pipe(f"/models/llama/{f.name}", f.read_bytes())
+    url = "memory://models/llama"
+    assert check_policy_folder(url, vllm=False)["architecture"] == "LlamaForCausalLM"
+    _refused("memory://models/none", "no such folder")
+    cfg = load_config("configs/smoke.yaml", [f"model.path={url}", "rollout.engine=hf"])
+    store = Store(str(tmp_path / "store"))
+    ctx = RunContext(cfg, "r", store=store)
+    init = run_stage(store, ctx.base_id, 0, "init", ctx.base_hash, {}, lambda job: init_body(ctx, job))
+    want = {f.name: _sha(f) for f in folder.iterdir() if f.is_file()}
+    assert init.outputs["checkpoint"].files == want
+    check_stored_base(url, store, ctx.base_id)  # unchanged: fine
+    fs.pipe("/models/llama/generation_config.json", b'{"eos_token_id": 3}')
+    with pytest.raises(ModelFolderError, match="the folder changed since the base model"):
+        check_stored_base(url, store, ctx.base_id)
+    fs.rm("/models/llama", recursive=True)
+
+
+def test_hf_engine_stops_at_either_eos_id(folder):
+    """The HF engine (the fallback) ends a completion at the first of the model's EOS ids, the second one
+    (generation_config.json's <|eot|>) included."""
+    from rl_core.rollout import HFEngine, Request, SamplingSpec
+
+    engine = HFEngine(folder)
+    tok = engine.tokenizer
+    eos = set(stop_ids(folder, tok))
+    reqs = [Request(prompt_ids(tok, f"{i}+{i}="), seed=i) for i in range(4)]
+    comps = [c for cs in engine.generate(reqs, SamplingSpec(n=8, max_tokens=12)) for c in cs]
+    ends = {c.token_ids[-1] for c in comps if c.finish_reason == "stop"}
+    assert ends == eos  # both ids were sampled and each ended its completion
+    for c in comps:
+        assert not set(c.token_ids[:-1]) & eos
+        assert (c.finish_reason == "stop") == (c.token_ids[-1] in eos)
