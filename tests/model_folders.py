@@ -19,7 +19,7 @@ CHAT_TEMPLATE = (
     "{% elif m['role'] == 'assistant' %}{{ m['content'] }}{{ eos_token }}"
     "{% else %}{{ raise_exception('only user and assistant roles') }}{% endif %}{% endfor %}"
 )
-CHARS = "0123456789+-*= \n"
+CHARS = "0123456789+-*=<> \nabcdefghijklmnopqrstuvwxyz"
 
 
 def build_tokenizer(chat_template: str | None = CHAT_TEMPLATE) -> Any:

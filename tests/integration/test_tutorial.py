@@ -15,6 +15,7 @@ import pandas as pd
 import pytest
 
 from tests.conftest import cli_env
+from tests.model_folders import write_llama_folder
 
 ROOT = Path(__file__).resolve().parents[2]
 HEADING = "### Your model, your environment, your reward"
@@ -47,6 +48,7 @@ def test_readme_tutorial_runs(tmp_path):
     for rel, body in tutorial_files().items():
         (work / rel).parent.mkdir(parents=True, exist_ok=True)
         (work / rel).write_text(body)
+    write_llama_folder(work / "my-llama")  # the user's checkpoint (no hub here)
     state = tmp_path / "state"
     env = cli_env(state)
     env["PYTHONPATH"] = os.pathsep.join([".", str(ROOT), env.get("PYTHONPATH", "")])
@@ -65,6 +67,8 @@ def test_readme_tutorial_runs(tmp_path):
     )
     data = json.loads(shown.stdout)
     assert data["iterations_committed"] == 3
+    base = Path(data["base"]["init"]["artifacts"]["checkpoint"].removeprefix("file://"))
+    assert (base / "model.safetensors").read_bytes() == (work / "my-llama" / "model.safetensors").read_bytes()
     for it in data["iterations"]:
         score = it["stages"]["score_rewards"]
         assert score["status"] == "committed"
