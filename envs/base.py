@@ -88,8 +88,9 @@ class Env(Protocol):
         """The task list of a split ("train" or "heldout"), deterministic in ``seed``."""
         ...
 
-    def reset(self, task: dict[str, Any], seed: int) -> str:
-        """Start an episode; returns the first observation (the prompt text)."""
+    def reset(self, task: dict[str, Any], seed: int) -> str | list[dict[str, str]]:
+        """Start an episode; returns the first observation: the prompt text, or chat messages
+        (``[{"role": "user", "content": ...}]``, rendered with the policy's chat template)."""
         ...
 
     def step(self, action: str) -> StepResult:
