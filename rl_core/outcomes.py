@@ -88,21 +88,22 @@ def _ray_map(
 
     from envs.base import env_source
 
+    # A user's environment package that is not installed on the cluster is sent with the job (Ray uploads
+    # the folder); the job's runtime environment is fixed when this process first joins the cluster.
+    source = env_source(env[0])
+    modules = {"py_modules": [str(source)]} if source is not None else {}
     if not ray.is_initialized():
         if address:
-            ray.init(address=address, log_to_driver=False)
+            ray.init(address=address, log_to_driver=False, runtime_env=modules or None)
         else:  # a local single-node cluster on 127.0.0.1
             ray.init(
                 num_cpus=workers,
                 include_dashboard=False,
                 _node_ip_address="127.0.0.1",
                 log_to_driver=False,
-                runtime_env={"env_vars": {"PYTHONPATH": str(PROJECT_ROOT)}},
+                runtime_env={"env_vars": {"PYTHONPATH": str(PROJECT_ROOT)}, **modules},
             )
-    # A user's environment package that is not installed on the cluster travels with the tasks.
-    source = env_source(env[0])
-    runtime = {"py_modules": [str(source)]} if source is not None else None
-    remote = ray.remote(num_cpus=1, runtime_env=runtime)(outcomes_for)
+    remote = ray.remote(num_cpus=1)(outcomes_for)
     tasks_ref = ray.put(tasks)
     return ray.get([remote.remote(*env, c, tasks_ref) for c in chunks])
 
