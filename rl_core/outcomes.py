@@ -3,8 +3,8 @@
 Where the environments run is ``task.executor``: inline, a pool of spawned processes held by the run's
 context, or Ray tasks (a local cluster on 127.0.0.1, or ``task.ray_address``). Rows are cut into chunks that
 keep their order, so all three give the same table. A user's environment package that is not installed on the
-Ray cluster is sent with the tasks (``runtime_env`` ``py_modules``); spawned processes import it from the
-parent's ``sys.path``.
+Ray cluster is uploaded with the job (``runtime_env`` ``py_modules``, fixed when the process first joins the
+cluster); spawned processes import it from the parent's ``sys.path``.
 
     out = env_outcomes(ctx, rollouts)   # one row per rollout row: prompt_index, sample_index, done, outcome
 """
