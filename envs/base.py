@@ -9,7 +9,8 @@ model-written code take an ``Executor`` (the sandbox in ``envs/sandbox``), never
 What an environment can do beyond single-turn text is a small Protocol it satisfies, not an attribute probed
 for: ``MultiTurn`` (``max_turns``), ``Multimodal`` (an image per task), ``Demonstrations`` (the warm-up's
 segments), ``Corpus`` (the text its tokenizer is built from), ``FlawedTeacher`` (the warm-up teacher's
-mistake), ``Configurable`` (its own options, a pydantic model validated from ``task.env_args``).
+mistake), ``Configurable`` (its own options, a pydantic model validated from ``task.env_args``),
+``BatchSteps`` (many single-turn episodes scored in one call).
 
 An environment is named in the config by its registered name, by ``module:Class`` (a user's own package), or
 by an entry point of an installed package (group ``rlfoundry.envs``):
@@ -25,7 +26,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Protocol, runtime_checkable
@@ -128,6 +129,14 @@ class FlawedTeacher(Protocol):
     """The warm-up teacher's mistaken answer to a single-turn task (``warmup.teacher_error_rate``)."""
 
     def flawed(self, task: dict[str, Any]) -> str: ...
+
+
+@runtime_checkable
+class BatchSteps(Protocol):
+    """Single-turn episodes scored as a batch (one call for many completions: a sandbox pool runs them
+    side by side); the same results, in order, as ``reset`` + ``step`` for each."""
+
+    def step_many(self, episodes: Sequence[tuple[dict[str, Any], str]]) -> list[StepResult]: ...
 
 
 @runtime_checkable

@@ -15,7 +15,7 @@ from typing import Any
 
 import pandas as pd
 
-from envs.base import check_outcome, make_env
+from envs.base import BatchSteps, check_outcome, make_env
 from rl_core.context import RunContext
 from rl_core.paths import PROJECT_ROOT
 from rl_core.stage import StageJob, StageResult
@@ -29,7 +29,17 @@ def outcomes_for(
 
     Multi-turn rows are replayed from their stored actions, and every observation the environment gives is
     checked against the one the model saw: a difference (a non-hermetic environment) sets ``replay_mismatch``.
+    An environment that scores a batch at once (``BatchSteps``, e.g. one sandbox-pool call for every
+    completion) gets the single-turn rows in one call.
     """
+    batch = make_env(env_name, env_args)
+    if isinstance(batch, BatchSteps) and not any("actions" in r for r in rows):
+        results = batch.step_many([(tasks[r["task_id"]], r["completion_text"]) for r in rows])
+        return [
+            {"prompt_index": int(r["prompt_index"]), "sample_index": int(r["sample_index"]), "done": res.done}
+            | check_outcome(env_name, res.outcome)
+            for r, res in zip(rows, results, strict=True)
+        ]
     out = []
     for r in rows:
         env = make_env(env_name, env_args)
