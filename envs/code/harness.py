@@ -1,5 +1,5 @@
 """The test harness of the code environment, run as ``main.py`` inside the sandbox (stdlib only; executed by
-the sandbox's ``python3 -I -S main.py``, never imported by rlfoundry).
+the sandbox's ``python3 -I -S -B main.py``, never imported by rlfoundry).
 
 Two processes, so the model's code never shares memory with the hidden tests:
 
@@ -17,6 +17,7 @@ as JSON data (plain values; no object of the model's ever reaches the comparison
 crashes, loops or floods fails the tests it did not answer. The harness does not import from /work (``-I``),
 so a module the runner writes there is never imported by the harness.
 
+Answers are compared as canonical JSON, so types count (``True`` is not ``1``, ``2.0`` is not ``2``).
 Protocol on stdin: one JSON object ``{"nonce", "entry", "inputs": [[arg, ...], ...], "expected": [...],
 "budget_s"}``. Status: ok (every input answered), import_error, missing_function, crashed (the runner ended
 without answering every input), timeout (the runner ran past ``budget_s``), flood (more than 1 MiB of reply).
@@ -124,8 +125,9 @@ def _score(lines, expected):
             continue
         if not isinstance(reply, dict):
             continue
-        if "status" in reply:
-            return passed, answered, str(reply["status"]) if i == 0 else "crashed"
+        if "status" in reply:  # the runner's own word: only a known status counts
+            status = reply["status"] if reply["status"] in ("import_error", "missing_function") else "crashed"
+            return passed, answered, status if i == 0 else "crashed"
         answered += 1
         if "value" in reply and _canonical(reply["value"]) == _canonical(expected[i]):
             passed += 1
@@ -163,4 +165,5 @@ def main():
     os._exit(0)
 
 
-main()
+if __name__ == "__main__":
+    main()

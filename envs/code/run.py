@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import ast
 import json
+import threading
 import warnings
 from collections.abc import Sequence
 from functools import cache
@@ -37,6 +38,7 @@ from envs.sandbox import Limits
 
 HARNESS_FILE = Path(__file__).with_name("harness.py")
 _POOLS: dict[tuple[int, str], Any] = {}
+_POOLS_LOCK = threading.Lock()  # stages may score from two threads at once (asynchronous RL)
 
 
 @cache
@@ -80,7 +82,7 @@ def job(task: dict[str, Any], completion: str, nonce: str, cfg: Any) -> dict[str
     }
     return {
         "files": {"solution.py": task["prompt"] + completion + "\n", "main.py": harness_text()},
-        "argv": [PYTHON, "-I", "-S", "main.py"],
+        "argv": [PYTHON, "-I", "-S", "-B", "main.py"],
         "stdin": json.dumps(spec).encode(),
         "limits": Limits(
             timeout_s=cfg.timeout_s,
@@ -121,14 +123,17 @@ def pool(workers: int) -> Any:
     from envs.sandbox.pool import SandboxPool
 
     key = (workers, configured_mode())
-    if key not in _POOLS:
-        _POOLS[key] = SandboxPool(workers or None, key[1])
-    return _POOLS[key]
+    with _POOLS_LOCK:
+        if key not in _POOLS:
+            _POOLS[key] = SandboxPool(workers or None, key[1])
+        return _POOLS[key]
 
 
 def close_pools() -> None:
-    while _POOLS:
-        _POOLS.popitem()[1].close()
+    """Close this process's pools (they also close at exit)."""
+    with _POOLS_LOCK:
+        while _POOLS:
+            _POOLS.popitem()[1].close()
 
 
 def run_candidates(pairs: Sequence[tuple[dict[str, Any], str]], cfg: Any) -> list[dict[str, Any]]:
