@@ -4,7 +4,7 @@ the sandbox's ``python3 -I -S -B main.py``, never imported by rlfoundry).
 Two processes, so the model's code never shares memory with the hidden tests:
 
     harness --fork--> runner: closes its stdin, points its stdout at stderr, waits for the inputs,
-                      then imports solution.py and calls the function on each input, one JSON line each
+                      then imports solution.py and calls the function on each input, one repr line each
     harness: becomes non-dumpable, reads the tests and the nonce from stdin (only now, after the fork),
              sends the runner the inputs (never the expected outputs), compares each answer it gets back
              with the expected value, and prints "<passed> <total> <status> <nonce>" as its last line
@@ -12,32 +12,34 @@ Two processes, so the model's code never shares memory with the hidden tests:
 The runner never holds the expected outputs or the nonce: they reach the harness after the fork, on a stdin
 the runner has closed, and the harness's memory, fds and environment are out of its reach (non-dumpable:
 /proc refuses them; the sandbox's seccomp filter refuses ptrace and process_vm_readv). The runner's own stdout
-is the sandbox's stderr, so nothing it prints can reach the harness's stdout, and what it sends back is parsed
-as JSON data (plain values; no object of the model's ever reaches the comparison). A runner that exits,
-crashes, loops or floods fails the tests it did not answer. The harness does not import from /work (``-I``),
+is the sandbox's stderr, so nothing it prints can reach the harness's stdout, and what it sends back is text:
+the harness compares each line with the expected value's ``repr`` as strings (no object of the model's ever
+reaches the comparison, and nothing it sends is parsed). A runner that exits, crashes, loops or floods fails
+the tests it did not answer. The harness does not import from /work (``-I``),
 so a module the runner writes there is never imported by the harness.
 
-Answers are compared as canonical JSON, so types count (``True`` is not ``1``, ``2.0`` is not ``2``).
-Protocol on stdin: one JSON object ``{"nonce", "entry", "inputs": [[arg, ...], ...], "expected": [...],
-"budget_s"}``. Status: ok (every input answered), import_error, missing_function, crashed (the runner ended
-without answering every input), timeout (the runner ran past ``budget_s``), flood (more than 1 MiB of reply).
+Answers are compared by ``repr``, so types count (``True`` is not ``1``, ``2.0`` is not ``2``, a tuple is not
+a list). Protocol on stdin, one item a line, all written by rlfoundry: the nonce, the function's name,
+``budget_s``, the number of tests N, N lines of argument tuples (``repr``), N lines of expected ``repr``s.
+Status: ok (every input answered), import_error, missing_function, crashed (the runner ended without
+answering every input), timeout (the runner ran past ``budget_s``), flood (more than 1 MiB of reply).
+Imports are few and light (no json, re, enum): the interpreter's start is most of a run's cost.
 """
 
-import contextlib
 import ctypes
-import json
 import os
 import select
-import signal
 import sys
 import time
 
 _PR_SET_DUMPABLE = 4
+_SIGKILL = 9
 _MAX_REPLY = 1 << 20
+_STATUSES = ("!import_error", "!missing_function")
 
 
-def _send(fd, obj):
-    data = (json.dumps(obj) + "\n").encode()
+def _send(fd, text):
+    data = text.encode("utf-8", "backslashreplace")
     while data:
         data = data[os.write(fd, data) :]
 
@@ -50,38 +52,40 @@ def _runner(request_fd, reply_fd):
     os.dup2(2, 1)
     for fd in range(3, 256):
         if fd not in (request_fd, reply_fd):
-            with contextlib.suppress(OSError):
+            try:  # noqa: SIM105  (contextlib costs an import: see above)
                 os.close(fd)
-    request = json.loads(_read_all(request_fd))
+            except OSError:
+                pass
+    entry, *inputs = _read_all(request_fd).decode().split("\n")[:-1]
     os.close(request_fd)
     sys.path.insert(0, "/work")
     try:
         import solution  # noqa: PLC0415  (the model's code: only now, in this process)
     except BaseException as e:  # noqa: BLE001  (anything it raises, SystemExit included, is its failure)
         sys.stderr.write(f"{type(e).__name__} while importing the solution\n")
-        _send(reply_fd, {"status": "import_error", "error": type(e).__name__})
-        _flush()
-        os._exit(0)
-    fn = getattr(solution, request["entry"], None)
+        _finish(reply_fd, "!import_error\n")
+    fn = getattr(solution, entry, None)
     if not callable(fn):
-        _send(reply_fd, {"status": "missing_function"})
-        _flush()
-        os._exit(0)
-    for args in request["inputs"]:
+        _finish(reply_fd, "!missing_function\n")
+    for line in inputs:
         try:
-            reply = {"value": fn(*args)}
-            _send(reply_fd, reply)
+            # rlfoundry's own literal (a tuple of ints, strings, lists); this process runs the model's code
+            text = repr(fn(*eval(line, {"__builtins__": {}})))  # noqa: S307
+            _send(reply_fd, ("!multiline" if "\n" in text else text) + "\n")
         except BaseException as e:  # noqa: BLE001
-            _send(reply_fd, {"raised": type(e).__name__})
-    _flush()
+            _send(reply_fd, f"!raised {type(e).__name__}\n")
+    _finish(reply_fd, "")
+
+
+def _finish(reply_fd, text):
+    """Send the last reply and flush what the runner printed (to the sandbox's stderr), then exit."""
+    try:  # noqa: SIM105  (contextlib costs an import)
+        _send(reply_fd, text)
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except BaseException:  # noqa: BLE001, S110  (the model may have replaced the streams: its loss)
+        pass
     os._exit(0)
-
-
-def _flush():
-    """What the runner printed, out to the sandbox's stderr before ``os._exit`` (for whoever reads it)."""
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(BaseException):
-            stream.flush()
 
 
 def _read_all(fd):
@@ -94,7 +98,7 @@ def _read_all(fd):
 
 
 def _collect(fd, deadline):
-    """The runner's reply lines until it closes its end, the deadline or the size limit."""
+    """The runner's reply until it closes its end, the deadline or the size limit."""
     data = b""
     while True:
         left = deadline - time.monotonic()
@@ -111,27 +115,13 @@ def _collect(fd, deadline):
             return data, "flood"
 
 
-def _canonical(value):
-    return json.dumps(value, sort_keys=True)
-
-
-def _score(lines, expected):
-    """(passed, answered, status) from the runner's reply lines."""
-    passed = answered = 0
-    for i, line in enumerate(lines[: len(expected)]):
-        try:
-            reply = json.loads(line)
-        except ValueError:
-            continue
-        if not isinstance(reply, dict):
-            continue
-        if "status" in reply:  # the runner's own word: only a known status counts
-            status = reply["status"] if reply["status"] in ("import_error", "missing_function") else "crashed"
-            return passed, answered, status if i == 0 else "crashed"
-        answered += 1
-        if "value" in reply and _canonical(reply["value"]) == _canonical(expected[i]):
-            passed += 1
-    return passed, answered, "ok" if answered == len(expected) else "crashed"
+def _score(data, expected):
+    """(passed, status) from the runner's reply: complete lines only, compared as strings."""
+    lines = data.decode("utf-8", "replace").split("\n")[:-1][: len(expected)]
+    if lines and lines[0] in _STATUSES:
+        return 0, lines[0][1:]
+    passed = sum(line == want for line, want in zip(lines, expected, strict=False))
+    return passed, "ok" if len(lines) == len(expected) else "crashed"
 
 
 def main():
@@ -148,19 +138,22 @@ def main():
     os.close(request_r)
     os.close(reply_w)
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
-    spec = json.loads(sys.stdin.buffer.read())
+    nonce, entry, budget, n, *rest = sys.stdin.buffer.read().decode().split("\n")
+    n = int(n)
+    inputs, expected = rest[:n], rest[n : 2 * n]
     t0 = time.monotonic()
-    with contextlib.suppress(OSError):  # the runner may be gone already: then it answered nothing
-        _send(request_w, {"entry": spec["entry"], "inputs": spec["inputs"]})
+    try:  # noqa: SIM105  (the runner may be gone already: then it answered nothing)
+        _send(request_w, "\n".join([entry, *inputs]) + "\n")
+    except OSError:
+        pass
     os.close(request_w)
-    data, stop = _collect(reply_r, t0 + float(spec["budget_s"]))
-    os.kill(pid, signal.SIGKILL)
+    data, stop = _collect(reply_r, t0 + float(budget))
+    os.kill(pid, _SIGKILL)
     os.waitpid(pid, 0)
-    lines = [x for x in data.split(b"\n") if x.strip()]
-    passed, answered, status = _score(lines, spec["expected"])
+    passed, status = _score(data, expected)
     if stop is not None and status in ("ok", "crashed"):
         status = stop
-    sys.stdout.write(f"\n{passed} {len(spec['expected'])} {status} {spec['nonce']}\n")
+    sys.stdout.write(f"\n{passed} {n} {status} {nonce}\n")
     sys.stdout.flush()
     os._exit(0)
 

@@ -73,17 +73,12 @@ def job(task: dict[str, Any], completion: str, nonce: str, cfg: Any) -> dict[str
     tests and the nonce on stdin only."""
     from envs.sandbox.bwrap import PYTHON
 
-    spec = {
-        "nonce": nonce,
-        "entry": task["entry"],
-        "inputs": task["inputs"],
-        "expected": task["expected"],
-        "budget_s": cfg.test_budget_s,
-    }
+    lines = [nonce, task["entry"], str(cfg.test_budget_s), str(len(task["inputs"]))]
+    lines += [repr(tuple(args)) for args in task["inputs"]] + [repr(v) for v in task["expected"]]
     return {
         "files": {"solution.py": task["prompt"] + completion + "\n", "main.py": harness_text()},
         "argv": [PYTHON, "-I", "-S", "-B", "main.py"],
-        "stdin": json.dumps(spec).encode(),
+        "stdin": ("\n".join(lines) + "\n").encode(),
         "limits": Limits(
             timeout_s=cfg.timeout_s,
             memory_mb=cfg.memory_mb,
