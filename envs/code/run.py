@@ -11,8 +11,11 @@ Threat model (what a completion is, and what keeps it from the reward it did not
 - Every candidate runs in a sandbox run of its own (``envs/sandbox``: its own namespaces, /proc, tmpfs /work,
   cgroup limits, seccomp, wall-clock timeout) through a pool kept for the process's lifetime (``pool``).
   Candidates never share a run: one that forks a lingering process, fills /work, exhausts memory or loops
-  cannot touch another's verdict. Identical (task, completion) pairs in one batch are run once and share the
-  verdict (a GRPO group often repeats a completion); ``sandbox_s`` counts the run once.
+  cannot touch another's verdict. (Several candidates in one run, each in a process of its own, would share
+  the run's uid, pid namespace, /work and cgroup limits: one could signal or starve another, or rewrite its
+  files, and so flip its verdict; the reused container makes a run of its own cost ~10 ms, not worth it.)
+  Identical (task, completion) pairs in one batch are run once and share the verdict (a GRPO group often
+  repeats a completion); ``sandbox_s`` counts the run once.
 - Inside the run the tests are kept from the candidate (``envs/code/harness.py``): the candidate is called in
   a forked runner that never holds the expected outputs or the nonce; the harness compares and prints the
   nonce line last (``envs/nonce.py``), so early exits, forged output, killing the harness, looping and
