@@ -12,10 +12,12 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any, Literal, get_origin
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from rl_core.overrides import ConfigError, format_validation_error, parse_overrides, set_dotted
 
 
 class _Section(BaseModel):
@@ -318,68 +320,10 @@ class Config(_Section):
     tracking: TrackingSection = Field(default_factory=TrackingSection, description="Lineage tracking.")
 
 
-class ConfigError(ValueError):
-    """A config file or override is invalid; the message names the field."""
-
-
-def _format_validation_error(err: ValidationError, source: str) -> str:
-    lines = [f"invalid config ({source}):"]
-    for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"])
-        allowed = ""
-        ctx = e.get("ctx") or {}
-        if "expected" in ctx:
-            allowed = f" (allowed: {ctx['expected']})"
-        got = e.get("input")
-        shown = "" if isinstance(got, dict) else f"; got {got!r}"  # a whole section says nothing new
-        lines.append(f"  {loc}: {e['msg']}{allowed}{shown}")
-    return "\n".join(lines)
-
-
-def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
-    parts = key.split(".")
-    node = data
-    fields: dict[str, Any] = Config.model_fields
-    model: type[BaseModel] | None = Config
-    for i, part in enumerate(parts):
-        if model is dict:  # a free mapping (task.env_args, reward.weights): any key, checked by its owner
-            if i == len(parts) - 1:
-                node[part] = value
-                return
-            raise ConfigError(f"config field {'.'.join(parts[: i + 1])!r} is not a section")
-        if model is None or part not in fields:
-            known = ", ".join(sorted(fields)) if model is not None else "(none: not a section)"
-            raise ConfigError(f"unknown config field {'.'.join(parts[: i + 1])!r}; known here: {known}")
-        if i == len(parts) - 1:
-            node[part] = value
-            return
-        ann = fields[part].annotation
-        model = ann if isinstance(ann, type) and issubclass(ann, BaseModel) else None
-        if model is None and get_origin(ann) is dict:
-            # one key of a mapping: the others keep their defaults (reward.weights.partial=0.5 adds a term)
-            node.setdefault(part, dict(fields[part].get_default(call_default_factory=True)))
-            model = dict  # type: ignore[assignment]
-        fields = model.model_fields if model is not None and model is not dict else {}
-        node = node.setdefault(part, {})
-        if not isinstance(node, dict):
-            raise ConfigError(f"config field {'.'.join(parts[: i + 1])!r} is not a section")
-
-
-def parse_overrides(overrides: list[str]) -> list[tuple[str, Any]]:
-    """Parse ``a.b=value`` strings; values are YAML scalars or lists (``[1,2]``)."""
-    out = []
-    for item in overrides:
-        if "=" not in item:
-            raise ConfigError(f"override {item!r} must look like section.field=value")
-        key, raw = item.split("=", 1)
-        out.append((key.strip(), yaml.safe_load(raw) if raw.strip() else ""))
-    return out
-
-
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """Apply ``section.field=value`` strings to a config dict in place; unknown fields are refused."""
     for key, value in parse_overrides(overrides):
-        _set_dotted(data, key, value)
+        set_dotted(Config, data, key, value)
     return data
 
 
@@ -405,7 +349,7 @@ def config_from_dict(data: dict[str, Any], source: str = "dict") -> Config:
     try:
         cfg = Config.model_validate(data)
     except ValidationError as e:
-        raise ConfigError(_format_validation_error(e, source)) from None
+        raise ConfigError(format_validation_error(e, source)) from None
     if cfg.model.hidden_size % cfg.model.num_heads:
         raise ConfigError(f"invalid config ({source}):\n  model.num_heads: must divide model.hidden_size")
     if cfg.eval.samples < max(cfg.eval.pass_k):
