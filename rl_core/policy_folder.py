@@ -10,7 +10,7 @@ is. What a policy folder must hold:
 - ``model.safetensors`` (one file; a sharded folder is refused: re-save it with a larger ``max_shard_size``);
 - ``tokenizer.json`` (+ ``tokenizer_config.json``), with an EOS token here or in ``generation_config.json``;
   a chat template that renders a user message, when one is used (``model.chat_template``);
-- for a VLM, the image processor (``preprocessor_config.json``).
+- for a VLM, the image processor (``preprocessor_config.json``, or ``processor_config.json`` holding it).
 
 Tied input/output embeddings are refused: vLLM's in-place weight reload (how every new policy reaches the
 running engine) never re-ties a shared LM head, so the engine would sample from a stale head after the first
@@ -181,10 +181,25 @@ def check_policy_folder(
     with tempfile.TemporaryDirectory() as d:
         local = fetch_policy_folder(path, d, large=False)
         arch, config = _architecture(path, local, vllm, max_model_len)
-        if getattr(config, "model_type", "") == "llava" and "preprocessor_config.json" not in files:
-            raise ModelFolderError(f"model.path {path}: a LLaVA model needs its preprocessor_config.json")
+        if getattr(config, "model_type", "") == "llava" and not _has_image_processor(Path(local), files):
+            raise ModelFolderError(
+                f"model.path {path}: a LLaVA model needs its image processor (preprocessor_config.json, or "
+                "processor_config.json with an image_processor: processor.save_pretrained(path))"
+            )
         tok = _tokenizer(path, local, chat_template)
     return {"architecture": arch, "parameters": parameters, "vocab_size": len(tok)}
+
+
+def _has_image_processor(local: Path, files: dict[str, int]) -> bool:
+    """The image processor's settings: their own file (transformers 4) or inside processor_config.json (5)."""
+    if "preprocessor_config.json" in files:
+        return True
+    if "processor_config.json" not in files:
+        return False
+    try:
+        return "image_processor" in json.loads((local / "processor_config.json").read_text())
+    except (OSError, ValueError):
+        return False
 
 
 def check_stored_base(path: str, store: Any, base_id: str) -> None:
