@@ -208,11 +208,27 @@ def _builtins() -> None:
     from envs import arithmetic, code, computer, countup, humaneval, shapes, tools  # noqa: F401  (register)
 
 
-def installed() -> dict[str, str]:
-    """Environments other packages declare under the ``rlfoundry.envs`` entry point group: name -> target."""
+def installed(group: str = ENTRY_POINT_GROUP) -> dict[str, str]:
+    """What installed packages declare under the entry point ``group``: name -> ``module:attribute``."""
     from importlib.metadata import entry_points
 
-    return {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
+    return {ep.name: ep.value for ep in entry_points(group=group)}
+
+
+def resolve(name: str, builtin: dict[str, Any], group: str, what: str) -> tuple[Any, str]:
+    """(object, where it came from) for ``name``: one of ``builtin``, a ``module:attribute``, or an entry
+    point of ``group``; an unknown name is an error listing what is known. Environments and reward functions
+    alike."""
+    if name in builtin:
+        return builtin[name], "built-in"
+    target = name if ":" in name else installed(group).get(name)
+    if target is None:
+        known = ", ".join(sorted(builtin) + sorted(installed(group)))
+        raise ValueError(
+            f"unknown {what} {name!r}; known: {known}; or name one as 'module:attribute' "
+            f"(or install a package declaring it under the {group!r} entry points)"
+        )
+    return load_object(target, what), target
 
 
 def load_object(target: str, what: str) -> Any:
@@ -241,16 +257,7 @@ def env_class(name: str) -> type:
     installed package. It must have the ``Env`` methods (``tasks``, ``reset``, ``step``). Resolved once per
     process (``execute_envs`` makes a fresh environment per episode)."""
     _builtins()
-    if name in _REGISTRY:
-        return _REGISTRY[name]
-    target = name if ":" in name else installed().get(name)
-    if target is None:
-        known = ", ".join(sorted(_REGISTRY) + sorted(installed()))
-        raise ValueError(
-            f"unknown environment {name!r}; registered: {known}; or name one as 'module:Class' "
-            f"(or install a package declaring it under the {ENTRY_POINT_GROUP!r} entry points)"
-        )
-    cls = load_object(target, "environment")
+    cls, target = resolve(name, _REGISTRY, ENTRY_POINT_GROUP, "environment")
     missing = [m for m in ("tasks", "reset", "step") if not callable(getattr(cls, m, None))]
     if not isinstance(cls, type) or missing:
         raise ValueError(f"environment {name!r} ({target}) is not an environment class: lacks {missing}")

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from envs.base import Outcome, load_object
+from envs.base import Outcome, resolve
 from rl_core.context import RunContext
 from rl_core.losses import group_advantages
 from rl_core.stage import StageJob, StageResult
@@ -84,24 +84,11 @@ def partial_credit(prompt: str, completion: str, outcome: Outcome) -> float | No
     return None if value is None or value != value else float(value)  # NaN: a row without it
 
 
-def installed() -> dict[str, str]:
-    """Reward functions other packages declare under the ``rlfoundry.rewards`` entry points."""
-    from importlib.metadata import entry_points
-
-    return {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
-
-
 def reward_function(name: str) -> RewardFn:
     """The function a ``reward.weights`` key names: built-in, ``module:function``, or an entry point."""
-    if name in _BUILTIN:
-        return _BUILTIN[name]
-    target = name if ":" in name else installed().get(name)
-    if target is None:
-        known = ", ".join(sorted(_BUILTIN) + sorted(installed()))
-        raise ValueError(
-            f"reward.weights: unknown reward function {name!r}; known: {known}; or 'module:function'"
-        )
-    fn = load_object(target, "reward function")
+    fn, target = resolve(name, _BUILTIN, ENTRY_POINT_GROUP, "reward function")
+    if target == "built-in":
+        return fn
     try:
         inspect.signature(fn).bind("prompt", "completion", None)
     except (TypeError, ValueError):

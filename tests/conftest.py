@@ -111,6 +111,20 @@ def cli(args: list[str], env: dict[str, str], timeout: float = 900) -> subproces
     )
 
 
+def python_in_private_netns(code: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    """``python -c CODE`` in a network namespace of its own (loopback only), from the project root: for a
+    local Ray cluster, whose servers listen on every interface of the node whatever address they are given."""
+    return subprocess.run(
+        ["unshare", "--net", "--", "sh", "-c", 'ip link set lo up && exec "$0" -c "$1"']
+        + [sys.executable, code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"},
+    )
+
+
 def run_cli(
     args: list[str], state: Path, timeout: float = 900, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess:

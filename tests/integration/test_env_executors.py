@@ -7,8 +7,6 @@ reachable from outside the test."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -18,8 +16,7 @@ import pytest
 from rl_core.config import load_config
 from rl_core.context import RunContext
 from rl_core.outcomes import env_outcomes
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.conftest import python_in_private_netns
 
 
 def _rows(ctx: RunContext, multi: bool) -> pd.DataFrame:
@@ -74,22 +71,6 @@ def test_inline_process_pool_and_ray_agree(config, state_dir, tmp_path):
         "from tests.integration.test_env_executors import ray_outcomes_in_netns as f; "
         f"f({config!r}, {str(out)!r})"
     )
-    r = subprocess.run(
-        [
-            "unshare",
-            "--net",
-            "--",
-            "sh",
-            "-c",
-            'ip link set lo up && exec "$0" -c "$1"',
-            sys.executable,
-            code,
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**__import__("os").environ, "RAY_USAGE_STATS_ENABLED": "0"},
-    )
+    r = python_in_private_netns(code)
     assert r.returncode == 0, r.stderr[-3000:]
     pdt.assert_frame_equal(inline, pd.read_parquet(out))

@@ -8,9 +8,6 @@ installed package looks like to ``importlib.metadata`` (its entry points are fou
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -21,8 +18,7 @@ from rl_core.config import ConfigError, load_config
 from rl_core.context import RunContext
 from rl_core.outcomes import env_outcomes
 from rl_core.rewards import advantages, combine, components, outcome_records
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.conftest import python_in_private_netns
 
 PACKAGE = '''
 """Reverse a word: "rev abc=" -> "cba"."""
@@ -170,23 +166,7 @@ def test_user_env_runs_inline_in_processes_and_on_ray(user_package, state_dir, t
     pdt.assert_frame_equal(inline.drop(columns="pid"), pooled.drop(columns="pid"))
     out = tmp_path / "ray.parquet"
     code = f"from tests.integration.test_user_env import ray_outcomes_in_netns as f; f({str(out)!r})"
-    r = subprocess.run(
-        [
-            "unshare",
-            "--net",
-            "--",
-            "sh",
-            "-c",
-            'ip link set lo up && exec "$0" -c "$1"',
-            sys.executable,
-            code,
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"},
-    )
+    r = python_in_private_netns(code)
     assert r.returncode == 0, r.stderr[-3000:]
     on_ray = pd.read_parquet(out)
     assert os.getpid() not in set(on_ray["pid"])
