@@ -42,6 +42,30 @@ def base_id(cfg: Config) -> str:
     return f"_base/{config_hash(part)[:16]}"
 
 
+# Where the stages run, not what they compute: a run may resume with other values (rl_core.runs), and the
+# hash its stages are committed under leaves them out.
+PLACEMENT = (("train", "world_size"), ("train", "tp_size"))
+
+
+def without_placement(data: dict[str, Any]) -> dict[str, Any]:
+    """A config dump without the PLACEMENT fields.
+
+    >>> without_placement({"train": {"lr": 0.1, "world_size": 2}, "model": {}})
+    {'train': {'lr': 0.1}, 'model': {}}
+    """
+    out = {k: dict(v) if isinstance(v, dict) else v for k, v in data.items()}
+    for section, name in PLACEMENT:
+        if isinstance(out.get(section), dict):
+            out[section].pop(name, None)
+    return out
+
+
+def run_config_hash(cfg: Config) -> str:
+    """The hash a run's stages are committed under: the config less its PLACEMENT fields (so that a config
+    that leaves them at their defaults hashes as it did before they existed)."""
+    return config_hash(without_placement(cfg.model_dump(mode="json")))
+
+
 def unstored_dir(ref: ArtifactRef) -> Path:
     """The local folder of a checkpoint that is not in the store (keyed by its digest, like a downloaded one:
     the same bytes either way)."""
@@ -88,7 +112,7 @@ class RunContext:
         self.cfg = cfg
         self.run_id = run_id
         self.store = store or open_store(cfg)
-        self.config_hash = config_hash(cfg)
+        self.config_hash = run_config_hash(cfg)
         self.base_id = base_id(cfg)
         self.base_hash = self.base_id.split("/")[1]
         self.held = Held()

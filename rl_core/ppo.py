@@ -118,13 +118,14 @@ def sequence_logprobs(
     return torch.cat(lps), torch.cat(ents)
 
 
-def _allreduce_sum(values: list[float], world_size: int) -> list[float]:
+def _allreduce_sum(values: list[float], world_size: int, group: Any = None) -> list[float]:
+    """Sum over the data-parallel ranks (``group``: their process group when AutoTP splits the world)."""
     if world_size == 1:
         return values
     import torch.distributed as dist
 
     t = torch.tensor(values, dtype=torch.float64)
-    dist.all_reduce(t)
+    dist.all_reduce(t, group=group)
     return t.tolist()
 
 
@@ -186,6 +187,7 @@ def ppo_update(engine: Any, batch: Batch, cfg: Any) -> dict[str, float]:
                     s["ratio_mean"] * n_local,
                 ],
                 world,
+                getattr(engine, "dp_group", None),
             )
             tokens = float(mask[mb].sum())
             stats["loss"].append(loss_g)

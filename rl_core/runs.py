@@ -32,7 +32,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, WithJsonSchema
 
 from rl_core.config import Config, config_from_dict
-from rl_core.context import RunContext
+from rl_core.context import RunContext, without_placement
 from rl_core.store import Store
 
 RUN_RECORD = "run.json"
@@ -132,7 +132,9 @@ def create_or_resume(
         raise RunError(
             f"run id {ctx.run_id!r} already exists in {ctx.store.root}; use `rlfoundry resume {ctx.run_id}`"
         )
-    diff = config_diff(ctx.store.read_json(uri)["config"], ctx.cfg.model_dump(mode="json"))
+    # A run continues at another world size (PLACEMENT) without --force: that is where it runs, not what.
+    old = without_placement(ctx.store.read_json(uri)["config"])
+    diff = config_diff(old, without_placement(ctx.cfg.model_dump(mode="json")))
     if diff and not force:
         raise RunError(
             f"run {ctx.run_id!r} exists with another config; resuming with a changed config is refused "

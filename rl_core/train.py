@@ -120,6 +120,7 @@ def _update(ctx: RunContext, job: StageJob) -> tuple[Any, dict[str, Any]]:
     losses = metrics.pop("losses")
     metrics.update(_off_policy(cfg, rollouts, iteration, metrics))
     metrics["first_step_loss"] = losses[0] if losses else 0.0
+    metrics["step_losses"] = losses
     return engine, metrics
 
 
@@ -130,13 +131,18 @@ def _carried(src: Path) -> list[Path]:
     return sorted(f for f in keep if not f.name.startswith("."))
 
 
-def _store(ctx: RunContext, job: StageJob, engine: Any, weights: dict[str, Any]) -> tuple[ArtifactRef, ...]:
-    """Write the checkpoint folder (the input policy's files with the new weights) and the optimizer state."""
+def store_checkpoint(ctx: RunContext, job: StageJob, weights: dict[str, Any]) -> ArtifactRef:
+    """Write the checkpoint folder: the input policy's files with the new weights."""
     with tempfile.TemporaryDirectory() as d:
         for f in _carried(ctx.local_checkpoint(job.inputs["policy"])):
             shutil.copy(f, Path(d) / f.name)
         save_weights(weights, d)
-        ref = ctx.store.put_dir(d, f"{job.out_uri}/checkpoint")
+        return ctx.store.put_dir(d, f"{job.out_uri}/checkpoint")
+
+
+def _store(ctx: RunContext, job: StageJob, engine: Any, weights: dict[str, Any]) -> tuple[ArtifactRef, ...]:
+    """Write the checkpoint folder and the optimizer state."""
+    ref = store_checkpoint(ctx, job, weights)
     return ref, ctx.store.write_bytes(f"{job.out_uri}/optimizer.pt", engine.optimizer_state())
 
 
@@ -223,10 +229,14 @@ def rebuild(ctx: RunContext, ref: ArtifactRef) -> None:
 
 
 def train_body(ctx: RunContext, job: StageJob) -> StageResult:
+    if ctx.cfg.train.launched:  # train.world_size / tp_size > 1: a torchrun job of its own
+        from rl_core.train_launch import launch_train
+
+        return launch_train(ctx, job)
     with ctx.held.train_lock:
         ref, opt_ref, metrics = _step(ctx, job)
     return StageResult(
         outputs={"checkpoint": ref, "optimizer": opt_ref},
-        metrics={**metrics, "policy_sha256": ref.files[WEIGHTS]},
+        metrics={**metrics, "policy_sha256": ref.files[WEIGHTS], "world_size": 1, "tp_size": 1},
         seeds={"train": derive_seed(ctx.cfg.experiment.seed, job.iteration, "train")},
     )

@@ -90,10 +90,13 @@ class DeepSpeedTrainEngine:
 
         init_distributed()
         self.cfg = cfg
-        self.world_size = dist.get_world_size()
-        self.rank = dist.get_rank()
-        ds_config = {
-            "train_micro_batch_size_per_gpu": max(1, cfg.micro_batch_size // self.world_size),
+        self.tp_size = cfg.tp_size
+        # Data-parallel ranks split each mini-batch; the tensor-parallel ranks of one group see the same rows.
+        dp_world = dist.get_world_size() // cfg.tp_size
+        # Whole shapes, before AutoTP replaces layers with their shards (rl_core.zero_state).
+        self.full_shapes = {n: p.shape for n, p in model.named_parameters()}
+        ds_config: dict[str, Any] = {
+            "train_micro_batch_size_per_gpu": max(1, cfg.micro_batch_size // dp_world),
             "gradient_accumulation_steps": 1,
             "gradient_clipping": cfg.grad_clip,
             "zero_optimization": {"stage": cfg.zero_stage, "stage3_param_persistence_threshold": 0},
@@ -101,6 +104,8 @@ class DeepSpeedTrainEngine:
             "steps_per_print": 1 << 30,
             "wall_clock_breakdown": False,
         }
+        if cfg.tp_size > 1:
+            ds_config["tensor_parallel"] = {"autotp_size": cfg.tp_size}
         device = (
             torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if torch.cuda.is_available() else None
         )
@@ -111,6 +116,14 @@ class DeepSpeedTrainEngine:
         )
         self.module = self.engine
         self.device = self.engine.device
+        self.dp_group = None
+        self.world_size, self.rank = dist.get_world_size(), dist.get_rank()
+        if cfg.tp_size > 1:
+            from deepspeed.utils import groups
+
+            self.dp_group = groups.get_data_parallel_group()
+            self.world_size = dist.get_world_size(group=self.dp_group)
+            self.rank = dist.get_rank(group=self.dp_group)
 
     def train(self, batch: Any) -> dict[str, float]:
         from rl_core.ppo import ppo_update
@@ -137,12 +150,32 @@ class DeepSpeedTrainEngine:
                 return {k: v.detach().cpu().clone() for k, v in self.engine.module.state_dict().items()}
         return {k: v.detach().cpu().clone() for k, v in self.engine.module.state_dict().items()}
 
+    def full_weights(self) -> dict[str, torch.Tensor] | None:
+        """The whole weights on rank 0 (None elsewhere), gathered from ZeRO-3 partitions or AutoTP shards
+        layer by layer. Collective."""
+        import torch.distributed as dist
+
+        if self.cfg.zero_stage == 3 or self.tp_size > 1:
+            sd = self.engine._consolidated_16bit_state_dict()
+            return None if sd is None else {k: v.detach().cpu().clone() for k, v in sd.items()}
+        return self.weights() if dist.get_rank() == 0 else None
+
     def optimizer_state(self) -> bytes:
+        """Launched (train.world_size > 1): the world-size-free form (rl_core.zero_state, bytes on rank 0
+        only; a collective); in the flow's process: DeepSpeed's own state dict."""
+        if self.cfg.launched:
+            from rl_core.zero_state import gather_optimizer_state
+
+            return gather_optimizer_state(self) or b""
         return _to_bytes(self.optimizer.state_dict())
 
     def load_optimizer_state(self, data: bytes) -> None:
+        from rl_core.zero_state import is_universal, scatter_optimizer_state
+
         sd = _from_bytes(data)
-        if self.cfg.zero_stage in (1, 2):
+        if is_universal(sd):  # written by a launched train stage: any world size, any ZeRO stage
+            scatter_optimizer_state(self, sd)
+        elif self.cfg.zero_stage in (1, 2):
             self.optimizer.load_state_dict([sd])  # ZeRO-1/2 expect one state dict per partition
         else:
             self.optimizer.load_state_dict(sd)

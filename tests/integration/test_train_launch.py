@@ -1,0 +1,139 @@
+"""The train stage as N processes (train.world_size, train.tp_size): ZeRO-1/2/3 and AutoTP on 2 CPU ranks
+(gloo) against the single process, a rank killed with SIGKILL, resume, and resume at another world size.
+
+One smoke run in the flow's process (ZeRO-0, 4 optimizer steps per iteration) is the reference; its first
+train stage is re-run from the same stored inputs as a 2-rank torchrun job with each layout, and each job's
+per-step losses must match the single process's within LOSS_TOL (the ranks sum gradients in another order:
+float32 rounding, nothing more).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import cli_env
+
+ROOT = Path(__file__).resolve().parents[2]
+CLI = [sys.executable, "-m", "flows.cli"]
+# 32 completions per iteration in mini-batches of 8: 4 optimizer steps per train stage; the HF engine starts
+# in a second (the rollout engine is not what is under test).
+SMOKE = ["configs/smoke.yaml", "--set", "train.micro_batch_size=8", "--set", "rollout.engine=hf"]
+TWO = ["--set", "train.world_size=2", "--set", "train.zero_stage=2"]
+LOSS_TOL = 1e-4
+LAYOUTS = {"zero1": (1, 1), "zero2": (2, 1), "zero3": (3, 1), "tp2": (0, 2)}
+
+
+def _cli(args: list[str], state: Path, fault: str | None = None, timeout: float = 600):
+    env = cli_env(state)
+    env.pop("RLFOUNDRY_FAULT", None)
+    if fault:
+        env["RLFOUNDRY_FAULT"] = fault
+    return subprocess.run(CLI + args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def _manifest(state: Path, run_id: str, k: int) -> dict | None:
+    p = state / "store" / run_id / f"iter-{k:04d}" / "train" / "_manifest.json"
+    return json.loads(p.read_text()) if p.exists() else None
+
+
+def _hashes(state: Path, run_id: str) -> list[str]:
+    r = _cli(["show", run_id, "--json"], state, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return [it["policy_sha256"] for it in json.loads(r.stdout)["iterations"]]
+
+
+def _job_processes() -> list[str]:
+    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if "rl_core.train_launch" in line]
+
+
+@pytest.fixture(scope="module")
+def state(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A state folder with the single-process reference run ``one`` (its base model shared by the others)."""
+    state = tmp_path_factory.mktemp("launch")
+    r = _cli(["run", *SMOKE, "--run-id", "one"], state)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return state
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_two_ranks_match_one_process(state: Path, layout: str, monkeypatch: pytest.MonkeyPatch):
+    from rl_core.config import config_from_dict
+    from rl_core.context import RunContext
+    from rl_core.manifest import ArtifactRef
+    from rl_core.model import load_model
+    from rl_core.runs import run_config
+    from rl_core.stage import StageJob
+    from rl_core.store import Store
+    from rl_core.train_launch import launch_train
+
+    monkeypatch.setenv("RLFOUNDRY_STATE_DIR", str(state))
+    zero, tp = LAYOUTS[layout]
+    store = Store(f"file://{state}/store")
+    data = run_config(store, "one").model_dump(mode="json")
+    data["train"] |= {"world_size": 2, "zero_stage": zero, "tp_size": tp}
+    ctx = RunContext(config_from_dict(data), "one", store)
+    one = _manifest(state, "one", 1)
+    inputs = {k: ArtifactRef.model_validate(v) for k, v in one["inputs"].items()}
+    got = launch_train(ctx, StageJob(1, inputs, f"file://{state}/scratch/{layout}"))
+
+    want = one["metrics"]["step_losses"]
+    assert len(want) == 4 and len(got.metrics["step_losses"]) == 4
+    gaps = [abs(a - b) for a, b in zip(got.metrics["step_losses"], want, strict=True)]
+    assert max(gaps) < LOSS_TOL, (layout, got.metrics["step_losses"], want)
+    assert len({round(x, 5) for x in want}) > 1  # the steps really moved the policy
+    # The whole weights come back as the usual folder: every tensor, whole-shaped, close to the one process's.
+    new = load_model(ctx.local_checkpoint(got.outputs["checkpoint"])).state_dict()
+    ref = load_model(ctx.local_checkpoint(ArtifactRef.model_validate(one["outputs"]["checkpoint"])))
+    ref_sd = ref.state_dict()
+    assert set(new) == set(ref_sd)
+    assert max(float((new[k] - ref_sd[k]).abs().max()) for k in new) < 1e-3
+    # What each rank holds: ZeRO-1/2 half the optimizer state, ZeRO-3 half the weights too, AutoTP the shards.
+    m = got.metrics
+    whole = m["model_params_mb"]
+    for r in (0, 1):
+        assert m[f"rank{r}_optimizer_mb"] < 1.5 * whole, m  # Adam keeps 2x the weights: sharded in two
+        if zero == 3:
+            assert m[f"rank{r}_params_mb"] < 0.6 * whole, m
+        if tp == 2:
+            assert m[f"rank{r}_params_mb"] < 0.9 * whole, m
+
+
+@pytest.mark.slow
+def test_killed_rank_fails_cleanly_and_resumes_to_the_same_weights(state: Path):
+    ref = _cli(["run", *SMOKE, *TWO, "--run-id", "left-alone"], state)
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    assert all(_manifest(state, "left-alone", k)["metrics"]["world_size"] == 2 for k in (1, 2))
+
+    killed = _cli(["run", *SMOKE, *TWO, "--run-id", "killed"], state, fault="train:rank1@2", timeout=300)
+    assert killed.returncode != 0
+    assert "rank 1 of 2 was killed by SIGKILL" in killed.stderr + killed.stdout
+    assert _manifest(state, "killed", 1) is not None and _manifest(state, "killed", 2) is None
+    assert _job_processes() == []  # the peer blocked in a collective was ended, no rank left behind
+
+    resumed = _cli(["resume", "killed"], state)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert _hashes(state, "killed") == _hashes(state, "left-alone")
+
+
+@pytest.mark.slow
+def test_a_run_started_on_two_ranks_resumes_on_one(state: Path):
+    killed = _cli(["run", *SMOKE, *TWO, "--run-id", "shrink"], state, fault="train:rank0@2", timeout=300)
+    assert killed.returncode != 0 and "rank 0 of 2 was killed by SIGKILL" in killed.stderr + killed.stdout
+    first = _manifest(state, "shrink", 1)
+    # Another world size is where the run goes on, not another config: no --force needed.
+    resumed = _cli(["resume", "shrink", "--set", "train.world_size=1"], state)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert _manifest(state, "shrink", 1) == first  # iteration 1 kept, not re-run
+    second = _manifest(state, "shrink", 2)
+    assert second["metrics"]["world_size"] == 1
+    # The one process continued from the 2-rank optimizer state (ZeRO-2 shards gathered when stored).
+    assert second["inputs"]["optimizer"]["uri"].endswith("iter-0001/train/optimizer.pt")
+    assert os.path.getsize(Path(second["inputs"]["optimizer"]["uri"].removeprefix("file://"))) > 0
