@@ -2,14 +2,14 @@
 stage, launched by the flow's train task and committed by it only when every rank has finished.
 
     launch_train(ctx, job)            # in the flow: runs the job, returns the StageResult of rank 0
-    python -m rl_core.train_launch rank JOB.json      # what torchrun starts on each rank
+    python -m rl_core.train_launch rank STORE_ROOT JOB_URI    # what torchrun starts on each rank
 
-Each rank reads the run's config, the stage's inputs and the store root from the job file, reads the
+Each rank reads the run's config and the stage's inputs from the job file in the store, reads the
 iteration's rollouts from the store (``rl_core.ppo.ppo_update`` takes its share of every mini-batch), loads
 the policy and the world-size-free optimizer state (``rl_core.zero_state``), runs the same update as the
 in-flow engine, then gathers the whole weights and optimizer state to rank 0, which writes the usual
-checkpoint folder and ``optimizer.pt`` and a result file for the flow. The manifest is the flow's: a job
-that fails commits nothing, and ``resume`` runs the stage again.
+checkpoint folder, ``optimizer.pt`` and the result file (job and result: the stage folder's ``_job/``). The
+manifest is the flow's: a job that fails commits nothing, and ``resume`` runs the stage again.
 
 Failure and lifetime: torchrun (``--max-restarts 0``) stops the other ranks as soon as one exits abnormally
 (a kill -9 of one rank leaves its peer blocked in a collective: torchrun ends it); the flow names the rank
@@ -19,13 +19,11 @@ it is gone (the agent watches the flow, each rank watches the agent), so a kille
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -55,8 +53,10 @@ def _env(world_size: int) -> dict[str, str]:
 
 def _failure(log: Path, iteration: int, world_size: int, rc: int) -> TrainJobError:
     text = log.read_text(errors="replace") if log.exists() else ""
-    # torchrun's summary: "rank: 1 (local_rank: 1)\n  exitcode  : -9 (pid: 123)"
-    m = re.search(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*exitcode\s*:\s*(-?\d+)", text)
+    # torchrun's summary ends with "Root Cause (first observed failure): ... rank: 1 (local_rank: 1)\n
+    # exitcode  : -9 (pid: 123)"; the other ranks, which it stopped, are listed before it.
+    root = text[text.rfind("Root Cause") :] if "Root Cause" in text else text
+    m = re.search(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*exitcode\s*:\s*(-?\d+)", root)
     if m:
         code = int(m.group(2))
         how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
@@ -77,40 +77,42 @@ def launch_train(ctx: Any, job: Any, timeout_s: float | None = None) -> Any:
     logs = state_dir() / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     log = logs / f"train-{ctx.run_id.replace('/', '_')}-iter-{job.iteration:04d}.log"
-    with tempfile.TemporaryDirectory(prefix="rlf-train-") as d:
-        spec = {
+    # The job lives in the store, beside the stage's outputs: ranks on other nodes read it from there.
+    job_uri, result_uri = f"{job.out_uri}/_job/job.json", f"{job.out_uri}/_job/result.json"
+    ctx.store.write_json(
+        job_uri,
+        {
             "run_id": ctx.run_id,
-            "store": ctx.store.root,
             "config": ctx.cfg.model_dump(mode="json"),
             "iteration": job.iteration,
             "inputs": {k: v.model_dump(mode="json") for k, v in job.inputs.items()},
             "out_uri": job.out_uri,
-            "result": str(Path(d) / "result.json"),
-        }
-        (Path(d) / "job.json").write_text(json.dumps(spec))
-        cmd = [sys.executable, "-m", "rl_core.train_launch", "agent", f"--nproc-per-node={tc.world_size}"]
-        cmd += ["--master-addr=127.0.0.1", f"--master-port={free_port()}", "--max-restarts=0"]
-        cmd += ["--monitor-interval=0.5", "-m", "rl_core.train_launch", "rank", str(Path(d) / "job.json")]
-        with open(log, "wb") as out:
-            proc = subprocess.Popen(
-                cmd, cwd=PROJECT_ROOT, env=_env(tc.world_size), stdout=out, stderr=subprocess.STDOUT
-            )
-            try:
-                rc = proc.wait(timeout=timeout_s)
-            finally:
-                if proc.poll() is None:  # interrupted or timed out: the ranks follow the agent
-                    proc.kill()
-                    proc.wait()
-        if rc != 0:
-            raise _failure(log, job.iteration, tc.world_size, rc)
-        result = json.loads(Path(spec["result"]).read_text())
+            "result": result_uri,
+        },
+    )
+    cmd = [sys.executable, "-m", "rl_core.train_launch", "agent", f"--nproc-per-node={tc.world_size}"]
+    cmd += ["--master-addr=127.0.0.1", f"--master-port={free_port()}", "--max-restarts=0"]
+    cmd += ["--monitor-interval=0.5", "-m", "rl_core.train_launch", "rank", ctx.store.root, job_uri]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            cmd, cwd=PROJECT_ROOT, env=_env(tc.world_size), stdout=out, stderr=subprocess.STDOUT
+        )
+        try:
+            rc = proc.wait(timeout=timeout_s)
+        finally:
+            if proc.poll() is None:  # interrupted or timed out: the ranks follow the agent
+                proc.kill()
+                proc.wait()
+    if rc != 0:
+        raise _failure(log, job.iteration, tc.world_size, rc)
+    result = ctx.store.read_json(result_uri)
     from rl_core.manifest import ArtifactRef
 
     outputs = {k: ArtifactRef.model_validate(v) for k, v in result["outputs"].items()}
     return StageResult(outputs=outputs, metrics=result["metrics"], seeds=result["seeds"])
 
 
-def _rank(job_file: str) -> None:
+def _rank(store_root: str, job_uri: str) -> None:
     """One rank of the job: the update, then rank 0 writes the outputs and the result file."""
     import torch.distributed as dist
 
@@ -126,9 +128,9 @@ def _rank(job_file: str) -> None:
     from rl_core.train_engine import init_distributed
     from rl_core.zero_state import memory_report
 
-    spec = json.loads(Path(job_file).read_text())
+    spec = Store(store_root).read_json(job_uri)
     cfg = Config.model_validate(spec["config"])
-    store = Store(spec["store"], retries=cfg.store.retries, retry_max_wait_s=cfg.store.retry_max_wait_s)
+    store = Store(store_root, retries=cfg.store.retries, retry_max_wait_s=cfg.store.retry_max_wait_s)
     ctx = RunContext(cfg, spec["run_id"], store)
     inputs = {k: ArtifactRef.model_validate(v) for k, v in spec["inputs"].items()}
     job = StageJob(spec["iteration"], inputs, spec["out_uri"])
@@ -147,7 +149,7 @@ def _rank(job_file: str) -> None:
             "metrics": {**metrics, "policy_sha256": ckpt.files[WEIGHTS]},
             "seeds": {"train": derive_seed(cfg.experiment.seed, job.iteration, "train")},
         }
-        Path(spec["result"]).write_text(json.dumps(result))
+        store.write_json(spec["result"], result)
     dist.barrier()
     dist.destroy_process_group()
 
@@ -162,9 +164,9 @@ def main() -> None:
 
         torchrun(args)
     elif role == "rank":
-        _rank(args[0])
+        _rank(*args)
     else:
-        raise SystemExit(f"usage: python -m rl_core.train_launch agent ARGS | rank JOB.json; got {role!r}")
+        raise SystemExit(f"usage: python -m rl_core.train_launch agent ARGS | rank STORE JOB; got {role!r}")
 
 
 if __name__ == "__main__":

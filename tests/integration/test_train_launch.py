@@ -121,6 +121,10 @@ def test_killed_rank_fails_cleanly_and_resumes_to_the_same_weights(state: Path):
     resumed = _cli(["resume", "killed"], state)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert _hashes(state, "killed") == _hashes(state, "left-alone")
+    # A replay of a launched train stage (another job, same inputs) reproduces it bit for bit.
+    replay = _cli(["replay", "killed", "--iteration", "2", "--stage", "train", "--json"], state)
+    assert replay.returncode == 0, replay.stderr[-3000:]
+    assert json.loads(replay.stdout)["identical"] is True
 
 
 @pytest.mark.slow
