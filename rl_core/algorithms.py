@@ -157,7 +157,7 @@ def overlong_penalty(lengths: np.ndarray, max_tokens: int, cache: int, penalty: 
     """
     expected = max_tokens - cache
     over = np.clip(np.asarray(lengths, dtype=np.float64) - expected, 0.0, None)
-    return -penalty * np.minimum(over / cache, 1.0)
+    return 0.0 - penalty * np.minimum(over / cache, 1.0)  # 0.0, not -0.0, where no penalty
 
 
 def overlong_cache(cfg: Any) -> int:

@@ -188,7 +188,7 @@ def policy_loss(
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """An algorithm's surrogate plus, when ``ref_logp`` is given, the KL estimate to the reference
     (aggregated like the surrogate) weighted by ``kl_coef``. Statistics: ``pg_loss``, ``clip_frac``, ``kl``,
-    ``ratio_mean``."""
+    ``ratio_mean`` (a surrogate reports the last two, else 0 and the mean token ratio)."""
     pg_loss, stats = surrogate(x)
     loss = pg_loss
     kl_val = torch.zeros((), dtype=x.logp.dtype)
@@ -197,7 +197,11 @@ def policy_loss(
         kl_val = aggregate(kl_tok, x.mask, x.aggregation, x.max_tokens, x.total)
         if kl_coef:
             loss = loss + kl_coef * kl_val
-    return loss, {"pg_loss": float(pg_loss.detach()), "kl": float(kl_val.detach()), **stats}
+    out = {"pg_loss": float(pg_loss.detach()), "kl": float(kl_val.detach()), "clip_frac": 0.0, **stats}
+    if "ratio_mean" not in out:  # a surrogate that does not report it
+        with torch.no_grad():
+            out["ratio_mean"] = float(masked_mean(torch.exp(x.logp - x.old_logp), x.mask))
+    return loss, out
 
 
 def clipped_pg_loss(
