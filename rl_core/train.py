@@ -168,20 +168,22 @@ def _hold(ctx: RunContext, job: StageJob, weights: dict[str, Any]) -> tuple[Arti
     return ref, opt
 
 
-def _step(ctx: RunContext, job: StageJob) -> tuple[ArtifactRef, ArtifactRef, dict[str, Any]]:
-    """The update and its outputs; the algorithm's extra outputs (stored every iteration) in the metrics'
-    ``outputs`` entry."""
+def _step(
+    ctx: RunContext, job: StageJob
+) -> tuple[ArtifactRef, ArtifactRef, dict[str, Any], dict[str, ArtifactRef]]:
+    """The update: the new checkpoint, optimizer state, metrics, and the algorithm's extra outputs (PPO's
+    critic, stored at every iteration)."""
     engine, metrics, extra = _update(ctx, job)
     weights = engine.weights()
     if stores_checkpoint(ctx.cfg, job.iteration):
         ref, opt_ref = _store(ctx, job, engine, weights)
     else:
         ref, opt_ref = _hold(ctx, job, weights)
-    metrics["outputs"] = {k: ctx.store.write_bytes(f"{job.out_uri}/{k}.pt", v) for k, v in extra.items()}
+    extra_refs = {k: ctx.store.write_bytes(f"{job.out_uri}/{k}.pt", v) for k, v in extra.items()}
     # As many as an asynchronous generate may still read (the policy max_staleness versions back), plus one.
     ctx.held.remember(ref.files[WEIGHTS], weights, keep=ctx.cfg.rollout.max_staleness + 2)
     ctx.held.train_holds = (ref.sha256, opt_ref.sha256)
-    return ref, opt_ref, metrics
+    return ref, opt_ref, metrics, extra_refs
 
 
 def _unstored_chain(ctx: RunContext, ref: ArtifactRef) -> list[Manifest]:
@@ -221,7 +223,7 @@ def rebuild(ctx: RunContext, ref: ArtifactRef) -> None:
         log.info("rebuilding %s: re-running train of iterations %s", ref.uri, [m.iteration for m in chain])
         for m in chain:
             out = ctx.store.stage_uri(ctx.run_id, m.iteration, "train")
-            got, _, _ = _step(ctx, StageJob(m.iteration, m.inputs, out))
+            got, _, _, _ = _step(ctx, StageJob(m.iteration, m.inputs, out))
             want = m.outputs["checkpoint"]
             if got.sha256 != want.sha256:
                 raise ArtifactError(
@@ -232,8 +234,7 @@ def rebuild(ctx: RunContext, ref: ArtifactRef) -> None:
 
 def train_body(ctx: RunContext, job: StageJob) -> StageResult:
     with ctx.held.train_lock:
-        ref, opt_ref, metrics = _step(ctx, job)
-    extra = metrics.pop("outputs")
+        ref, opt_ref, metrics, extra = _step(ctx, job)
     return StageResult(
         outputs={"checkpoint": ref, "optimizer": opt_ref, **extra},
         metrics={**metrics, "policy_sha256": ref.files[WEIGHTS]},
