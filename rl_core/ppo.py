@@ -1,4 +1,5 @@
-"""The policy update: rollout table -> padded tensors -> clipped policy-gradient steps on a train engine.
+"""The policy update: rollout table -> padded tensors -> policy-gradient steps on a train engine, with the
+loss of ``train.algorithm`` (``rl_core.algorithms``: PPO-clip, GSPO, CISPO, ...).
 
 ``old_logp`` (the PPO anchor) is, by default (``train.old_logprobs: engine``), the rollout engine's own
 sampling logprob of each token: no extra forward pass, and with stale rollouts (asynchronous RL) the ratio is
