@@ -41,11 +41,11 @@ def finish(result: dict[str, object], out: Path | None, as_json: bool) -> None:
 def default_policy(overrides: list[str]) -> tuple[Any, list[dict], Any, Any]:
     """configs/default.yaml (with ``overrides``), its training tasks, and a fresh tokenizer and model built
     from them as the init stage does: the policy the engine benchmarks measure."""
-    from envs.arithmetic import make_tasks
+    from envs.base import make_env
     from rl_core.config import load_config
     from rl_core.model import build_model, build_tokenizer
 
     cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "default.yaml", overrides)
-    tasks = make_tasks("train", cfg.task, 0)
+    tasks = make_env(cfg.task.env, cfg.task.env_args).tasks("train", cfg.task, 0)
     tok = build_tokenizer([t["prompt"] for t in tasks] + [t["answer"] for t in tasks], cfg.model.vocab_size)
     return cfg, tasks, tok, build_model(cfg.model, tok, seed=0)

@@ -17,6 +17,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from rl_core.config_pg import PolicyGradientFields
 from rl_core.overrides import ConfigError, format_validation_error, parse_overrides, set_dotted
 
 
@@ -193,15 +194,13 @@ class RewardSection(_Section):
         "'module:function', or a name an installed package declares under 'rlfoundry.rewards'. The reward "
         "is the weighted sum of the components that did not abstain.",
     )
-    advantage: Literal["grpo", "drgrpo"] = Field(
-        "grpo", description="grpo: (r - group mean) / group std; drgrpo: r - group mean (no std scaling)."
-    )
 
     @model_validator(mode="before")
     @classmethod
     def _weights_moved(cls, data: Any) -> Any:
         old = ("correct", "format", "partial")
-        return _moved(data, "reward", {f"{k}_weight": f"reward.weights.{k}" for k in old})
+        moved = {f"{k}_weight": f"reward.weights.{k}" for k in old} | {"advantage": "train.algorithm"}
+        return _moved(data, "reward", moved)
 
     @model_validator(mode="after")
     def _rewards_known(self) -> RewardSection:
@@ -212,7 +211,7 @@ class RewardSection(_Section):
         return self
 
 
-class TrainSection(_Section):
+class TrainSection(_Section, PolicyGradientFields):
     backend: Literal["deepspeed", "torch"] = Field(
         "deepspeed", description="Train engine: DeepSpeed or plain torch."
     )
@@ -221,16 +220,6 @@ class TrainSection(_Section):
     weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay.")
     micro_batch_size: int = Field(64, ge=1, description="Sequences per optimizer mini-batch.")
     epochs: int = Field(1, ge=1, le=16, description="Passes over each iteration's rollouts.")
-    clip_low: float = Field(0.2, ge=0.0, le=1.0, description="Lower ratio clip epsilon.")
-    clip_high: float = Field(0.28, ge=0.0, le=10.0, description="Upper ratio clip epsilon (clip-higher).")
-    kl_coef: float = Field(
-        0.0,
-        ge=0.0,
-        description="Weight of the k3 KL penalty to the reference (warmed-up) policy; 0 disables it.",
-    )
-    loss_agg: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] = Field(
-        "token_mean", description="How per-token losses are aggregated (token_mean = DAPO token-level)."
-    )
     grad_clip: float = Field(1.0, gt=0.0, description="Gradient norm clip.")
     old_logprobs: Literal["engine", "recompute"] = Field(
         "engine",
@@ -297,6 +286,8 @@ class TrainSection(_Section):
             raise ValueError("train.tp_size > 1 needs train.zero_stage 0, 1 or 2 (AutoTP is not ZeRO-3)")
         if self.launched and self.backend != "deepspeed":
             raise ValueError("train.world_size / train.tp_size > 1 need train.backend=deepspeed")
+        if self.launched and self.algorithm == "ppo":
+            raise ValueError("train.algorithm=ppo trains its critic in the flow's process: world_size 1")
         if self.launched and self.checkpoint_every != 1:
             raise ValueError(
                 "train.checkpoint_every > 1 needs train.world_size=1: a launched train stage hands its "
@@ -390,6 +381,8 @@ def config_from_dict(data: dict[str, Any], source: str = "dict") -> Config:
         raise ConfigError(f"invalid config ({source}):\n  model.num_heads: must divide model.hidden_size")
     if cfg.eval.samples < max(cfg.eval.pass_k):
         raise ConfigError(f"invalid config ({source}):\n  eval.samples: must be >= max(eval.pass_k)")
+    if (cfg.train.overlong_cache or 0) >= cfg.rollout.max_tokens:
+        raise ConfigError(f"invalid config ({source}):\n  train.overlong_cache: must be < rollout.max_tokens")
     return cfg
 
 

@@ -1,4 +1,6 @@
-"""Advantages, the clipped policy-gradient loss and KL estimators (GRPO / Dr.GRPO / DAPO family).
+"""Advantages, the policy-gradient surrogates (PPO-clip, GSPO, CISPO) and KL estimators.
+
+The algorithms that combine them are registered in ``rl_core.algorithms``.
 
 All per-token tensors are ``[batch, tokens]`` with a 0/1 ``mask`` marking the tokens that carry loss (the
 model's own completion tokens; prompt, padding and environment observations are 0).
@@ -10,12 +12,15 @@ model's own completion tokens; prompt, padding and environment observations are 
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import numpy as np
 import torch
 
 Aggregation = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"]
+KLKind = Literal["k1", "k2", "k3"]
 
 
 def group_advantages(
@@ -71,9 +76,7 @@ def aggregate(
     raise ValueError(f"unknown loss aggregation {how!r}")
 
 
-def kl_estimate(
-    logp: torch.Tensor, ref_logp: torch.Tensor, kind: Literal["k1", "k2", "k3"] = "k3"
-) -> torch.Tensor:
+def kl_estimate(logp: torch.Tensor, ref_logp: torch.Tensor, kind: KLKind = "k3") -> torch.Tensor:
     """Per-token estimators of KL(pi || ref) from samples of pi (Schulman's k1, k2, k3).
 
     k1 = log pi - log ref; k2 = (log pi - log ref)^2 / 2; k3 = ref/pi - 1 - log(ref/pi) (unbiased, >= 0).
@@ -88,56 +91,140 @@ def kl_estimate(
     raise ValueError(f"unknown KL estimator {kind!r}")
 
 
+@dataclass
+class PolicyTerms:
+    """What a policy loss sees of one (rank's share of a) mini-batch: per-token tensors ``[B, T]``,
+    ``advantages`` per sequence ``[B]`` or per token ``[B, T]`` (PPO with GAE), the clip range, the
+    aggregation and its global denominator ``total`` (see ``aggregate``), the off-policy weight."""
+
+    logp: torch.Tensor
+    old_logp: torch.Tensor
+    advantages: torch.Tensor
+    mask: torch.Tensor
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    aggregation: Aggregation = "token_mean"
+    max_tokens: int | None = None
+    total: float | None = None
+    is_weight: torch.Tensor | None = None
+
+    def token_advantages(self) -> torch.Tensor:
+        adv = self.advantages if self.advantages.dim() == 2 else self.advantages.unsqueeze(1)
+        return adv.to(self.logp.dtype)
+
+
+LossFn = Callable[[PolicyTerms], tuple[torch.Tensor, dict[str, float]]]
+
+
+def clipped_surrogate(x: PolicyTerms) -> tuple[torch.Tensor, dict[str, float]]:
+    """PPO-clip per token: ``max(-A r, -A clip(r, 1 - clip_low, 1 + clip_high))``, ``r = pi / pi_old``
+    (GRPO, Dr.GRPO, DAPO, RLOO, PPO). Returns the aggregated loss and ``clip_frac`` (share of loss tokens
+    that took the clipped branch), ``ratio_mean``."""
+    adv = x.token_advantages()
+    ratio = torch.exp(x.logp - x.old_logp)
+    unclipped = -adv * ratio
+    clipped = -adv * torch.clamp(ratio, 1.0 - x.clip_low, 1.0 + x.clip_high)
+    per_token = torch.maximum(unclipped, clipped)
+    if x.is_weight is not None:
+        per_token = per_token * x.is_weight.detach()
+    pg_loss = aggregate(per_token, x.mask, x.aggregation, x.max_tokens, x.total)
+    with torch.no_grad():
+        return pg_loss, {
+            "clip_frac": float(masked_mean((clipped > unclipped).float(), x.mask)),
+            "ratio_mean": float(masked_mean(ratio, x.mask)),
+        }
+
+
+def gspo_surrogate(x: PolicyTerms) -> tuple[torch.Tensor, dict[str, float]]:
+    """GSPO (Zheng et al. 2025): one importance ratio per sequence, ``s = exp(mean_t log(pi/pi_old))`` over
+    its loss tokens, clipped at sequence level, ``max(-A s, -A clip(s))`` averaged over the sequences that
+    have loss tokens (``total`` = their global count when split over ranks). Token statistics count every
+    token of a clipped sequence as clipped."""
+    has = x.mask.sum(1) > 0
+    n = x.mask.sum(1).clamp(min=1)
+    s = torch.exp(((x.logp - x.old_logp) * x.mask).sum(1) / n)
+    adv = x.advantages.to(x.logp.dtype)
+    unclipped = -adv * s
+    clipped = -adv * torch.clamp(s, 1.0 - x.clip_low, 1.0 + x.clip_high)
+    per_seq = torch.maximum(unclipped, clipped)
+    if x.is_weight is not None:
+        per_seq = per_seq * masked_mean(x.is_weight.detach(), x.mask, dim=1)
+    denom = x.total if x.total is not None else has.sum().clamp(min=1)
+    pg_loss = (per_seq * has).sum() / denom
+    with torch.no_grad():
+        tokens = x.mask
+        return pg_loss, {
+            "clip_frac": float(
+                masked_mean((clipped > unclipped).float().unsqueeze(1).expand_as(tokens), tokens)
+            ),
+            "ratio_mean": float(masked_mean(s.unsqueeze(1).expand_as(tokens), tokens)),
+        }
+
+
+def cispo_surrogate(x: PolicyTerms) -> tuple[torch.Tensor, dict[str, float]]:
+    """CISPO (MiniMax-M1, 2025): REINFORCE with a clipped, stop-gradient importance weight,
+    ``-sg(clip(r, 1 - clip_low, 1 + clip_high)) * A * log pi`` per token: no token's gradient is dropped,
+    only its weight bounded. ``clip_frac`` is the share of loss tokens whose weight was clipped."""
+    adv = x.token_advantages()
+    ratio = torch.exp(x.logp - x.old_logp)
+    weight = torch.clamp(ratio, 1.0 - x.clip_low, 1.0 + x.clip_high).detach()
+    per_token = -weight * adv * x.logp
+    if x.is_weight is not None:
+        per_token = per_token * x.is_weight.detach()
+    pg_loss = aggregate(per_token, x.mask, x.aggregation, x.max_tokens, x.total)
+    with torch.no_grad():
+        return pg_loss, {
+            "clip_frac": float(masked_mean((weight != ratio).float(), x.mask)),
+            "ratio_mean": float(masked_mean(ratio, x.mask)),
+        }
+
+
+def policy_loss(
+    surrogate: LossFn,
+    x: PolicyTerms,
+    ref_logp: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+    kl_kind: KLKind = "k3",
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """An algorithm's surrogate plus, when ``ref_logp`` is given, the KL estimate to the reference
+    (aggregated like the surrogate) weighted by ``kl_coef``. Statistics: ``pg_loss``, ``clip_frac``, ``kl``,
+    ``ratio_mean`` (a surrogate reports the last two, else 0 and the mean token ratio)."""
+    pg_loss, stats = surrogate(x)
+    loss = pg_loss
+    kl_val = torch.zeros((), dtype=x.logp.dtype)
+    if ref_logp is not None:
+        kl_tok = kl_estimate(x.logp, ref_logp, kl_kind)
+        kl_val = aggregate(kl_tok, x.mask, x.aggregation, x.max_tokens, x.total)
+        if kl_coef:
+            loss = loss + kl_coef * kl_val
+    out = {"pg_loss": float(pg_loss.detach()), "kl": float(kl_val.detach()), "clip_frac": 0.0, **stats}
+    if "ratio_mean" not in out:  # a surrogate that does not report it
+        with torch.no_grad():
+            out["ratio_mean"] = float(masked_mean(torch.exp(x.logp - x.old_logp), x.mask))
+    return loss, out
+
+
 def clipped_pg_loss(
     logp: torch.Tensor,
     old_logp: torch.Tensor,
     advantages: torch.Tensor,
     mask: torch.Tensor,
     *,
-    clip_low: float = 0.2,
-    clip_high: float = 0.2,
-    aggregation: Aggregation = "token_mean",
     ref_logp: torch.Tensor | None = None,
     kl_coef: float = 0.0,
-    max_tokens: int | None = None,
-    total: float | None = None,
-    is_weight: torch.Tensor | None = None,
+    kl_kind: KLKind = "k3",
+    **terms: Any,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """PPO-clip surrogate with per-sequence advantages broadcast over tokens, plus optional k3 KL.
-
-    ``advantages`` is ``[batch]`` (one per sequence). ``is_weight`` (per token, no gradient) multiplies each
-    token's surrogate: the off-policy correction between the anchor and the behaviour policy. Returns the
-    scalar loss and detached statistics: ``pg_loss``, ``clip_frac`` (share of loss tokens that took the
-    clipped branch), ``kl``, ``ratio_mean``.
+    """PPO-clip surrogate with per-sequence advantages broadcast over tokens, plus optional KL (``terms``:
+    the other ``PolicyTerms`` fields). ``is_weight`` (per token, no gradient) multiplies each token's
+    surrogate: the off-policy correction between the anchor and the behaviour policy.
 
     >>> lp = torch.zeros(1, 2); m = torch.ones(1, 2)
     >>> clipped_pg_loss(lp, lp, torch.ones(1), m, is_weight=torch.tensor([[2.0, 0.0]]))[0].item()
     -1.0
     """
-    adv = advantages.unsqueeze(1).to(logp.dtype)
-    ratio = torch.exp(logp - old_logp)
-    unclipped = -adv * ratio
-    clipped = -adv * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
-    per_token = torch.maximum(unclipped, clipped)
-    if is_weight is not None:
-        per_token = per_token * is_weight.detach()
-    pg_loss = aggregate(per_token, mask, aggregation, max_tokens, total)
-    loss = pg_loss
-    kl_val = torch.zeros((), dtype=logp.dtype)
-    if ref_logp is not None:
-        kl_tok = kl_estimate(logp, ref_logp, "k3")
-        kl_val = aggregate(kl_tok, mask, aggregation, max_tokens, total)
-        if kl_coef:
-            loss = loss + kl_coef * kl_val
-    with torch.no_grad():
-        clip_frac = masked_mean((clipped > unclipped).float(), mask)
-        stats = {
-            "pg_loss": float(pg_loss),
-            "clip_frac": float(clip_frac),
-            "kl": float(kl_val),
-            "ratio_mean": float(masked_mean(ratio, mask)),
-        }
-    return loss, stats
+    x = PolicyTerms(logp, old_logp, advantages, mask, **terms)
+    return policy_loss(clipped_surrogate, x, ref_logp, kl_coef, kl_kind)
 
 
 def importance_weights(

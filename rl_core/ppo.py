@@ -1,4 +1,5 @@
-"""The policy update: rollout table -> padded tensors -> clipped policy-gradient steps on a train engine.
+"""The policy update: rollout table -> padded tensors -> policy-gradient steps on a train engine, with the
+loss of ``train.algorithm`` (``rl_core.algorithms``: PPO-clip, GSPO, CISPO, ...).
 
 ``old_logp`` (the PPO anchor) is, by default (``train.old_logprobs: engine``), the rollout engine's own
 sampling logprob of each token: no extra forward pass, and with stale rollouts (asynchronous RL) the ratio is
@@ -21,7 +22,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from rl_core.losses import clipped_pg_loss, entropy_from_logits, importance_weights, token_logprobs
+from rl_core.algorithms import algorithm
+from rl_core.losses import PolicyTerms, entropy_from_logits, importance_weights, policy_loss, token_logprobs
 from rl_core.vision import suppress, unsampleable_ids
 
 
@@ -31,7 +33,7 @@ class Batch:
     attention_mask: torch.Tensor  # [B, T]
     loss_mask: torch.Tensor  # [B, T-1] 1 where target token t+1 is a model-generated token that carries loss
     rollout_logp: torch.Tensor  # [B, T-1] sampling logprobs from the rollout engine, aligned with loss_mask
-    advantages: torch.Tensor  # [B]
+    advantages: torch.Tensor  # [B], or [B, T-1] per token (PPO's GAE)
     temperature: float = 1.0
     max_tokens: int | None = None
     ref_logp: torch.Tensor | None = None
@@ -139,6 +141,7 @@ def ppo_update(engine: Any, batch: Batch, cfg: Any) -> dict[str, float]:
     mask = batch.loss_mask
     anchor = _Anchor.of(engine, batch, cfg, device)
     old_logp = anchor.old_logp
+    surrogate = algorithm(cfg.algorithm).loss
     stats: dict[str, list[float]] = {
         k: [] for k in ("loss", "pg_loss", "clip_frac", "kl", "ratio_mean", "grad_norm")
     }
@@ -161,7 +164,7 @@ def ppo_update(engine: Any, batch: Batch, cfg: Any) -> dict[str, float]:
             if epoch == 0:
                 anchor.observe(local, logits, logp, start == 0)
             ref = batch.ref_logp[local].to(device) if batch.ref_logp is not None else None
-            loss, s = clipped_pg_loss(
+            terms = PolicyTerms(
                 logp,
                 old_logp[local].to(device),
                 batch.advantages[local].to(device),
@@ -169,12 +172,11 @@ def ppo_update(engine: Any, batch: Batch, cfg: Any) -> dict[str, float]:
                 clip_low=cfg.clip_low,
                 clip_high=cfg.clip_high,
                 aggregation=cfg.loss_agg,
-                ref_logp=ref,
-                kl_coef=cfg.kl_coef,
                 max_tokens=batch.max_tokens,
                 total=total,
                 is_weight=None if anchor.weight is None else anchor.weight[local].to(device),
             )
+            loss, s = policy_loss(surrogate, terms, ref, cfg.kl_coef, cfg.kl_estimator)
             # DeepSpeed averages gradients over ranks; scaling by world size makes that the global mean.
             grad_norm = engine.backward_step(loss * world)
             n_local = float(mask[local].sum())

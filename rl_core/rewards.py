@@ -1,4 +1,5 @@
-"""Reward functions, and the stage body of score_rewards: each completion's reward, then group advantages.
+"""Reward functions, and the stage body of score_rewards: each completion's reward, then its advantage
+(by the estimator of ``train.algorithm``: ``rl_core.algorithms``).
 
 A reward function is a plain function ``(prompt, completion, outcome) -> float | None``: the prompt text,
 the completion text and the environment's ``Outcome`` record (``envs.base.Outcome``: ``correct``,
@@ -26,8 +27,8 @@ import numpy as np
 import pandas as pd
 
 from envs.base import Outcome, resolve
+from rl_core.algorithms import drgrpo, given_advantages, grpo, score
 from rl_core.context import RunContext
-from rl_core.losses import group_advantages
 from rl_core.stage import StageJob, StageResult
 
 RewardFn = Callable[[str, str, Outcome], "float | None"]
@@ -135,12 +136,8 @@ def combine(weights: dict[str, float], parts: dict[str, np.ndarray]) -> np.ndarr
 
 
 def advantages(reward: np.ndarray, groups: np.ndarray, scale_by_std: bool) -> np.ndarray:
-    """Group advantages over the rewards that were given; 0 for a completion without one."""
-    ok = ~np.isnan(reward)
-    adv = np.zeros(len(reward))
-    if ok.any():
-        adv[ok] = group_advantages(reward[ok], groups[ok], scale_by_std=scale_by_std)
-    return adv
+    """GRPO (or Dr.GRPO) group advantages over the rewards that were given; 0 for a completion without one."""
+    return given_advantages(grpo if scale_by_std else drgrpo, reward, groups)
 
 
 def outcome_records(env: pd.DataFrame, finish: pd.Series) -> list[Outcome]:
@@ -158,9 +155,10 @@ def score_rewards_body(ctx: RunContext, job: StageJob) -> StageResult:
         raise ValueError(f"env results {env_results.uri} do not line up with rollouts {rollouts.uri}")
     outcomes = outcome_records(env, df["finish_reason"])
     parts = components(rc.weights, df["prompt"].tolist(), df["completion_text"].tolist(), outcomes)
-    reward = combine(rc.weights, parts)
     groups = df["prompt_index"].to_numpy()
-    adv = advantages(reward, groups, scale_by_std=rc.advantage == "grpo")
+    lengths = np.array([np.sum(m) for m in df["loss_mask"]], dtype=np.int64)  # the model's own tokens
+    scored, algo_metrics = score(ctx.cfg, combine(rc.weights, parts), groups, lengths)
+    reward = scored["reward"]
     correct_ = env["correct"].to_numpy(dtype=np.float64)
     formatted = parts.get("format")
     if formatted is None:
@@ -169,7 +167,7 @@ def score_rewards_body(ctx: RunContext, job: StageJob) -> StageResult:
         {"prompt_index": df["prompt_index"], "sample_index": df["sample_index"], "correct": correct_}
         | {"format": formatted}
         | {k: v for k, v in parts.items() if k not in ("correct", "format")}
-        | {"reward": reward, "advantage": adv}
+        | scored
     )
     ref = ctx.store.write_table(f"{job.out_uri}/rewards.parquet", out)
     given = out.dropna(subset=["reward"]).groupby("prompt_index")["reward"]
@@ -186,5 +184,6 @@ def score_rewards_body(ctx: RunContext, job: StageJob) -> StageResult:
             "abstained": int(np.isnan(reward).sum()),
             "zero_std_groups": float((given.std(ddof=0) == 0).mean()) if len(given) else 1.0,
             **summary,
+            **algo_metrics,
         },
     )

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from rl_core.algorithms import algorithm
 from rl_core.config import Config
 from rl_core.episodes import generate_body
 from rl_core.evaluate import evaluate_body
@@ -63,6 +64,13 @@ class StageSpec:
     doc: str = ""
     needs: Callable[[Config, str], bool] = field(default=lambda cfg, name: True)  # is input ``name`` used?
     due: Callable[[Config, int], bool] = field(default=lambda cfg, k: True)  # does it run at iteration k?
+
+
+def _train_needs(cfg: Config, name: str) -> bool:
+    """The reference only with a KL penalty; the critic only for an algorithm that has one (ppo)."""
+    if name == "reference":
+        return cfg.train.kl_coef > 0
+    return name != "critic" or algorithm(cfg.train.algorithm).critic
 
 
 POLICY = Source("train", "checkpoint", offset=-1, initial=("warmup", "checkpoint"))
@@ -113,11 +121,12 @@ TABLE: tuple[StageSpec, ...] = (
             "reference": Source("warmup", "checkpoint"),
             "rollouts": Source("generate", "rollouts"),
             "rewards": Source("score_rewards", "rewards"),
+            "critic": Source("train", "critic", offset=-1),
         },
-        ("checkpoint", "optimizer"),
+        ("checkpoint", "optimizer", "critic"),
         summary=("loss", "kl", "clip_frac", "entropy", "grad_norm", "logprob_mismatch_max"),
-        needs=lambda cfg, name: name != "reference" or cfg.train.kl_coef > 0,
-        doc="one policy update; writes the next policy version and the optimizer state",
+        needs=_train_needs,
+        doc="one policy update; writes the next policy version, the optimizer state (and PPO's critic)",
     ),
     StageSpec(
         "evaluate",

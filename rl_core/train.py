@@ -21,6 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from rl_core.algorithms import train_advantages, train_rows
 from rl_core.context import RunContext, unstored_dir
 from rl_core.manifest import ArtifactRef, Manifest
 from rl_core.model import WEIGHTS, load_model, load_tokenizer, pad_id, save_weights, weights_bytes
@@ -90,8 +91,9 @@ def stores_checkpoint(cfg: Any, iteration: int) -> bool:
     return iteration % cfg.train.checkpoint_every == 0 or iteration == cfg.experiment.iterations
 
 
-def _update(ctx: RunContext, job: StageJob) -> tuple[Any, dict[str, Any]]:
-    """One policy update on the job's rollouts: the train engine (now holding the new policy) and metrics."""
+def _update(ctx: RunContext, job: StageJob) -> tuple[Any, dict[str, Any], dict[str, bytes]]:
+    """One policy update on the job's rollouts: the train engine (now holding the new policy), metrics, and
+    the algorithm's extra outputs (PPO's critic)."""
     cfg, inputs, iteration = ctx.cfg, job.inputs, job.iteration
     policy = inputs["policy"]
     rollouts = ctx.store.read_table(inputs["rollouts"])
@@ -100,9 +102,11 @@ def _update(ctx: RunContext, job: StageJob) -> tuple[Any, dict[str, Any]]:
         raise ValueError(
             f"rewards {inputs['rewards'].uri} do not line up with rollouts {inputs['rollouts'].uri}"
         )
-    df = rollouts.assign(advantage=rewards["advantage"].to_numpy())
+    df, pg_metrics = train_rows(rollouts, rewards)
     seed = derive_seed(cfg.experiment.seed, iteration, "train")
     engine = _engine_for(ctx, policy, inputs.get("optimizer"))
+    if len(df) == 0:  # dynamic sampling dropped every group: nothing to learn, the policy passes through
+        return engine, {**pg_metrics, "optimizer_steps": 0.0, "first_step_loss": 0.0}, {}
     local = ctx.local_checkpoint(policy)
     batch = make_batch(
         df,
@@ -116,12 +120,13 @@ def _update(ctx: RunContext, job: StageJob) -> tuple[Any, dict[str, Any]]:
         batch.ref_logp, _ = sequence_logprobs(
             _reference(ctx, inputs["reference"]), batch, cfg.train.micro_batch_size
         )
-    metrics = engine.train(batch)
+    pg_more, extra = train_advantages(ctx, job, batch, df)
+    metrics = engine.train(batch) | pg_metrics | pg_more
     losses = metrics.pop("losses")
     metrics.update(_off_policy(cfg, rollouts, iteration, metrics))
     metrics["first_step_loss"] = losses[0] if losses else 0.0
     metrics["step_losses"] = losses
-    return engine, metrics
+    return engine, metrics, extra
 
 
 def _carried(src: Path) -> list[Path]:
@@ -169,17 +174,22 @@ def _hold(ctx: RunContext, job: StageJob, weights: dict[str, Any]) -> tuple[Arti
     return ref, opt
 
 
-def _step(ctx: RunContext, job: StageJob) -> tuple[ArtifactRef, ArtifactRef, dict[str, Any]]:
-    engine, metrics = _update(ctx, job)
+def _step(
+    ctx: RunContext, job: StageJob
+) -> tuple[ArtifactRef, ArtifactRef, dict[str, Any], dict[str, ArtifactRef]]:
+    """The update: the new checkpoint, optimizer state, metrics, and the algorithm's extra outputs (PPO's
+    critic, stored at every iteration)."""
+    engine, metrics, extra = _update(ctx, job)
     weights = engine.weights()
     if stores_checkpoint(ctx.cfg, job.iteration):
         ref, opt_ref = _store(ctx, job, engine, weights)
     else:
         ref, opt_ref = _hold(ctx, job, weights)
+    extra_refs = {k: ctx.store.write_bytes(f"{job.out_uri}/{k}.pt", v) for k, v in extra.items()}
     # As many as an asynchronous generate may still read (the policy max_staleness versions back), plus one.
     ctx.held.remember(ref.files[WEIGHTS], weights, keep=ctx.cfg.rollout.max_staleness + 2)
     ctx.held.train_holds = (ref.sha256, opt_ref.sha256)
-    return ref, opt_ref, metrics
+    return ref, opt_ref, metrics, extra_refs
 
 
 def _unstored_chain(ctx: RunContext, ref: ArtifactRef) -> list[Manifest]:
@@ -219,7 +229,7 @@ def rebuild(ctx: RunContext, ref: ArtifactRef) -> None:
         log.info("rebuilding %s: re-running train of iterations %s", ref.uri, [m.iteration for m in chain])
         for m in chain:
             out = ctx.store.stage_uri(ctx.run_id, m.iteration, "train")
-            got, _, _ = _step(ctx, StageJob(m.iteration, m.inputs, out))
+            got, _, _, _ = _step(ctx, StageJob(m.iteration, m.inputs, out))
             want = m.outputs["checkpoint"]
             if got.sha256 != want.sha256:
                 raise ArtifactError(
@@ -234,9 +244,9 @@ def train_body(ctx: RunContext, job: StageJob) -> StageResult:
 
         return launch_train(ctx, job)
     with ctx.held.train_lock:
-        ref, opt_ref, metrics = _step(ctx, job)
+        ref, opt_ref, metrics, extra = _step(ctx, job)
     return StageResult(
-        outputs={"checkpoint": ref, "optimizer": opt_ref},
+        outputs={"checkpoint": ref, "optimizer": opt_ref, **extra},
         metrics={**metrics, "policy_sha256": ref.files[WEIGHTS], "world_size": 1, "tp_size": 1},
         seeds={"train": derive_seed(ctx.cfg.experiment.seed, job.iteration, "train")},
     )

@@ -136,7 +136,7 @@ def _rank(store_root: str, job_uri: str) -> None:
     job = StageJob(spec["iteration"], inputs, spec["out_uri"])
     init_distributed()
     rank = dist.get_rank()
-    engine, metrics = _update(ctx, job)
+    engine, metrics, _ = _update(ctx, job)  # no extra outputs: train.algorithm=ppo is not launched
     fault(f"train:rank{rank}", job.iteration)  # crash tests: one rank dies while its peers wait on it
     weights = engine.full_weights()
     optimizer = engine.optimizer_state()
