@@ -184,6 +184,33 @@ class RolloutSection(_Section):
             "its generate, execute_envs and score_rewards run while iteration k-1 trains. 0 = synchronous."
         ),
     )
+    # The curriculum (rl_core/curriculum.py): which training tasks generate draws.
+    curriculum: Literal["none", "frontier"] = Field(
+        "none",
+        description="How generate draws its prompts: none = uniformly (a derived seed); frontier = weighted "
+        "by each task's estimated chance that its next group of n has a learning signal (not all solved, not "
+        "all failed), from the curriculum stage's state of the previous iteration.",
+    )
+    curriculum_cooldown: int = Field(
+        4,
+        ge=0,
+        le=1000,
+        description="frontier: iterations a task whose last group had no learning signal stays out of the "
+        "pool (weight 0); afterwards it is drawn like an unseen task of its kind.",
+    )
+    curriculum_window: int = Field(
+        4,
+        ge=1,
+        le=1000,
+        description="frontier: the prior of an unseen task is the share of groups with a learning signal "
+        "among the tasks of its kind last seen in the previous this-many iterations.",
+    )
+    curriculum_keys: list[str] = Field(
+        [],
+        max_length=8,
+        description="frontier: task fields that define a task's kind for the prior (arithmetic: op, digits); "
+        "empty = one kind, all tasks.",
+    )
 
 
 class RewardSection(_Section):

@@ -1,6 +1,7 @@
 """Episodes: the stage body of generate, and the one loop that samples episodes.
 
-generate: choose this iteration's prompts (derived seed), ask the run's rollout engine for ``n`` completions
+generate: choose this iteration's prompts (derived seed; uniformly, or weighted by the curriculum state of the
+previous iteration: ``rl_core.curriculum``), ask the run's rollout engine for ``n`` completions
 per prompt (a derived seed per request) and store token ids and sampling logprobs as produced; single-turn
 is the ``max_turns == 1`` case of the multi-turn loop over ``Episode`` records.
 (Outcomes: ``rl_core.outcomes``; rewards: ``rl_core.rewards``.)
@@ -16,6 +17,7 @@ import pandas as pd
 
 from envs.base import Multimodal, make_env, turns
 from rl_core.context import RunContext
+from rl_core.curriculum import choose
 from rl_core.faults import iteration_of
 from rl_core.manifest import ArtifactRef
 from rl_core.model import load_tokenizer, prompt_text
@@ -235,7 +237,13 @@ def _more_turns(
 def generate_body(ctx: RunContext, job: StageJob) -> StageResult:
     cfg, iteration = ctx.cfg, job.iteration
     pick_seed = derive_seed(cfg.experiment.seed, iteration, "generate", "prompts")
-    chosen = random.Random(pick_seed).sample(range(len(ctx.train_tasks)), cfg.rollout.prompts_per_iteration)
+    pool: dict[str, Any] = {}
+    if cfg.rollout.curriculum == "none":
+        chosen = random.Random(pick_seed).sample(
+            range(len(ctx.train_tasks)), cfg.rollout.prompts_per_iteration
+        )
+    else:  # weighted by the curriculum state committed at iteration k-1 (rl_core.curriculum)
+        chosen, pool = choose(ctx, job.inputs.get("curriculum"), iteration, pick_seed)
     tasks = [ctx.train_tasks[i] for i in chosen]
     seeds = [derive_seed(cfg.experiment.seed, iteration, "generate", i) for i in range(len(tasks))]
     r = cfg.rollout
@@ -255,6 +263,7 @@ def generate_body(ctx: RunContext, job: StageJob) -> StageResult:
             "tokens": int(lengths.sum()),
             "mean_completion_tokens": float(lengths.mean()),
             "stop_fraction": float((df["finish_reason"] == "stop").mean()),
+            **pool,
         },
         seeds={
             "prompts": pick_seed,

@@ -43,12 +43,16 @@ def collect(store: Store, run_id: str) -> dict[str, Any]:
         m = store.read_manifest(store.stage_uri(base_id, 0, "warmup"))
         base["policy_sha256"] = m.outputs["checkpoint"].files["model.safetensors"] if m else None
     iterations = []
-    for k in range(1, cfg["experiment"]["iterations"] + 1):
-        stages = {s: _stage_view(store.read_manifest(store.stage_uri(run_id, k, s))) for s in STAGES}
+    last = cfg["experiment"]["iterations"]
+    # the stages this run's config runs at all (the curriculum only with rollout.curriculum)
+    used = [s for s in STAGES if any(STAGE_TABLE[s].due(config, k) for k in range(1, last + 1))]
+    for k in range(1, last + 1):
+        stages = {s: _stage_view(store.read_manifest(store.stage_uri(run_id, k, s))) for s in used}
         if all(v["status"] == "pending" for v in stages.values()):
             break
-        if not STAGE_TABLE["evaluate"].due(config, k):
-            stages["evaluate"] = {"status": "not scheduled"}
+        for s in used:
+            if not STAGE_TABLE[s].due(config, k):
+                stages[s] = {"status": "not scheduled"}
         row: dict[str, Any] = {"iteration": k, "stages": stages}
         tr = stages["train"]
         if tr["status"] != "pending":
@@ -61,6 +65,7 @@ def collect(store: Store, run_id: str) -> dict[str, Any]:
         "config_hash": record["config_hash"],
         "iterations_planned": cfg["experiment"]["iterations"],
         "iterations_committed": done,
+        "stages": used,
         "base": base,
         "iterations": iterations,
     }
@@ -74,7 +79,8 @@ def render(data: dict[str, Any]) -> Any:
         title=f"run {data['run_id']}  "
         f"({data['iterations_committed']}/{data['iterations_planned']} iterations)"
     )
-    for col in ("iter", "reward", "accuracy", "pass@k", *STAGES, "policy sha256"):
+    shown = data["stages"]
+    for col in ("iter", "reward", "accuracy", "pass@k", *shown, "policy sha256"):
         t.add_column(col, justify="right" if col not in ("policy sha256",) else "left")
 
     def fmt_eval(v: dict[str, Any]) -> tuple[str, str]:
@@ -91,11 +97,7 @@ def render(data: dict[str, Any]) -> Any:
         "",
         acc,
         pk,
-        "",
-        "",
-        "",
-        f"warmup {b['warmup'].get('seconds', 0):.1f}s",
-        "",
+        *(f"warmup {b['warmup'].get('seconds', 0):.1f}s" if s == "train" else "" for s in shown),
         (b.get("policy_sha256") or "")[:16],
     )
     for it in data["iterations"]:
@@ -103,6 +105,6 @@ def render(data: dict[str, Any]) -> Any:
         rew = st["score_rewards"]
         reward = f"{rew['metrics']['mean_reward']:.3f}" if rew["status"] != "pending" else ""
         acc, pk = fmt_eval(st["evaluate"])
-        cells = [f"{st[s]['seconds']:.2f}s" if "seconds" in st[s] else "-" for s in STAGES]
+        cells = [f"{st[s]['seconds']:.2f}s" if "seconds" in st[s] else "-" for s in shown]
         t.add_row(str(it["iteration"]), reward, acc, pk, *cells, (it.get("policy_sha256") or "")[:16])
     return t

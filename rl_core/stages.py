@@ -13,7 +13,7 @@ Asynchronous RL is one more lag: generate reads ``BEHAVIOUR_POLICY`` (``stale=Tr
 iteration k-1-K with ``rollout.max_staleness`` = K, so it can run while the train stages before k run.
 
 >>> [s.name for s in ITERATION]
-['generate', 'execute_envs', 'score_rewards', 'train', 'evaluate']
+['generate', 'execute_envs', 'score_rewards', 'curriculum', 'train', 'evaluate']
 >>> STAGES["train"].inputs["policy"]
 Source(stage='train', output='checkpoint', offset=-1, initial=('warmup', 'checkpoint'), stale=False)
 >>> STAGES["generate"].inputs["policy"].stale
@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 
 from rl_core.algorithms import algorithm
 from rl_core.config import Config
+from rl_core.curriculum import curriculum_body
 from rl_core.episodes import generate_body
 from rl_core.evaluate import evaluate_body
 from rl_core.manifest import ArtifactRef, Manifest
@@ -77,6 +78,10 @@ POLICY = Source("train", "checkpoint", offset=-1, initial=("warmup", "checkpoint
 # The policy iteration k samples from: k-1 synchronously, k-1-K with rollout.max_staleness = K (so generate k
 # needs nothing from the train stages still running); the warm-up checkpoint before iteration 1.
 BEHAVIOUR_POLICY = Source("train", "checkpoint", offset=-1, initial=("warmup", "checkpoint"), stale=True)
+# The curriculum state generate k draws its prompts from: the one committed at k-1, whatever
+# rollout.max_staleness is. The curriculum stage sits before train in the table, so state k-1 is committed
+# before train k-1 starts, which is when an asynchronous run submits generate k; none before iteration 1.
+CURRICULUM_STATE = Source("curriculum", "state", offset=-1)
 
 TABLE: tuple[StageSpec, ...] = (
     StageSpec(
@@ -93,8 +98,9 @@ TABLE: tuple[StageSpec, ...] = (
     StageSpec(
         "generate",
         generate_body,
-        {"policy": BEHAVIOUR_POLICY},
+        {"policy": BEHAVIOUR_POLICY, "curriculum": CURRICULUM_STATE},
         ("rollouts",),
+        needs=lambda cfg, name: name != "curriculum" or cfg.rollout.curriculum != "none",
         doc="sample completions from the policy with the rollout engine",
     ),
     StageSpec(
@@ -111,6 +117,18 @@ TABLE: tuple[StageSpec, ...] = (
         ("rewards",),
         summary=("mean_reward",),
         doc="rewards and group advantages",
+    ),
+    StageSpec(
+        "curriculum",
+        curriculum_body,
+        {
+            "state": CURRICULUM_STATE,
+            "rollouts": Source("generate", "rollouts"),
+            "rewards": Source("score_rewards", "rewards"),
+        },
+        ("state",),
+        due=lambda cfg, k: cfg.rollout.curriculum != "none",
+        doc="the task sampler's state: per task seen, its samples, successes and last learning signal",
     ),
     StageSpec(
         "train",

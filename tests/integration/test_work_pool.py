@@ -241,6 +241,7 @@ def test_process_worker_runs_the_experiment(tmp_path, prefect_api, pools):
     assert data["iterations_committed"] == data["iterations_planned"] == 2
     assert all(data["base"][s]["status"] == "committed" for s in ("init", "warmup", "evaluate"))
     for it in data["iterations"]:
+        # every stage this config runs (all of the table's but the curriculum, which is off)
         assert {s: v["status"] for s, v in it["stages"].items()} == dict.fromkeys(
-            ITERATION_STAGES, "committed"
+            [s for s in ITERATION_STAGES if s != "curriculum"], "committed"
         )
