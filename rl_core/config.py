@@ -17,6 +17,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from rl_core.config_layout import TrainLayoutFields
 from rl_core.config_pg import PolicyGradientFields
 from rl_core.overrides import ConfigError, format_validation_error, parse_overrides, set_dotted
 
@@ -238,7 +239,7 @@ class RewardSection(_Section):
         return self
 
 
-class TrainSection(_Section, PolicyGradientFields):
+class TrainSection(_Section, PolicyGradientFields, TrainLayoutFields):
     backend: Literal["deepspeed", "torch"] = Field(
         "deepspeed", description="Train engine: DeepSpeed or plain torch."
     )
@@ -280,22 +281,6 @@ class TrainSection(_Section, PolicyGradientFields):
         "written checkpoint (resume and replay do this).",
     )
 
-    world_size: int = Field(
-        1,
-        ge=1,
-        le=1024,
-        description="Processes of the train stage (data x tensor parallel). 1: in the flow's process, the "
-        "engine held across iterations; more: a torchrun job per train stage. Where it runs, not what it "
-        "computes: left out of the run's config hash, so a run can resume at another world size.",
-    )
-    tp_size: int = Field(
-        1,
-        ge=1,
-        le=64,
-        description="DeepSpeed AutoTP tensor-parallel degree (divides world_size; ZeRO stage 0-2). Left out "
-        "of the config hash like world_size.",
-    )
-
     @model_validator(mode="after")
     def _correction_needs_anchor(self) -> TrainSection:
         if self.correction != "none" and self.old_logprobs != "recompute":
@@ -304,28 +289,6 @@ class TrainSection(_Section, PolicyGradientFields):
                 "logprobs: set train.old_logprobs=recompute"
             )
         return self
-
-    @model_validator(mode="after")
-    def _layout(self) -> TrainSection:
-        if self.world_size % self.tp_size:
-            raise ValueError(f"train.tp_size={self.tp_size} must divide train.world_size={self.world_size}")
-        if self.tp_size > 1 and self.zero_stage == 3:
-            raise ValueError("train.tp_size > 1 needs train.zero_stage 0, 1 or 2 (AutoTP is not ZeRO-3)")
-        if self.launched and self.backend != "deepspeed":
-            raise ValueError("train.world_size / train.tp_size > 1 need train.backend=deepspeed")
-        if self.launched and self.algorithm == "ppo":
-            raise ValueError("train.algorithm=ppo trains its critic in the flow's process: world_size 1")
-        if self.launched and self.checkpoint_every != 1:
-            raise ValueError(
-                "train.checkpoint_every > 1 needs train.world_size=1: a launched train stage hands its "
-                "weights back through the stored checkpoint, written every iteration"
-            )
-        return self
-
-    @property
-    def launched(self) -> bool:
-        """Whether each train stage runs as its own torchrun job (world_size or tp_size above 1)."""
-        return self.world_size > 1 or self.tp_size > 1
 
 
 class EvalSection(_Section):

@@ -32,7 +32,8 @@ def test_unworkable_layouts_are_refused_naming_the_field(train, field):
 
 def test_placement_is_not_in_the_run_hash_but_everything_else_is():
     one = _cfg()
-    assert not one.train.launched and _cfg(world_size=2).train.launched and _cfg(world_size=2, tp_size=2).train.launched
+    assert not one.train.launched and _cfg(world_size=2).train.launched
+    assert _cfg(world_size=2, tp_size=2).train.launched
     assert run_config_hash(_cfg(world_size=4, tp_size=2, zero_stage=1)) == run_config_hash(_cfg(zero_stage=1))
     assert run_config_hash(one) != run_config_hash(_cfg(zero_stage=1))
     assert run_config_hash(one) != run_config_hash(_cfg(lr=2e-4))

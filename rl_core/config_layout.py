@@ -1,0 +1,57 @@
+"""Where the train stage runs: the ``train`` section's layout fields (``rl_core.config.TrainSection`` inherits
+them; part of the one schema, kept apart so that ``config.py`` stays readable).
+
+    cfg = load_config("configs/smoke.yaml", ["train.world_size=2", "train.zero_stage=3"])
+    cfg.train.launched   # True: each train stage is a torchrun job (rl_core/train_launch.py)
+
+``world_size`` and ``tp_size`` are placement (``rl_core.context.PLACEMENT``): left out of the run's config
+hash, so a run resumes at another world size.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, Field, model_validator
+
+
+class TrainLayoutFields(BaseModel):
+    world_size: int = Field(
+        1,
+        ge=1,
+        le=1024,
+        description="Processes of the train stage (data x tensor parallel). 1: in the flow's process, the "
+        "engine held across iterations; more: a torchrun job per train stage. Where it runs, not what it "
+        "computes: left out of the run's config hash, so a run can resume at another world size.",
+    )
+    tp_size: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="DeepSpeed AutoTP tensor-parallel degree (divides world_size; ZeRO stage 0-2). Left out "
+        "of the config hash like world_size.",
+    )
+
+    @model_validator(mode="after")
+    def _layout(self) -> Any:
+        # zero_stage, backend, algorithm, checkpoint_every: fields of TrainSection, which mixes this in.
+        s: Any = self
+        if s.world_size % s.tp_size:
+            raise ValueError(f"train.tp_size={s.tp_size} must divide train.world_size={s.world_size}")
+        if s.tp_size > 1 and s.zero_stage == 3:
+            raise ValueError("train.tp_size > 1 needs train.zero_stage 0, 1 or 2 (AutoTP is not ZeRO-3)")
+        if s.launched and s.backend != "deepspeed":
+            raise ValueError("train.world_size / train.tp_size > 1 need train.backend=deepspeed")
+        if s.launched and s.algorithm == "ppo":
+            raise ValueError("train.algorithm=ppo trains its critic in the flow's process: world_size 1")
+        if s.launched and s.checkpoint_every != 1:
+            raise ValueError(
+                "train.checkpoint_every > 1 needs train.world_size=1: a launched train stage hands its "
+                "weights back through the stored checkpoint, written every iteration"
+            )
+        return self
+
+    @property
+    def launched(self) -> bool:
+        """Whether each train stage runs as its own torchrun job (world_size or tp_size above 1)."""
+        return self.world_size > 1 or self.tp_size > 1
