@@ -1,14 +1,15 @@
 """Sequence packing for the trainer's forward passes (``train.packing``).
 
-A right-padded mini-batch ``[B, T]`` spends the forward pass on padding: with the multi-turn tool-use
-rollouts (28 to 95 tokens, padded to the longest) about half of it. Packing trims each sequence to its real
-length and packs the sequences, first-fit decreasing, into rows of at most ``budget`` tokens (a sequence
-longer than the budget gets a row of its own). Positions restart at 0 at each sequence, and attention stays
-inside each sequence: the rows go to the model with those ``position_ids`` and no attention mask, which
-transformers (>= 4.44; checked here on 5.19) reads as packed sequences and turns into a block-diagonal causal
-mask for sdpa, eager and flex attention, and into variable-length kernels for flash attention. The logits
-come back in the padded ``[B, T-1, V]`` layout (zeros after each sequence's end), so the loss, the loss mask
-(observation tokens of multi-turn episodes stay masked) and every metric downstream are unchanged.
+A right-padded mini-batch ``[B, T]`` spends part of its forward on padding: with multi-turn tool-use
+rollouts, a quarter (after the warm-up of configs/tooluse.yaml) to a half (an earlier policy) of it. Packing
+trims each sequence to its real length and packs the sequences, first-fit decreasing, into rows of at most
+``budget`` tokens (a sequence longer than the budget gets a row of its own). Positions restart at 0 at each
+sequence and attention stays inside it: the rows go to the model with those ``position_ids`` and no
+attention mask, which transformers 5 (5.19 here; tests/unit/test_packing.py pins it) reads as packed
+sequences and turns into a block-diagonal causal mask for sdpa and eager attention, and into variable-length
+kernels for flash attention. The logits come back in the padded ``[B, T-1, V]`` layout (zeros after each
+sequence's end), so the loss, the loss mask (observation tokens of multi-turn episodes stay masked) and every
+metric downstream are unchanged.
 
     plan = pack_plan([7, 3, 5], budget=8)    # rows [[0], [2, 1]]
     logits = packed_logits(model, ids, attention_mask, budget=8)  # ~ model(ids, attention_mask).logits
