@@ -1,20 +1,25 @@
 """Train throughput with sequence packing (``train.packing``) vs right-padded mini-batches, same update.
 
-    flock /tmp/heavy.lock .venv/bin/python benchmarks/packing.py --json [--repeats 3] [--budgets 0 192]
+    flock /tmp/heavy.lock .venv/bin/python benchmarks/packing.py --json [--repeats 5] [--budgets 0 96 192]
     .venv/bin/python benchmarks/packing.py --extract STATE/store/RUN/iter-0001/generate/rollouts.parquet
 
-The length mix is real: the multi-turn tool-use rollouts (``configs/tooluse.yaml``: prompt, then model turns
-and calculator observations, observation tokens masked) of one iteration of that run after its warm-up,
-stored as ``benchmarks/results/packing_rollouts.json`` (per rollout: prompt length and the completion's loss
-mask; ``--extract`` writes it from a run's rollouts table). Token ids and logprobs are drawn from a seed
-(the speed of a forward does not depend on them). One update is ``ppo_update`` on a torch train engine over
-the whole iteration (``train.micro_batch_size`` sequences per optimizer step) with the tooluse policy's
-shape (fresh weights, same seed per arm); each arm is timed ``--repeats`` times after one untimed update.
+The length mixes are real multi-turn tool-use rollouts (``configs/tooluse.yaml``: prompt, then model turns
+and calculator observations, observation tokens masked), one iteration (256 rollouts) each, stored as length
+tables (per rollout: prompt length and the completion's loss mask; ``--extract`` writes one from a run's
+rollouts table): ``benchmarks/results/packing_rollouts_tooluse.json``, sampled by the policy after that
+config's 500 warm-up steps (the headline ``ratio``), and ``packing_rollouts_early.json``, by a policy after 40
+warm-up steps (longer, more varied episodes). Token ids and logprobs are drawn from a seed (the speed of a
+forward does not depend on them). One update is ``ppo_update`` on a torch train engine over the whole
+iteration (``train.micro_batch_size`` sequences per optimizer step) with the tooluse policy's shape (fresh
+weights, same seed per arm); each arm is timed ``--repeats`` times after one untimed update, the arms in
+turns.
 
 Reported per arm: seconds per update, train tokens/s counted as every real (prompt + completion) token of
 the iteration (loss tokens/s too), and the padding fraction of its forwards (padded: ``[B, T]`` per
 mini-batch; packed: ``[rows, width]``). The first update's losses of every arm are compared with the padded
-one's. ``ratio`` = best packed tokens/s / padded tokens/s (higher = packing pays more).
+one's; ``top_ops_ms`` profiles one more update. ``ratio`` = best packed tokens/s / padded tokens/s (fastest
+updates; higher = packing pays more); ``ideal_ratio`` = 1 / (1 - padded padding fraction), what removing
+all padding would give if time were proportional to tokens.
 """
 
 from __future__ import annotations
@@ -104,10 +109,9 @@ def top_ops(engine: Any, batch: Any, cfg: Any, n: int = 6) -> dict[str, float]:
     return {e.key: round(e.self_cpu_time_total / 1000, 1) for e in ops}
 
 
-def arm(cfg: Any, tok: Any, df: Any, budget: int | None, repeats: int) -> dict[str, Any]:
-    """Time ``repeats`` updates (after one untimed) of a fresh policy on ``df``, packed when ``budget``."""
-    import torch
-
+def arm(cfg: Any, tok: Any, df: Any, budget: int | None) -> dict[str, Any]:
+    """A fresh policy (same seed every arm) on a torch engine, its batch (packed when ``budget`` is not None)
+    and the losses of its first, untimed update."""
     from rl_core.model import build_model
     from rl_core.ppo import make_batch, ppo_update
     from rl_core.train_engine import make_train_engine
@@ -115,31 +119,49 @@ def arm(cfg: Any, tok: Any, df: Any, budget: int | None, repeats: int) -> dict[s
     model = build_model(cfg.model.model_copy(update={"max_position": 512}), tok, seed=0)
     engine = make_train_engine("torch", model, cfg.train)
     batch = make_batch(df, pad_id=1, max_tokens=cfg.rollout.max_tokens, seed=3, pack_tokens=budget)
-    first = ppo_update(engine, batch, cfg.train)["losses"]
-    clock = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        ppo_update(engine, batch, cfg.train)
-        clock.append(time.perf_counter() - t0)
-    tokens, loss_tokens = int(batch.attention_mask.sum()), int(batch.loss_mask.sum())
-    best = min(clock)
+    return {
+        "engine": engine,
+        "batch": batch,
+        "clock": [],
+        "first": ppo_update(engine, batch, cfg.train)["losses"],
+    }
+
+
+def summary(cfg: Any, a: dict[str, Any]) -> dict[str, Any]:
+    import statistics
+
+    import torch
+
+    batch, best = a["batch"], min(a["clock"])
+    budget = batch.pack_tokens
     return {
         "packing": budget is not None,
         "pack_tokens": budget,
-        "update_s": [round(c, 4) for c in clock],
-        "tokens_per_s": round(tokens / best, 1),
-        "loss_tokens_per_s": round(loss_tokens / best, 1),
+        "update_s": [round(c, 4) for c in a["clock"]],
+        "median_update_s": round(statistics.median(a["clock"]), 4),
+        "tokens_per_s": round(int(batch.attention_mask.sum()) / best, 1),
+        "loss_tokens_per_s": round(int(batch.loss_mask.sum()) / best, 1),
         "padding_fraction": round(forward_padding(batch, cfg.train.micro_batch_size, budget), 4),
-        "first_update_losses": first,
-        "top_ops_ms": top_ops(engine, batch, cfg),
+        "first_update_losses": a["first"],
+        "top_ops_ms": top_ops(a["engine"], batch, cfg),
         "threads": torch.get_num_threads(),
     }
 
 
 def workload(cfg: Any, tok: Any, path: Path, budgets: list[int], repeats: int) -> dict[str, Any]:
-    """Every arm (padded, then packed at each budget) on the length table ``path``."""
+    """Every arm (padded, then packed at each budget) on the length table ``path``, timed in turns (one
+    update of each arm per round) so that a burst of load on the machine hits every arm alike."""
+    from rl_core.ppo import ppo_update
+
     table = json.loads(path.read_text())
-    arms = [arm(cfg, tok, frame(table["rollouts"], len(tok), seed=0), b, repeats) for b in [None, *budgets]]
+    df = frame(table["rollouts"], len(tok), seed=0)
+    live = [arm(cfg, tok, df, b) for b in [None, *budgets]]
+    for _ in range(repeats):
+        for a in live:
+            t0 = time.perf_counter()
+            ppo_update(a["engine"], a["batch"], cfg.train)
+            a["clock"].append(time.perf_counter() - t0)
+    arms = [summary(cfg, a) for a in live]
     padded, packed = arms[0], max(arms[1:], key=lambda a: a["tokens_per_s"])
     lengths = [r["prompt"] + len(r["mask"]) for r in table["rollouts"]]
     base = padded["first_update_losses"]
@@ -154,6 +176,7 @@ def workload(cfg: Any, tok: Any, path: Path, budgets: list[int], repeats: int) -
         "max_first_loss_gap": max(gaps),
         "best_pack_tokens": packed["pack_tokens"],
         "ratio": round(packed["tokens_per_s"] / padded["tokens_per_s"], 3),
+        "ratio_median": round(padded["median_update_s"] / packed["median_update_s"], 3),
     }
 
 
@@ -163,7 +186,7 @@ def main() -> None:
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", action="store_true", help="print the JSON result as the last line")
-    ap.add_argument("--repeats", type=int, default=3, help="timed updates per arm (the fastest counts)")
+    ap.add_argument("--repeats", type=int, default=5, help="timed updates per arm (the fastest counts)")
     ap.add_argument("--budgets", type=int, nargs="+", default=[0, 96, 192], help="train.pack_tokens per arm")
     ap.add_argument("--set", nargs="*", default=[], help="config overrides on configs/tooluse.yaml")
     ap.add_argument("--tables", type=Path, nargs="+", default=TABLES, help="length tables (first: ratio)")
