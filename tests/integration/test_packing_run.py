@@ -17,10 +17,9 @@ from tests.conftest import cli_env, run_cli
 from tests.integration.test_multiturn import SMALL
 
 ROOT = Path(__file__).resolve().parents[2]
-# Several optimizer steps (4 mini-batches x 2 epochs), the anchor recomputed, a KL term to the reference;
-# a barely warmed-up policy (its episodes run to several turns, observation tokens masked).
+# Several optimizer steps (4 mini-batches x 2 epochs), the anchor recomputed, a KL term to the reference; the
+# briefly warmed-up policy of SMALL (some reward signal; its episodes run to several turns, observations masked).
 SETS = [
-    "warmup.steps=2",
     "train.micro_batch_size=8",
     "train.epochs=2",
     "train.old_logprobs=recompute",
