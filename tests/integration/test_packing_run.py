@@ -18,7 +18,7 @@ from tests.integration.test_multiturn import SMALL
 
 ROOT = Path(__file__).resolve().parents[2]
 # Several optimizer steps (4 mini-batches x 2 epochs), the anchor recomputed, a KL term to the reference; the
-# briefly warmed-up policy of SMALL (some reward signal; its episodes run to several turns, observations masked).
+# briefly warmed-up policy of SMALL (a reward signal; episodes of several turns, observations masked).
 SETS = [
     "train.micro_batch_size=8",
     "train.epochs=2",
