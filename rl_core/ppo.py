@@ -24,6 +24,7 @@ import torch
 
 from rl_core.algorithms import algorithm
 from rl_core.losses import PolicyTerms, entropy_from_logits, importance_weights, policy_loss, token_logprobs
+from rl_core.packing import packed_logits
 from rl_core.vision import suppress, unsampleable_ids
 
 
@@ -39,6 +40,7 @@ class Batch:
     ref_logp: torch.Tensor | None = None
     seed: int = 0
     pixel_values: torch.Tensor | None = None  # [B, 3, H, W] for a vision-language policy (one image each)
+    pack_tokens: int | None = None  # forwards on packed rows of this many tokens (0: longest); None: padded
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -52,9 +54,11 @@ def make_batch(
     max_tokens: int | None = None,
     seed: int = 0,
     ckpt_dir: Any = None,
+    pack_tokens: int | None = None,
 ) -> Batch:
     """Columns used: prompt_ids, completion_ids, logprobs, loss_mask (per completion token), advantage, and
-    image (encoded bytes, turned into pixels by the processor in ``ckpt_dir``) for multimodal rollouts."""
+    image (encoded bytes, turned into pixels by the processor in ``ckpt_dir``) for multimodal rollouts.
+    ``pack_tokens`` (``rl_core.packing.pack_budget``) has the forwards run on packed rows."""
     seqs = [list(p) + list(c) for p, c in zip(df["prompt_ids"], df["completion_ids"], strict=True)]
     width = max(len(s) for s in seqs)
     n = len(seqs)
@@ -79,6 +83,8 @@ def make_batch(
 
         if ckpt_dir is None:
             raise ValueError("make_batch: rollouts with images need ckpt_dir (its image processor)")
+        if pack_tokens is not None:
+            raise ValueError("train.packing does not pack vision-language rollouts: set train.packing=false")
         pixels = pixel_values(ckpt_dir, [bytes(b) for b in df["image"]])
     return Batch(
         ids,
@@ -90,12 +96,20 @@ def make_batch(
         max_tokens=max_tokens,
         seed=seed,
         pixel_values=pixels,
+        pack_tokens=pack_tokens,
     )
 
 
 def _logits(
-    module: Any, ids: torch.Tensor, attn: torch.Tensor, pixels: torch.Tensor | None = None
+    module: Any,
+    ids: torch.Tensor,
+    attn: torch.Tensor,
+    pixels: torch.Tensor | None = None,
+    pack: int | None = None,
 ) -> torch.Tensor:
+    """``[B, T-1, V]`` next-token logits; on packed rows of ``pack`` tokens unless it is None."""
+    if pack is not None:
+        return suppress(packed_logits(module, ids, attn, pack, pixels), unsampleable_ids(module))
     extra = {} if pixels is None else {"pixel_values": pixels}
     logits = module(input_ids=ids, attention_mask=attn, use_cache=False, **extra).logits[:, :-1]
     return suppress(logits, unsampleable_ids(module))
@@ -114,7 +128,8 @@ def sequence_logprobs(
     for i in range(0, len(batch), chunk):
         ids = batch.input_ids[i : i + chunk].to(device)
         rows = slice(i, i + chunk)
-        logits = _logits(module, ids, batch.attention_mask[rows].to(device), _pixels(batch, rows, device))
+        attn = batch.attention_mask[rows].to(device)
+        logits = _logits(module, ids, attn, _pixels(batch, rows, device), batch.pack_tokens)
         lps.append(token_logprobs(logits, ids[:, 1:], batch.temperature).cpu())
         ents.append(entropy_from_logits(logits, batch.temperature).cpu())
     return torch.cat(lps), torch.cat(ents)
@@ -158,7 +173,11 @@ def ppo_update(engine: Any, batch: Batch, cfg: Any) -> dict[str, float]:
             local = mb[rank::world]
             ids = batch.input_ids[local].to(device)
             logits = _logits(
-                engine.module, ids, batch.attention_mask[local].to(device), _pixels(batch, local, device)
+                engine.module,
+                ids,
+                batch.attention_mask[local].to(device),
+                _pixels(batch, local, device),
+                batch.pack_tokens,
             )
             logp = token_logprobs(logits, ids[:, 1:], batch.temperature)
             if epoch == 0:

@@ -25,6 +25,7 @@ from rl_core.algorithms import train_advantages, train_rows
 from rl_core.context import RunContext, unstored_dir
 from rl_core.manifest import ArtifactRef, Manifest
 from rl_core.model import WEIGHTS, load_model, load_tokenizer, pad_id, save_weights, weights_bytes
+from rl_core.packing import pack_budget
 from rl_core.ppo import make_batch, sequence_logprobs
 from rl_core.seeding import derive_seed
 from rl_core.stage import StageJob, StageResult, committed
@@ -115,6 +116,7 @@ def _update(ctx: RunContext, job: StageJob) -> tuple[Any, dict[str, Any], dict[s
         max_tokens=cfg.rollout.max_tokens,
         seed=seed,
         ckpt_dir=local,
+        pack_tokens=pack_budget(cfg.train),
     )
     if "reference" in inputs and cfg.train.kl_coef > 0:
         batch.ref_logp, _ = sequence_logprobs(
