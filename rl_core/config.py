@@ -271,21 +271,6 @@ class TrainSection(_Section, PolicyGradientFields, TrainLayoutFields):
         description="Alarm (a warning and the metric mismatch_alarm=1) when the mean per-token |rollout - "
         "trainer| logprob gap exceeds this.",
     )
-    packing: bool = Field(
-        False,
-        description="Pack each mini-batch's sequences (trimmed to their real lengths, first-fit decreasing) "
-        "into rows of at most pack_tokens tokens for the train forwards and the no-grad recompute/reference "
-        "passes, positions restarted and attention kept within each sequence; off = right-padded rows. "
-        "Not for vision-language policies.",
-    )
-    pack_tokens: int = Field(
-        0,
-        ge=0,
-        le=1_048_576,
-        description="Token budget of one packed row (train.packing). 0 = the mini-batch's longest sequence "
-        "(a row never holds more tokens than padding would). A sequence longer than the budget gets a row "
-        "of its own. Attention cost per row grows with its square on CPU (sdpa/eager materialise the mask).",
-    )
     checkpoint_every: int = Field(
         1,
         ge=1,
@@ -295,15 +280,6 @@ class TrainSection(_Section, PolicyGradientFields, TrainLayoutFields):
         "weights stay in memory and are rebuilt bit for bit by re-running their train stages from the last "
         "written checkpoint (resume and replay do this).",
     )
-
-    @model_validator(mode="after")
-    def _budget_needs_packing(self) -> TrainSection:
-        if self.pack_tokens and not self.packing:
-            raise ValueError(
-                f"train.pack_tokens={self.pack_tokens} is the budget of packed rows: set train.packing=true "
-                "(or drop train.pack_tokens)"
-            )
-        return self
 
     @model_validator(mode="after")
     def _correction_needs_anchor(self) -> TrainSection:

@@ -1,11 +1,12 @@
-"""Where the train stage runs: the ``train`` section's layout fields (``rl_core.config.TrainSection`` inherits
-them; part of the one schema, kept apart so that ``config.py`` stays readable).
+"""How the train stage lays out its work: processes (world size, tensor parallel) and sequence packing, the
+``train`` section's layout fields (``rl_core.config.TrainSection`` inherits them; part of the one schema, kept
+apart so that ``config.py`` stays readable).
 
     cfg = load_config("configs/smoke.yaml", ["train.world_size=2", "train.zero_stage=3"])
     cfg.train.launched   # True: each train stage is a torchrun job (rl_core/train_launch.py)
 
 ``world_size`` and ``tp_size`` are placement (``rl_core.context.PLACEMENT``): left out of the run's config
-hash, so a run resumes at another world size.
+hash, so a run resumes at another world size. Packing is not: it changes the float rounding of the forwards.
 """
 
 from __future__ import annotations
@@ -31,6 +32,31 @@ class TrainLayoutFields(BaseModel):
         description="DeepSpeed AutoTP tensor-parallel degree (divides world_size; ZeRO stage 0-2). Left out "
         "of the config hash like world_size.",
     )
+
+    packing: bool = Field(
+        False,
+        description="Pack each mini-batch's sequences (trimmed to their real lengths, first-fit decreasing) "
+        "into rows of at most pack_tokens tokens for the train forwards and the no-grad recompute/reference "
+        "passes, positions restarted and attention kept within each sequence; off = right-padded rows. "
+        "Not for vision-language policies.",
+    )
+    pack_tokens: int = Field(
+        0,
+        ge=0,
+        le=1_048_576,
+        description="Token budget of one packed row (train.packing). 0 = the mini-batch's longest sequence "
+        "(a row never holds more tokens than padding would). A sequence longer than the budget gets a row "
+        "of its own. Attention cost per row grows with its square on CPU (sdpa/eager materialise the mask).",
+    )
+
+    @model_validator(mode="after")
+    def _budget_needs_packing(self) -> Any:
+        if self.pack_tokens and not self.packing:
+            raise ValueError(
+                f"train.pack_tokens={self.pack_tokens} is the budget of packed rows: set train.packing=true "
+                "(or drop train.pack_tokens)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _layout(self) -> Any:
