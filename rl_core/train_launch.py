@@ -69,7 +69,7 @@ def _failure(log: Path, iteration: int, world_size: int, rc: int) -> TrainJobErr
     )
 
 
-def launch_train(ctx: Any, job: Any, timeout_s: float | None = None) -> Any:
+def launch_train(ctx: Any, job: Any) -> Any:
     """Run the train stage ``job`` as a torchrun job of ``train.world_size`` ranks; its StageResult."""
     from rl_core.stage import StageResult
 
@@ -98,7 +98,7 @@ def launch_train(ctx: Any, job: Any, timeout_s: float | None = None) -> Any:
             cmd, cwd=PROJECT_ROOT, env=_env(tc.world_size), stdout=out, stderr=subprocess.STDOUT
         )
         try:
-            rc = proc.wait(timeout=timeout_s)
+            rc = proc.wait()
         finally:
             if proc.poll() is None:  # interrupted or timed out: the ranks follow the agent
                 proc.kill()
