@@ -283,6 +283,12 @@ def log_errors(text: str) -> list[str]:
     ['Traceback (most recent call last):\\n  File x\\nValueError: bad']
     >>> log_errors("I1130 12:00:00.1 master.go ok\\nE1130 12:00:01.2 volume.go: disk full")
     ['E1130 12:00:01.2 volume.go: disk full']
+
+    A logger.exception() entry is its message line and the traceback under it, one entry (so that an allowance
+    matching the exception covers the message too):
+
+    >>> log_errors("12:07 | ERROR | failed\\nTraceback (most recent call last):\\n  File y\\nOSError: locked")
+    ['12:07 | ERROR | failed\\nTraceback (most recent call last):\\n  File y\\nOSError: locked']
     """
     lines, out, i = text.splitlines(), [], 0
     while i < len(lines):
@@ -290,7 +296,9 @@ def log_errors(text: str) -> list[str]:
             i += 1
             continue
         j = i + 1
-        if lines[i].startswith("Traceback"):
+        if not lines[i].startswith("Traceback") and j < len(lines) and lines[j].startswith("Traceback"):
+            j += 1  # the message of a logger.exception(): its traceback follows
+        if lines[j - 1].startswith("Traceback"):
             while j < len(lines) and (lines[j][:1].isspace() or not lines[j].strip()):
                 j += 1
             j += 1  # the exception's own line
