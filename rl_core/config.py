@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from rl_core.config_layout import TrainLayoutFields
 from rl_core.config_pg import PolicyGradientFields
+from rl_core.config_reward import AuditSettings, JudgeSettings, RewardModelSettings
 from rl_core.overrides import ConfigError, format_validation_error, parse_overrides, set_dotted
 
 
@@ -222,6 +223,13 @@ class RewardSection(_Section):
         "'module:function', or a name an installed package declares under 'rlfoundry.rewards'. The reward "
         "is the weighted sum of the components that did not abstain.",
     )
+    model: RewardModelSettings = Field(
+        default_factory=RewardModelSettings, description="The served reward model (weights key reward_model)."
+    )
+    judge: JudgeSettings = Field(
+        default_factory=JudgeSettings, description="The LLM judge (weights key judge)."
+    )
+    audit: AuditSettings = Field(default_factory=AuditSettings, description="The audit of every reward.")
 
     @model_validator(mode="before")
     @classmethod

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -34,6 +35,37 @@ from rl_core.stage import StageJob, StageResult
 RewardFn = Callable[[str, str, Outcome], "float | None"]
 ENTRY_POINT_GROUP = "rlfoundry.rewards"
 _BUILTIN: dict[str, RewardFn] = {}
+
+
+@dataclass
+class BatchScores:
+    """What a batch reward component answers for a whole iteration's completions.
+
+    ``values``: one reward per completion (None: abstain). ``infra_errors``: per completion, None or what
+    failed that is not the completion's doing (a server that timed out on its row): such a completion gets
+    no reward, is left out of its group's advantage and is counted as an infrastructure failure, never
+    scored 0. ``metrics``: summed into the stage's metrics (latency, tokens...). ``columns``: extra per-row
+    columns stored in rewards.parquet (e.g. the judge's raw verdict)."""
+
+    values: list[float | None]
+    infra_errors: list[str | None] | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+    columns: dict[str, list[Any]] = field(default_factory=dict)
+
+
+BatchRewardFn = Callable[[RunContext, list[str], list[str], list[Outcome]], BatchScores]
+_BATCH: dict[str, BatchRewardFn] = {}
+
+
+def batch_builtin(name: str) -> Callable[[BatchRewardFn], BatchRewardFn]:
+    """Register a reward component scored once per iteration over every completion (a served reward model,
+    an LLM judge): ``fn(ctx, prompts, completions, outcomes) -> BatchScores``."""
+
+    def deco(fn: BatchRewardFn) -> BatchRewardFn:
+        _BATCH[name] = fn
+        return fn
+
+    return deco
 
 
 def builtin(name: str) -> Callable[[RewardFn], RewardFn]:
@@ -85,8 +117,11 @@ def partial_credit(prompt: str, completion: str, outcome: Outcome) -> float | No
     return None if value is None or value != value else float(value)  # NaN: a row without it
 
 
-def reward_function(name: str) -> RewardFn:
-    """The function a ``reward.weights`` key names: built-in, ``module:function``, or an entry point."""
+def reward_function(name: str) -> RewardFn | BatchRewardFn:
+    """The function a ``reward.weights`` key names: built-in (per row, or a batch component),
+    ``module:function``, or an entry point."""
+    if name in _BATCH:
+        return _BATCH[name]
     fn, target = resolve(name, _BUILTIN, ENTRY_POINT_GROUP, "reward function")
     if target == "built-in":
         return fn
@@ -100,12 +135,26 @@ def reward_function(name: str) -> RewardFn:
 
 
 def components(
-    weights: dict[str, float], prompts: list[str], texts: list[str], outcomes: list[Outcome]
-) -> dict[str, np.ndarray]:
-    """Each reward function's value per completion (NaN where it abstained); an answer that is not a number
-    is an error naming the function and the row."""
-    out = {}
+    ctx: RunContext | None,
+    weights: dict[str, float],
+    prompts: list[str],
+    texts: list[str],
+    outcomes: list[Outcome],
+) -> tuple[dict[str, np.ndarray], BatchScores]:
+    """Each reward function's value per completion (NaN where it abstained), and what the batch components
+    reported besides (infrastructure failures per row, metrics, columns); an answer that is not a number is an
+    error naming the function and the row."""
+    out, extra = {}, BatchScores(values=[], infra_errors=[None] * len(texts))
     for name in weights:
+        if name in _BATCH:
+            got = _BATCH[name](ctx, prompts, texts, outcomes)  # type: ignore[arg-type]
+            out[name] = _checked(name, got.values, len(texts))
+            for i, err in enumerate(got.infra_errors or []):
+                if err is not None and extra.infra_errors[i] is None:  # type: ignore[index]
+                    extra.infra_errors[i] = f"{name}: {err}"  # type: ignore[index]
+            extra.metrics |= {f"{name}_{k}": v for k, v in got.metrics.items()}
+            extra.columns |= {f"{name}_{k}": v for k, v in got.columns.items()}
+            continue
         fn, values = reward_function(name), np.empty(len(texts))
         for i, (p, t, o) in enumerate(zip(prompts, texts, outcomes, strict=True)):
             v = fn(p, t, o)
@@ -115,7 +164,16 @@ def components(
                 )
             values[i] = np.nan if v is None else float(v)
         out[name] = values
-    return out
+    return out, extra
+
+
+def _checked(name: str, values: list[float | None], n: int) -> np.ndarray:
+    if len(values) != n:
+        raise ValueError(f"reward component {name!r} returned {len(values)} values for {n} completions")
+    for i, v in enumerate(values):
+        if v is not None and not isinstance(v, int | float):
+            raise TypeError(f"reward component {name!r} returned {v!r} for row {i}: expected a float or None")
+    return np.array([np.nan if v is None else float(v) for v in values], dtype=np.float64)
 
 
 def combine(weights: dict[str, float], parts: dict[str, np.ndarray]) -> np.ndarray:
@@ -146,6 +204,23 @@ def outcome_records(env: pd.DataFrame, finish: pd.Series) -> list[Outcome]:
     return [Outcome(**r, finish_reason=f) for r, f in zip(rows, finish.tolist(), strict=True)]
 
 
+def infra_failures(outcomes: list[Outcome], reported: list[str | None] | None) -> list[str | None]:
+    """Per completion, the infrastructure failure that kept it from being scored (the environment's
+    ``infra_error``: a sandbox that could not run it; or a batch component's), else None.
+
+    >>> ok, broken = Outcome(correct=False, well_formed=True), Outcome(correct=False, well_formed=False,
+    ...     infra_error="sandbox: supervisor died")
+    >>> infra_failures([ok, broken, ok], [None, None, "judge: timeout"])
+    [None, 'sandbox: supervisor died', 'judge: timeout']
+    """
+    out: list[str | None] = []
+    for i, o in enumerate(outcomes):
+        err = getattr(o, "infra_error", None)
+        err = err if isinstance(err, str) and err else None  # NaN/None in a stored table: no failure
+        out.append(err or (reported[i] if reported else None))
+    return out
+
+
 def score_rewards_body(ctx: RunContext, job: StageJob) -> StageResult:
     rc = ctx.cfg.reward
     rollouts, env_results = job.inputs["rollouts"], job.inputs["env_results"]
@@ -154,10 +229,15 @@ def score_rewards_body(ctx: RunContext, job: StageJob) -> StageResult:
     if len(df) != len(env) or not (df["prompt_index"].to_numpy() == env["prompt_index"].to_numpy()).all():
         raise ValueError(f"env results {env_results.uri} do not line up with rollouts {rollouts.uri}")
     outcomes = outcome_records(env, df["finish_reason"])
-    parts = components(rc.weights, df["prompt"].tolist(), df["completion_text"].tolist(), outcomes)
+    parts, extra = components(
+        ctx, rc.weights, df["prompt"].tolist(), df["completion_text"].tolist(), outcomes
+    )
+    infra = infra_failures(outcomes, extra.infra_errors)
     groups = df["prompt_index"].to_numpy()
     lengths = np.array([np.sum(m) for m in df["loss_mask"]], dtype=np.int64)  # the model's own tokens
-    scored, algo_metrics = score(ctx.cfg, combine(rc.weights, parts), groups, lengths)
+    combined = combine(rc.weights, parts)
+    combined[[e is not None for e in infra]] = np.nan  # no reward, out of its group's advantage
+    scored, algo_metrics = score(ctx.cfg, combined, groups, lengths)
     reward = scored["reward"]
     correct_ = env["correct"].to_numpy(dtype=np.float64)
     formatted = parts.get("format")
@@ -167,6 +247,8 @@ def score_rewards_body(ctx: RunContext, job: StageJob) -> StageResult:
         {"prompt_index": df["prompt_index"], "sample_index": df["sample_index"], "correct": correct_}
         | {"format": formatted}
         | {k: v for k, v in parts.items() if k not in ("correct", "format")}
+        | ({"infra_error": infra} if any(e is not None for e in infra) else {})
+        | extra.columns
         | scored
     )
     ref = ctx.store.write_table(f"{job.out_uri}/rewards.parquet", out)
@@ -181,9 +263,11 @@ def score_rewards_body(ctx: RunContext, job: StageJob) -> StageResult:
             "mean_reward": float(np.nanmean(reward)) if (~np.isnan(reward)).any() else float("nan"),
             "accuracy": float(correct_.mean()),
             "format_rate": float(formatted.mean()),
-            "abstained": int(np.isnan(reward).sum()),
+            "abstained": int(np.isnan(reward).sum() - sum(e is not None for e in infra)),
+            "infra_failures": int(sum(e is not None for e in infra)),
             "zero_std_groups": float((given.std(ddof=0) == 0).mean()) if len(given) else 1.0,
             **summary,
+            **extra.metrics,
             **algo_metrics,
         },
     )

@@ -180,7 +180,7 @@ def test_user_reward_abstains_and_the_group_uses_the_given_rewards(user_package,
     outcomes = outcome_records(env, pd.Series(["stop"] * len(df)))
     weights = ctx.cfg.reward.weights
     assert list(weights) == ["correct", "format", "brevity"]
-    parts = components(weights, df["prompt"].tolist(), df["completion_text"].tolist(), outcomes)
+    parts, _ = components(None, weights, df["prompt"].tolist(), df["completion_text"].tolist(), outcomes)
     assert np.isnan(parts["brevity"][2::4]).all() and np.isnan(parts["brevity"][3::4]).all()
     assert parts["brevity"][0] == pytest.approx(-0.4)
     reward = combine(weights, parts)
@@ -199,11 +199,11 @@ def test_a_reward_function_that_returns_a_non_number_names_itself(user_package):
     from envs.base import Outcome
 
     ok = [Outcome(correct=True, well_formed=True)] * 2
-    assert components({"userenvs:brevity": 1.0}, ["p", "p"], ["x", "xy"], ok)[
+    assert components(None, {"userenvs:brevity": 1.0}, ["p", "p"], ["x", "xy"], ok)[0][
         "userenvs:brevity"
     ].tolist() == [
         -0.1,
         -0.2,
     ]
     with pytest.raises(TypeError, match=r"reward function 'userenvs:wordy' returned 'high' for row 0"):
-        components({"userenvs:wordy": 1.0}, ["p"], ["x"], ok[:1])
+        components(None, {"userenvs:wordy": 1.0}, ["p"], ["x"], ok[:1])
