@@ -10,7 +10,8 @@ What an environment can do beyond single-turn text is a small Protocol it satisf
 for: ``MultiTurn`` (``max_turns``), ``Multimodal`` (an image per task), ``Demonstrations`` (the warm-up's
 segments), ``Corpus`` (the text its tokenizer is built from), ``FlawedTeacher`` (the warm-up teacher's
 mistake), ``Configurable`` (its own options, a pydantic model validated from ``task.env_args``),
-``BatchSteps`` (many single-turn episodes scored in one call).
+``BatchSteps`` (many single-turn episodes scored in one call), ``WritesPython`` (the completion is code the
+grader runs: the reward audit reads it).
 
 An environment is named in the config by its registered name, by ``module:Class`` (a user's own package), or
 by an entry point of an installed package (group ``rlfoundry.envs``):
@@ -137,6 +138,14 @@ class BatchSteps(Protocol):
     side by side); the same results, in order, as ``reset`` + ``step`` for each."""
 
     def step_many(self, episodes: Sequence[tuple[dict[str, Any], str]]) -> list[StepResult]: ...
+
+
+@runtime_checkable
+class WritesPython(Protocol):
+    """The completion is Python that the environment's grader runs: the reward audit checks its source
+    (``rl_core.audit_code``) for attacks on the grader."""
+
+    def solution_source(self, prompt: str, completion: str) -> str: ...
 
 
 @runtime_checkable

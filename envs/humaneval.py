@@ -121,6 +121,10 @@ class HumanEvalEnv:
                 out.append({"task_id": tid, "prompt": p["prompt"], "answer": p["entry_point"]})
         return out
 
+    def solution_source(self, prompt: str, completion: str) -> str:
+        """The module the grader imports: the prompt (signature and docstring) and the completion."""
+        return prompt + completion + "\n"
+
     def reset(self, task: dict[str, Any], seed: int) -> str:
         self._task = task
         return task["prompt"]

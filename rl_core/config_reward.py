@@ -11,7 +11,7 @@ The reward model and the judge are reward components like any other: a key of ``
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class _Sub(BaseModel):
@@ -55,6 +55,15 @@ class AuditSettings(_Sub):
         "'exploit' (attacks on the grader, the harness or the judge), 'heuristic' (format-only, length and "
         "repetition outliers), 'all'. Empty: flag only.",
     )
+
+    @field_validator("zero")
+    @classmethod
+    def _known(cls, v: list[str]) -> list[str]:
+        from rl_core.audit import zeroed_flags
+
+        zeroed_flags(v)
+        return v
+
     alarm_jump: float = Field(
         0.1,
         gt=0,

@@ -221,6 +221,20 @@ def infra_failures(outcomes: list[Outcome], reported: list[str | None] | None) -
     return out
 
 
+def audit_zeroed(ctx: RunContext, job: StageJob, df: pd.DataFrame) -> np.ndarray:
+    """Which completions the audit stage zeroes (``reward.audit.zero``); none without an audit."""
+    if "audit" not in job.inputs:
+        return np.zeros(len(df), dtype=bool)
+    audit = ctx.store.read_table(job.inputs["audit"])
+    lined_up = len(audit) == len(df) and (
+        (audit["prompt_index"].to_numpy() == df["prompt_index"].to_numpy()).all()
+        and (audit["sample_index"].to_numpy() == df["sample_index"].to_numpy()).all()
+    )
+    if not lined_up:
+        raise ValueError(f"audit flags {job.inputs['audit'].uri} do not line up with the rollouts")
+    return audit["zeroed"].to_numpy(dtype=bool)
+
+
 def score_rewards_body(ctx: RunContext, job: StageJob) -> StageResult:
     rc = ctx.cfg.reward
     rollouts, env_results = job.inputs["rollouts"], job.inputs["env_results"]
@@ -236,6 +250,8 @@ def score_rewards_body(ctx: RunContext, job: StageJob) -> StageResult:
     groups = df["prompt_index"].to_numpy()
     lengths = np.array([np.sum(m) for m in df["loss_mask"]], dtype=np.int64)  # the model's own tokens
     combined = combine(rc.weights, parts)
+    zeroed = audit_zeroed(ctx, job, df)
+    combined[zeroed] = 0.0
     combined[[e is not None for e in infra]] = np.nan  # no reward, out of its group's advantage
     scored, algo_metrics = score(ctx.cfg, combined, groups, lengths)
     reward = scored["reward"]
@@ -265,6 +281,7 @@ def score_rewards_body(ctx: RunContext, job: StageJob) -> StageResult:
             "format_rate": float(formatted.mean()),
             "abstained": int(np.isnan(reward).sum() - sum(e is not None for e in infra)),
             "infra_failures": int(sum(e is not None for e in infra)),
+            "zeroed": int(zeroed.sum()),
             "zero_std_groups": float((given.std(ddof=0) == 0).mean()) if len(given) else 1.0,
             **summary,
             **extra.metrics,

@@ -13,7 +13,7 @@ Asynchronous RL is one more lag: generate reads ``BEHAVIOUR_POLICY`` (``stale=Tr
 iteration k-1-K with ``rollout.max_staleness`` = K, so it can run while the train stages before k run.
 
 >>> [s.name for s in ITERATION]
-['generate', 'execute_envs', 'score_rewards', 'curriculum', 'train', 'evaluate']
+['generate', 'execute_envs', 'audit', 'score_rewards', 'curriculum', 'train', 'evaluate']
 >>> STAGES["train"].inputs["policy"]
 Source(stage='train', output='checkpoint', offset=-1, initial=('warmup', 'checkpoint'), stale=False)
 >>> STAGES["generate"].inputs["policy"].stale
@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from rl_core.algorithms import algorithm
+from rl_core.audit import audit_body
 from rl_core.config import Config
 from rl_core.curriculum import curriculum_body
 from rl_core.episodes import generate_body
@@ -111,12 +112,30 @@ TABLE: tuple[StageSpec, ...] = (
         doc="run every completion through its environment",
     ),
     StageSpec(
+        "audit",
+        audit_body,
+        {
+            "rollouts": Source("generate", "rollouts"),
+            "env_results": Source("execute_envs", "env_results"),
+            "state": Source("audit", "state", offset=-1),
+        },
+        ("flags", "state"),
+        summary=("flagged_rate", "alarms"),
+        due=lambda cfg, k: cfg.reward.audit.enabled,
+        doc="flag reward hacking per rollout (exploits of the grader, judge injections, heuristics)",
+    ),
+    StageSpec(
         "score_rewards",
         score_rewards_body,
-        {"rollouts": Source("generate", "rollouts"), "env_results": Source("execute_envs", "env_results")},
+        {
+            "rollouts": Source("generate", "rollouts"),
+            "env_results": Source("execute_envs", "env_results"),
+            "audit": Source("audit", "flags"),
+        },
         ("rewards",),
         summary=("mean_reward",),
-        doc="rewards and group advantages",
+        needs=lambda cfg, name: name != "audit" or cfg.reward.audit.enabled,
+        doc="rewards and group advantages (flagged completions zeroed, infrastructure failures left out)",
     ),
     StageSpec(
         "curriculum",

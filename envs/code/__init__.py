@@ -98,6 +98,10 @@ class CodeEnv:
             raise RuntimeError("step() before reset()")
         return self.step_many([(self._task, action)])[0]
 
+    def solution_source(self, prompt: str, completion: str) -> str:
+        """The module the grader imports: the prompt (signature and docstring) and the completion."""
+        return prompt + completion + "\n"
+
     def step_many(self, episodes: Sequence[tuple[dict[str, Any], str]]) -> list[StepResult]:
         """Single-turn episodes (task, completion) scored together, in order: one pool map for the batch."""
         return [

@@ -40,6 +40,7 @@ from envs.nonce import new_nonce, nonce_line, verdict
 from envs.sandbox import Limits
 
 HARNESS_FILE = Path(__file__).with_name("harness.py")
+SANDBOX_LOST = "sandbox: its supervisor was lost"
 _POOLS: dict[tuple[int, str], Any] = {}
 _POOLS_LOCK = threading.Lock()  # stages may score from two threads at once (asynchronous RL)
 
@@ -111,6 +112,8 @@ def outcome(result: Any, nonce: str, total: int) -> dict[str, Any]:
         "sandbox_s": float(result.duration_s),
         "cached": False,
         "flags": flags,
+        # the sandbox lost its supervisor: not the completion's doing (no reward, out of the advantage)
+        "infra_error": SANDBOX_LOST if result.stopped_reason == "sandbox_error" else None,
     }
 
 
@@ -149,6 +152,7 @@ def run_candidates(pairs: Sequence[tuple[dict[str, Any], str]], cfg: Any) -> lis
                 "sandbox_s": 0.0,
                 "cached": False,
                 "flags": [why],
+                "infra_error": None,
             }
             continue
         key = json.dumps([task["prompt"], task["inputs"], task["expected"], completion])

@@ -69,7 +69,14 @@ def test_later_iterations_read_the_previous_policy_version():
     assert _uris(resolve_inputs(STAGES["score_rewards"], cfg, 2, _lookup(ALL))) == {
         "rollouts": "generate@2/rollouts",
         "env_results": "execute_envs@2/env_results",
+        "audit": "audit@2/flags",
     }
+    # the audit reads the previous iteration's state (the rates its alarms compare with); none at first
+    assert _uris(resolve_inputs(STAGES["audit"], cfg, 2, _lookup(ALL)))["state"] == "audit@1/state"
+    assert "state" not in resolve_inputs(STAGES["audit"], cfg, 1, _lookup(ALL))
+    off = load_config("configs/smoke.yaml", ["reward.audit.enabled=false"])
+    assert "audit" not in resolve_inputs(STAGES["score_rewards"], off, 2, _lookup(ALL))
+    assert not STAGES["audit"].due(off, 2)
 
 
 def test_a_missing_upstream_stage_is_named():

@@ -1,0 +1,14 @@
+"""Prefect task of the audit stage: every rollout flagged for reward hacking (rl_core.stages)."""
+
+from __future__ import annotations
+
+from prefect import task as prefect_task
+
+from rl_core.config import Config
+from rl_core.manifest import Manifest
+from tasks.common import run_table_stage
+
+
+@prefect_task(name="audit", task_run_name="audit-iter-{iteration}")
+def task(cfg: Config, run_id: str, iteration: int, mlflow_run: str | None = None) -> Manifest:
+    return run_table_stage(cfg, run_id, "audit", iteration, mlflow_run)
