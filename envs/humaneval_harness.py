@@ -221,6 +221,8 @@ def main():
     nonce, spec = sys.stdin.readline().strip(), json.loads(sys.stdin.read())
     try:
         status = _tests(spec, request_w, reply_r, time.monotonic() + float(spec["budget_s"]))
+    except _Stop as stop:  # before the tests: the runner ended or stalled while importing the solution
+        status = stop.status
     except OSError:  # the runner closed its end: it is gone
         status = "eof"
     os.kill(pid, _SIGKILL)

@@ -89,8 +89,11 @@ def repetition(text: str, n: int = 4, min_tokens: int = 24, share: float = 0.5) 
 
     >>> repetition("ok " * 40), repetition("the quick brown fox jumps over the lazy dog " * 2)
     (True, False)
+    >>> repetition("7" * 40), repetition("    if x:\\n        return 1\\n" * 2)
+    (True, False)
     """
-    units = text.split() if len(text.split()) >= min_tokens else list(text)
+    words = text.split()
+    units = list(text) if len(words) == 1 else words  # one long "word": its characters (digits, letters)
     if len(units) < min_tokens:
         return False
     grams = Counter(tuple(units[i : i + n]) for i in range(len(units) - n + 1))

@@ -1,0 +1,141 @@
+"""The audit stage and the score stage together on hand-made iterations: flagged completions are stored and
+zeroed as configured, a jump in a flag's rate raises an alarm, an infrastructure failure is left out of its
+group's advantage (never scored 0), and bad settings are refused by name."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from rl_core.audit import audit_body
+from rl_core.config import load_config
+from rl_core.context import RunContext
+from rl_core.overrides import ConfigError
+from rl_core.rewards import score_rewards_body
+from rl_core.stage import StageJob
+from rl_core.store import Store
+
+PROMPT = "def double(x):\n    '''Return twice x: double(2) == 4.'''\n"
+HONEST = "    return 2 * x\n"
+ALWAYS_EQUAL = "    class A:\n        def __eq__(self, o):\n            return True\n    return A()\n"
+WRONG = "    return x + 1\n"
+
+
+def _iteration(store: Store, k: int, completions: list[str], correct: list[bool], infra=None, prompts=None):
+    """Rollouts and env results of iteration ``k``: groups of 4 completions of one prompt each."""
+    n = len(completions)
+    rollouts = pd.DataFrame(
+        {
+            "prompt_index": [i // 4 for i in range(n)],
+            "sample_index": [i % 4 for i in range(n)],
+            "prompt": prompts or [PROMPT] * n,
+            "completion_text": completions,
+            "finish_reason": ["stop"] * n,
+            "loss_mask": [np.ones(6, dtype=np.int8)] * n,
+        }
+    )
+    env = pd.DataFrame(
+        {
+            "prompt_index": rollouts["prompt_index"],
+            "sample_index": rollouts["sample_index"],
+            "done": [True] * n,
+            "correct": correct,
+            "well_formed": [True] * n,
+            "flags": [[] for _ in range(n)],
+            "infra_error": infra or [None] * n,
+        }
+    )
+    return (
+        store.write_table(f"runs/r/iter-{k}/generate/rollouts.parquet", rollouts),
+        store.write_table(f"runs/r/iter-{k}/execute_envs/env_results.parquet", env),
+    )
+
+
+def _stages(ctx: RunContext, k: int, rollouts, env, state=None):
+    inputs = {"rollouts": rollouts, "env_results": env} | ({"state": state} if state else {})
+    audit = audit_body(ctx, StageJob(k, inputs, f"runs/r/iter-{k}/audit"))
+    job = StageJob(
+        k, {"rollouts": rollouts, "env_results": env, "audit": audit.outputs["flags"]}, f"runs/r/s{k}"
+    )
+    scored = score_rewards_body(ctx, job)
+    return audit, scored, ctx.store.read_table(scored.outputs["rewards"])
+
+
+@pytest.fixture
+def ctx(tmp_path):
+    cfg = load_config("configs/code.yaml", ["reward.weights={correct: 1.0}"])
+    return RunContext(cfg, "r", Store(str(tmp_path)))
+
+
+def test_an_exploit_the_grader_missed_is_flagged_zeroed_and_alarmed(ctx):
+    # iteration 1: honest; iteration 2: a completion the (fooled) grader passed returns an always-equal object
+    r1, e1 = _iteration(ctx.store, 1, [HONEST, WRONG, HONEST, WRONG], [True, False, True, False])
+    a1, s1, rew1 = _stages(ctx, 1, r1, e1)
+    assert a1.metrics["flagged_rate"] == 0.0 and a1.metrics["alarms"] == 0
+    assert rew1["reward"].tolist() == [1.0, 0.0, 1.0, 0.0]
+
+    r2, e2 = _iteration(ctx.store, 2, [ALWAYS_EQUAL, WRONG, HONEST, WRONG], [True, False, True, False])
+    a2, s2, rew2 = _stages(ctx, 2, r2, e2, a1.outputs["state"])
+    flags = ctx.store.read_table(a2.outputs["flags"])
+    assert list(flags["flags"][0]) == ["always_equal"] and flags["zeroed"].tolist() == [
+        True,
+        False,
+        False,
+        False,
+    ]
+    assert rew2["reward"].tolist() == [0.0, 0.0, 1.0, 0.0]  # zeroed before the advantage
+    # group mean 0.25, std sqrt(3)/4: the zeroed completion pulls the group like any wrong one
+    assert rew2["advantage"].tolist() == pytest.approx(
+        [-1 / np.sqrt(3), -1 / np.sqrt(3), np.sqrt(3), -1 / np.sqrt(3)], rel=1e-5
+    )
+    assert s2.metrics["zeroed"] == 1
+    # the rate of always_equal jumped from 0 to 0.25 (> alarm_jump 0.1): alarmed, and kept in the state
+    assert a2.metrics["alarms"] == 1 and a2.metrics["alarm_always_equal"] == 1.0
+    state = ctx.store.read_json(a2.outputs["state"])
+    assert state["alarms"] == [{"iteration": 2, "flag": "always_equal"}]
+    assert [r.get("always_equal") for r in state["rates"]] == [0.0, 0.25]
+
+
+def test_flag_only_keeps_the_reward(ctx):
+    ctx.cfg.reward.audit.zero = []
+    r, e = _iteration(ctx.store, 1, [ALWAYS_EQUAL, WRONG, HONEST, WRONG], [True, False, True, False])
+    audit, _, rew = _stages(ctx, 1, r, e)
+    assert audit.metrics["flagged_rate"] == 0.25 and audit.metrics["zeroed"] == 0
+    assert rew["reward"].tolist() == [1.0, 0.0, 1.0, 0.0]
+
+
+def test_an_infrastructure_failure_is_left_out_of_the_group(ctx):
+    lost = "sandbox: its supervisor was lost"
+    r, e = _iteration(
+        ctx.store, 1, [HONEST, WRONG, HONEST, WRONG] * 2, [True, False, True, False] * 2, [lost] + [None] * 7
+    )
+    audit, scored, rew = _stages(ctx, 1, r, e)
+    assert audit.metrics["infra_failures"] == 1 and scored.metrics["infra_failures"] == 1
+    assert scored.metrics["abstained"] == 0  # a failure is not an abstention
+    assert np.isnan(rew["reward"][0]) and rew["advantage"][0] == 0.0 and rew["infra_error"][0] == lost
+    # group 0 without row 0: rewards [0, 1, 0] -> mean 1/3, std sqrt(2)/3 (population)
+    want = np.array([0.0, 1.0, 0.0]) - 1 / 3
+    assert rew["advantage"][1:4].tolist() == pytest.approx(
+        (want / (np.sqrt(2) / 3 + 1e-6)).tolist(), rel=1e-5
+    )
+    # group 1, complete: not touched by group 0's failure
+    assert rew["advantage"][4:].tolist() == pytest.approx([1.0, -1.0, 1.0, -1.0], rel=1e-5)
+
+
+def test_heuristics_are_flagged_but_not_zeroed_by_default(ctx):
+    same = "    return 0\n"
+    prompts = [PROMPT.replace("2", str(i)) for i in range(8)]  # eight different prompts answered alike
+    r, e = _iteration(ctx.store, 1, [same] * 8, [False] * 8, prompts=prompts)
+    audit, _, rew = _stages(ctx, 1, r, e)
+    flags = ctx.store.read_table(audit.outputs["flags"])
+    assert all("prompt_independent" in list(f) for f in flags["flags"])
+    assert audit.metrics["rate_prompt_independent"] == 1.0 and audit.metrics["zeroed"] == 0
+
+
+def test_unknown_zero_names_are_refused_by_field():
+    with pytest.raises(ConfigError, match=r"reward\.audit\.zero.*unknown flag or category 'exploits'"):
+        load_config("configs/smoke.yaml", ["reward.audit.zero=[exploits]"])
+    assert load_config(
+        "configs/smoke.yaml", ["reward.audit.zero=[heuristic, always_equal]"]
+    ).reward.audit.zero
