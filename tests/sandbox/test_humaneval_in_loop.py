@@ -43,3 +43,11 @@ def test_humaneval_runs_in_the_loop(tmp_path):
     assert it["execute_envs"]["metrics"]["sandbox_s"] == pytest.approx(results["sandbox_s"].sum())
     rewards = pd.read_parquet(it["score_rewards"]["artifacts"]["rewards"].removeprefix("file://"))
     assert rewards["reward"].notna().all() and (rewards["correct"] == 0).all()
+    # the audit ran on the completions (Python the grader runs: the code rules too) before they were scored
+    assert it["audit"]["status"] == "committed"
+    flags = pd.read_parquet(it["audit"]["artifacts"]["flags"].removeprefix("file://"))
+    assert len(flags) == 8 and {"flags", "zeroed", "infra_error"} <= set(flags.columns)
+    assert it["audit"]["metrics"]["zeroed"] == int(flags["zeroed"].sum())
+    r = cli(["replay", "he-loop", "--iteration", "1", "--stage", "audit", "--json"], env, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert json.loads(r.stdout)["identical"] is True
