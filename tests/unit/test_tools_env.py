@@ -76,6 +76,18 @@ def test_python_tool_runs_in_the_sandbox():
     assert r.observation.startswith("error:") and "root" not in r.observation
 
 
+def test_nothing_an_episode_writes_reaches_a_later_run():
+    """Each tool call is a fresh sandbox run (its own /work and namespaces in a reused container), so
+    what the policy plants during an episode (a sitecustomize, an edited file) is gone for the next call
+    and for the grader."""
+    env = ToolUseEnv()
+    env.reset(_task(), 0)
+    plant = "open('sitecustomize.py','w').write('print(1)');open('main.py','a').write('#');print('ok')"
+    assert env.step(f"py({plant})").observation == "=ok\n"
+    r = env.step("py(import os;print(sorted(os.listdir('.')), open('main.py').read()[-1:] == '#'))")
+    assert r.observation == "=['main.py'] False\n", r.observation
+
+
 def test_same_actions_same_observations():
     actions = ["calc(12*34)", "nonsense", "calc(408+5)", "ans(413)"]
 
