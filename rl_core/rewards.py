@@ -271,3 +271,7 @@ def score_rewards_body(ctx: RunContext, job: StageJob) -> StageResult:
             **algo_metrics,
         },
     )
+
+
+# The batch components register themselves on import (after everything above, which they use).
+import rl_core.judge  # noqa: E402, F401
