@@ -1,6 +1,6 @@
 """The LLM judge: how well a tiny judge trained here agrees with the verifier, and what judging costs.
 
-    .venv/bin/python benchmarks/judge.py --json [--steps 1500] [--out benchmarks/results/judge.json]
+    .venv/bin/python benchmarks/judge.py --json [--steps 1500] [--set model.hidden_size=128 ...] [--out FILE]
 
 1. ``train_judge`` on configs/smoke.yaml's task (arithmetic add/sub, 1-2 digits; the smoke model's shape)
    with ``task.train_size`` 5000; its held-out agreement with the verifier (``judge_report.json``), per kind
@@ -72,6 +72,7 @@ def component(folder: Path, engine: str, prompts_n: int, n: int, store: str) -> 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=1500)
+    ap.add_argument("--set", action="append", default=[], help="config override, e.g. model.hidden_size=128")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--out", type=Path, help="also write the JSON result here")
     args = ap.parse_args()
@@ -79,7 +80,7 @@ def main() -> None:
     from rl_core.config import load_config
     from rl_core.judge_train import train_judge
 
-    cfg = load_config(ROOT / "configs" / "smoke.yaml", ["task.train_size=5000"])
+    cfg = load_config(ROOT / "configs" / "smoke.yaml", ["task.train_size=5000", *args.set])
     with tempfile.TemporaryDirectory() as d:
         folder = Path(d) / "judge"
         start = time.perf_counter()
@@ -91,7 +92,7 @@ def main() -> None:
     held = report["heldout"]
     result = {
         "benchmark": "judge",
-        "config": "configs/smoke.yaml + task.train_size=5000",
+        "config": " ".join(["configs/smoke.yaml", "task.train_size=5000", *args.set]),
         "train": {k: v for k, v in report.items() if k != "heldout"} | {"seconds": train_s},
         "heldout": held,
         "component": runs,
