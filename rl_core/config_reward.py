@@ -11,6 +11,8 @@ The reward model and the judge are reward components like any other: a key of ``
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
@@ -34,13 +36,88 @@ class RewardModelSettings(_Sub):
     retries: int = Field(3, ge=0, le=20, description="Retries of a failed batch before the stage fails.")
 
 
+DEFAULT_TEMPLATE = "Question: {prompt}\nAnswer: <answer>{completion}</answer>\nScore (0-{max_score}):"
+DEFAULT_PAIRWISE = (
+    "Question: {prompt}\nAnswer 1: <answer>{first}</answer>\nAnswer 2: <answer>{second}</answer>\n"
+    "Better (1 or 2):"
+)
+
+
+def check_template(template: str, required: tuple[str, ...], tagged: tuple[str, ...]) -> str:
+    """``template`` holds each ``required`` placeholder exactly once, no other placeholder than those and
+    ``{max_score}``, and each ``tagged`` one between a tag that ends with '>' and one that starts with '<'
+    (the renderer escapes & < > inside it, so an answer cannot close its tag).
+
+    >>> check_template("Q: {prompt} A: <a>{completion}</a>", ("prompt", "completion"), ("completion",))
+    'Q: {prompt} A: <a>{completion}</a>'
+    >>> check_template("Q: {prompt} A: {completion}", ("prompt", "completion"), ("completion",))
+    Traceback (most recent call last):
+    ...
+    ValueError: {completion} must sit between tags, e.g. <answer>{completion}</answer>
+    """
+    import string
+
+    names = [f for _, f, _, _ in string.Formatter().parse(template) if f is not None]
+    for name in required:
+        if names.count(name) != 1:
+            raise ValueError(f"must hold {{{name}}} exactly once (holds it {names.count(name)} times)")
+    unknown = sorted(set(names) - set(required) - {"max_score"})
+    if unknown:
+        raise ValueError(f"unknown placeholder(s) {unknown}: use {sorted(required)} and max_score")
+    for name in tagged:
+        before, after = template.split(f"{{{name}}}")
+        if not (before.endswith(">") and after.startswith("<")):
+            raise ValueError(f"{{{name}}} must sit between tags, e.g. <answer>{{{name}}}</answer>")
+    return template
+
+
 class JudgeSettings(_Sub):
-    """The LLM judge (``reward.weights: {judge: w}``)."""
+    """The LLM judge (``reward.weights: {judge: w}``): a causal LM run on a rollout engine, its score parsed
+    from what it writes (``rl_core.judge``)."""
 
     model: str = Field(
         "",
-        description="The judge: a Hugging Face causal LM folder (e.g. one `rlfoundry judge train` wrote).",
+        description="The judge: a Hugging Face causal LM folder (e.g. one `rlfoundry judge train` wrote), a "
+        "local path or an fsspec URL.",
     )
+    engine: Literal["vllm", "hf"] = Field(
+        "vllm", description="The rollout engine the judge runs on (as rollout.engine: vLLM, or HF)."
+    )
+    template: str = Field(
+        DEFAULT_TEMPLATE,
+        description="The judge prompt: {prompt} and {completion} once each ({completion} between tags; & < > "
+        "inside it are escaped, so the answer cannot close its tag), optionally {max_score}.",
+    )
+    pairwise_template: str = Field(
+        DEFAULT_PAIRWISE,
+        description="The pairwise prompt of the consistency check: {prompt}, {first} and {second} once "
+        "each ({first} and {second} between tags), optionally {max_score}; the judge answers 1 or 2.",
+    )
+    max_score: int = Field(
+        9,
+        ge=1,
+        le=100,
+        description="The rubric's top score: a verdict k in [0, max_score] rewards k/max_score.",
+    )
+    temperature: float = Field(0.0, ge=0.0, le=2.0, description="Judge sampling temperature (0: greedy).")
+    max_tokens: int = Field(8, ge=1, le=512, description="Most tokens of one verdict.")
+    consistency_samples: int = Field(
+        8,
+        ge=0,
+        le=4096,
+        description="Per iteration, answers judged a second time (judge_self_agreement) and pairs of answers "
+        "to one prompt judged in both orders (judge_pairwise_agreement); 0 turns the checks off.",
+    )
+
+    @field_validator("template")
+    @classmethod
+    def _template(cls, v: str) -> str:
+        return check_template(v, ("prompt", "completion"), ("completion",))
+
+    @field_validator("pairwise_template")
+    @classmethod
+    def _pairwise(cls, v: str) -> str:
+        return check_template(v, ("prompt", "first", "second"), ("first", "second"))
 
 
 class AuditSettings(_Sub):

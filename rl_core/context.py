@@ -89,6 +89,9 @@ class Held:
     train_lock: threading.RLock = field(default_factory=threading.RLock)
     # Held by whoever syncs and samples the rollout engine (generate and evaluate may overlap when async).
     engine_lock: threading.RLock = field(default_factory=threading.RLock)
+    judge: Any = None  # the LLM judge (rl_core.judge.Judge: a model on its own rollout engine)
+    # Held by whoever starts or runs the judge (score stages of two iterations may overlap when async).
+    judge_lock: threading.RLock = field(default_factory=threading.RLock)
 
     def remember(self, digest: str, weights: dict[str, Any], keep: int) -> None:
         """Keep ``weights`` (sha256 ``digest``) among the ``keep`` newest the rollout engine may sync from."""

@@ -15,6 +15,9 @@ per rollout (a column named by its config key) and summarised per iteration (``<
 ``<key>_abstained``), so a run's rewards can be audited row by row.
 
     weights: {correct: 1.0, format: 0.1, "my_rewards:brevity": 0.05}
+
+Batch components score a whole iteration at once (``batch_builtin``): ``judge``, the LLM judge of
+``rl_core.judge`` (``reward.judge``).
 """
 
 from __future__ import annotations
@@ -288,3 +291,7 @@ def score_rewards_body(ctx: RunContext, job: StageJob) -> StageResult:
             **algo_metrics,
         },
     )
+
+
+# The batch components register themselves on import (after everything above, which they use).
+import rl_core.judge  # noqa: E402, F401
