@@ -82,6 +82,7 @@ class Held:
     train_holds: tuple[str, str | None] | None = None  # (policy sha256, optimizer sha256) it holds
     reference: tuple[str, Any] | None = None  # (checkpoint sha256, frozen reference model)
     env_pool: Any = None  # the environments' process pool
+    reward: Any = None  # the reward model's client (rl_core.reward_client), with the server the run started
     # The trainer's latest weights in memory: weights sha256 -> state dict, oldest first (``remember``).
     fresh: dict[str, dict[str, Any]] = field(default_factory=dict)
     # Held by whoever uses or rebuilds the train engine (a rebuild may be asked for by a generate running
@@ -102,6 +103,9 @@ class Held:
         if self.env_pool is not None:
             self.env_pool.shutdown(cancel_futures=True)
             self.env_pool = None
+        if self.reward is not None:
+            self.reward.close()  # stops a reward server the run started
+            self.reward = None
 
 
 ServerLauncher = Callable[[str], tuple[list[str], Callable[[int], str], Callable[[], None]]]
@@ -119,6 +123,8 @@ class RunContext:
         # Starts rollout.servers vLLM servers on a checkpoint folder -> (urls, restart(i) -> url, stop); set
         # by the orchestration layer (tasks/common.py), which may start processes. None: in-process engine.
         self.server_launcher: ServerLauncher | None = None
+        # Starts a reward server on a reward model folder -> (url, restart() -> url, stop); the same.
+        self.reward_launcher: Callable[[str], tuple[str, Callable[[], str], Callable[[], None]]] | None = None
 
     @functools.cached_property
     def env(self) -> Any:

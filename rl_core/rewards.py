@@ -271,3 +271,7 @@ def score_rewards_body(ctx: RunContext, job: StageJob) -> StageResult:
             **algo_metrics,
         },
     )
+
+
+# The batch components register themselves on import (they import this module's ``batch_builtin``).
+from rl_core import reward_client as _reward_client  # noqa: E402,F401

@@ -29,6 +29,7 @@ def context(cfg: Config, run_id: str) -> RunContext:
     if key not in _CONTEXTS:
         ctx = RunContext(cfg, run_id)
         ctx.server_launcher = _server_launcher(ctx)
+        ctx.reward_launcher = _reward_launcher(ctx)
         _CONTEXTS[key] = ctx
     return _CONTEXTS[key]
 
@@ -41,6 +42,19 @@ def _server_launcher(ctx: RunContext) -> Any:
 
         servers = RolloutServers(ckpt_dir, ctx.cfg.rollout, max_model_len=ctx.max_model_len())
         return servers.start(ctx.cfg.rollout.servers), servers.restart, servers.stop
+
+    return launch
+
+
+def _reward_launcher(ctx: RunContext) -> Any:
+    """Starts the run's reward server on a reward model folder (infra/reward_server.py), tied to this
+    process."""
+
+    def launch(path: str) -> tuple[str, Any, Any]:
+        from infra.reward_server import RewardServer
+
+        server = RewardServer(path, kv_cache_mb=ctx.cfg.reward.model.kv_cache_mb)
+        return server.start(), server.restart, server.stop
 
     return launch
 
