@@ -8,6 +8,7 @@
 - ``inspection``: ``show``, ``replay``, ``rollouts``, ``lineage``.
 - ``operations``: ``up``, ``down`` (the local stack, ``infra.localstack``) and ``serve`` (the deployments).
 - ``sandbox``: ``sandbox exec`` and ``score humaneval``.
+- ``reward_model``: ``reward-model train`` (the served reward model).
 - ``common``: the options and helpers they share (run-id check, store, ``--json`` output).
 
 Heavy libraries (torch, vLLM, Prefect, MLflow) are imported inside the commands, so ``--help`` is fast.
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import typer
 
-from flows.cli import experiment, inspection, operations, sandbox
+from flows.cli import experiment, inspection, operations, reward_model, sandbox
 
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, help="RL post-training as resumable Prefect workflows."
@@ -33,7 +34,7 @@ def _use_stack(ctx: typer.Context) -> None:
         apply_env()
 
 
-for _group in (experiment, inspection, operations, sandbox):
+for _group in (experiment, inspection, operations, reward_model, sandbox):
     _group.register(app)
 
 
