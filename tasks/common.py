@@ -59,6 +59,12 @@ def _reward_launcher(ctx: RunContext) -> Any:
     return launch
 
 
+def replay_hooks(ctx: RunContext) -> None:
+    """What a replayed stage may start: a reward server (its scores come from the served model). Rollout
+    servers are not: generate replays on the in-process engine, which samples bit for bit alike."""
+    ctx.reward_launcher = _reward_launcher(ctx)
+
+
 @functools.cache
 def _lineage(cfg_json: str) -> Lineage | None:
     return Lineage.open(Config.model_validate_json(cfg_json))

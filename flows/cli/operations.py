@@ -74,13 +74,7 @@ def up(
     from infra.localstack.stack import BUCKET, check_model_folder, stack_dir, start_rollout_servers
     from infra.localstack.stack import up as start
 
-    if reward_server is not None:
-        from infra.reward_server import check_reward_folder
-
-        try:
-            check_reward_folder(reward_server)
-        except ServerError as e:
-            fail(str(e))
+    _check_reward_folder(reward_server)
     cfg = None
     if rollout_servers:
         if model is None:
@@ -109,6 +103,17 @@ def up(
     if reward_url:
         typer.echo(f"reward   {reward_url}   vLLM pooling server on {reward_server}")
         typer.echo(f"         --set reward.model.url={reward_url} --set reward.model.path={reward_server}")
+
+
+def _check_reward_folder(folder: Path | None) -> None:
+    from infra.localstack.process import ServerError
+    from infra.reward_server import check_reward_folder
+
+    try:
+        if folder is not None:
+            check_reward_folder(folder)
+    except ServerError as e:
+        fail(str(e))
 
 
 def _start_reward(folder: Path, config: Path) -> str:

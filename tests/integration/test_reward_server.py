@@ -2,7 +2,7 @@
 with the scores transformers computes (raw, not squashed); a server SIGKILLed mid-batch is restarted by the
 client that owns it and the batch comes back with the same scores, while a server the client does not own
 fails the scoring naming the server; and a smoke run with ``reward_model`` in ``reward.weights`` starts its
-own server and stores the model's score of every rollout."""
+own server, stores the model's score of every rollout, and replays bit for bit on a server of its own."""
 
 from __future__ import annotations
 
@@ -125,3 +125,9 @@ def test_a_run_starts_its_reward_server_and_stores_the_scores(reward_folder, tmp
         got, ref = rewards["reward_model"].tolist(), hf_scores(reward_folder, texts)
         assert max(abs(a - b) for a, b in zip(got, ref, strict=True)) < 1e-4
         assert m["reward_model_mean"] == pytest.approx(sum(got) / len(got))
+    rep = run_cli(
+        ["replay", "rm", "--iteration", "2", "--stage", "score_rewards", "--json"], tmp_path, timeout=300
+    )  # on a reward server of its own: the same scores bit for bit
+    assert rep.returncode == 0 and json.loads(rep.stdout)["identical"] is True, (
+        rep.stdout + rep.stderr[-2000:]
+    )

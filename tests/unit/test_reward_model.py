@@ -13,6 +13,7 @@ from rl_core.context import RunContext
 from rl_core.paths import free_port
 from rl_core.reward_client import RewardServerError, reward_model
 from rl_core.reward_model import Pair, preference_pairs, score_text, train_reward_model
+from tests.conftest import run_cli
 
 TASKS = [
     {"prompt": "2+3=", "answer": "5"},
@@ -91,3 +92,13 @@ def test_without_a_server_or_a_launcher_the_component_says_what_to_set(tmp_path,
         reward_model(RunContext(cfg, "rm-unit"), ["2+3="], ["5"], [None])
     with pytest.raises(ValueError, match="set reward.model.path"):
         reward_model(RunContext(load_config("configs/smoke.yaml", []), "rm-unit"), ["2+3="], ["5"], [None])
+
+
+def test_up_refuses_a_reward_server_folder_that_is_no_reward_model(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"id2label": {"0": "a", "1": "b"}}))
+    for f in ("model.safetensors", "tokenizer.json"):
+        (tmp_path / f).write_text("")
+    r = run_cli(["up", "--reward-server", str(tmp_path)], tmp_path / "state")
+    assert r.returncode == 2 and "not a one-label (scalar) model: 2 labels" in r.stderr
+    r = run_cli(["up", "--reward-server", str(tmp_path / "none")], tmp_path / "state")
+    assert r.returncode == 2 and "is not a folder" in r.stderr
