@@ -102,3 +102,10 @@ def test_up_refuses_a_reward_server_folder_that_is_no_reward_model(tmp_path):
     assert r.returncode == 2 and "not a one-label (scalar) model: 2 labels" in r.stderr
     r = run_cli(["up", "--reward-server", str(tmp_path / "none")], tmp_path / "state")
     assert r.returncode == 2 and "is not a folder" in r.stderr
+
+
+def test_a_config_with_reward_model_needs_its_folder():
+    from rl_core.config import ConfigError
+
+    with pytest.raises(ConfigError, match="reward.model.path"):
+        load_config("configs/smoke.yaml", ["reward.weights={correct: 1.0, reward_model: 0.1}"])
