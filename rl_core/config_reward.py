@@ -33,7 +33,7 @@ class RewardModelSettings(_Sub):
     timeout_s: float = Field(60.0, gt=0, le=3600, description="Seconds one batch request may take.")
     retries: int = Field(3, ge=0, le=20, description="Retries of a failed batch before the stage fails.")
     train_steps: int = Field(
-        300, ge=1, le=100_000, description="`rlfoundry reward-model train`: optimizer steps (pairwise loss)."
+        600, ge=1, le=100_000, description="`rlfoundry reward-model train`: optimizer steps (pairwise loss)."
     )
     train_tasks: int = Field(
         4000,
@@ -43,7 +43,7 @@ class RewardModelSettings(_Sub):
         "least task.train_size; the held-out problems stay out).",
     )
     train_batch: int = Field(
-        32, ge=1, le=4096, description="`rlfoundry reward-model train`: preference pairs per step."
+        64, ge=1, le=4096, description="`rlfoundry reward-model train`: preference pairs per step."
     )
     lr: float = Field(1e-3, gt=0, le=1.0, description="`rlfoundry reward-model train`: AdamW learning rate.")
     kv_cache_mb: int = Field(64, ge=16, le=65536, description="KV cache of the reward server (vLLM), MiB.")

@@ -39,14 +39,14 @@ def reward_folder(tmp_path_factory) -> Path:
     state = tmp_path_factory.mktemp("rm")
     out = state / "rm"
     r = run_cli(
-        ["reward-model", "train", "--config", "configs/smoke.yaml", "--out", str(out), "--json"]
-        + ["--set", "reward.model.train_steps=60", "--set", "reward.model.train_tasks=1000"],
+        ["reward-model", "train", "--config", "configs/smoke.yaml", "--out", str(out), "--json"],
         state,
         timeout=300,
     )
     assert r.returncode == 0, r.stderr[-3000:]
     metrics = json.loads(r.stdout.strip().splitlines()[-1])
-    assert metrics["heldout_pairwise_accuracy"] > 0.5 and metrics["heldout_pairs"] >= 256
+    # the defaults (600 steps of 64 pairs from 4,000 problems) measured 0.626 here; chance is 0.5
+    assert metrics["heldout_pairwise_accuracy"] > 0.6 and metrics["heldout_pairs"] >= 256
     return out
 
 
