@@ -90,6 +90,8 @@ class Held:
     train_lock: threading.RLock = field(default_factory=threading.RLock)
     # Held by whoever syncs and samples the rollout engine (generate and evaluate may overlap when async).
     engine_lock: threading.RLock = field(default_factory=threading.RLock)
+    # Held by whoever starts the reward client (two score stages in flight start one server, not two).
+    reward_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def remember(self, digest: str, weights: dict[str, Any], keep: int) -> None:
         """Keep ``weights`` (sha256 ``digest``) among the ``keep`` newest the rollout engine may sync from."""

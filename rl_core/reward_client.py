@@ -140,19 +140,24 @@ def held_client(ctx: RunContext) -> RewardClient:
             "reward.weights has reward_model: set reward.model.path (the reward model folder; its tokenizer "
             "encodes the texts): rlfoundry reward-model train"
         )
-    if ctx.held.reward is None:
-        opts: dict[str, Any] = {"batch_size": rm.batch_size, "timeout_s": rm.timeout_s, "retries": rm.retries}
-        if rm.url:
-            ctx.held.reward = RewardClient(rm.url, rm.path, **opts)
-        elif ctx.reward_launcher is None:
-            raise ValueError(
-                "reward.model.url is empty and nothing here can start a reward server (a replayed stage): "
-                "set reward.model.url to a running one (rlfoundry up --reward-server)"
-            )
-        else:
-            url, restart, stop = ctx.reward_launcher(rm.path)
-            ctx.held.reward = RewardClient(url, rm.path, restart=restart, on_close=stop, **opts)
+    with ctx.held.reward_lock:
+        if ctx.held.reward is None:
+            ctx.held.reward = _new_client(ctx)
     return ctx.held.reward
+
+
+def _new_client(ctx: RunContext) -> RewardClient:
+    rm = ctx.cfg.reward.model
+    opts: dict[str, Any] = {"batch_size": rm.batch_size, "timeout_s": rm.timeout_s, "retries": rm.retries}
+    if rm.url:
+        return RewardClient(rm.url, rm.path, **opts)
+    if ctx.reward_launcher is None:
+        raise ValueError(
+            "reward.model.url is empty and nothing here can start a reward server: set reward.model.url to a "
+            "running one (rlfoundry up --reward-server)"
+        )
+    url, restart, stop = ctx.reward_launcher(rm.path)
+    return RewardClient(url, rm.path, restart=restart, on_close=stop, **opts)
 
 
 @batch_builtin("reward_model")

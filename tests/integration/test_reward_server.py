@@ -45,7 +45,7 @@ def reward_folder(tmp_path_factory) -> Path:
     )
     assert r.returncode == 0, r.stderr[-3000:]
     metrics = json.loads(r.stdout.strip().splitlines()[-1])
-    # the defaults (600 steps of 64 pairs from 4,000 problems) measured 0.626 here; chance is 0.5
+    # the defaults (600 steps of 64 pairs from 4,000 problems) measured 0.630 here; chance is 0.5
     assert metrics["heldout_pairwise_accuracy"] > 0.6 and metrics["heldout_pairs"] >= 256
     return out
 
