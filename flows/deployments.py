@@ -154,9 +154,10 @@ def replay_stage(
     import json
 
     from rl_core.replay import replay
+    from tasks.common import replay_hooks
 
     check_run_id(run_id)
-    report = replay(_store(store), run_id, iteration, stage)
+    report = replay(_store(store), run_id, iteration, stage, prepare=replay_hooks)
     create_markdown_artifact(
         f"replay of `{run_id}` iteration {iteration} `{stage}`: "
         f"**{'identical' if report['identical'] else 'DIFFERENT'}**"

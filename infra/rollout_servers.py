@@ -24,6 +24,20 @@ from infra.localstack.process import Server, clean_env, spawn
 from rl_core.paths import free_port, state_dir
 
 
+def vllm_server_env(**extra: str) -> dict[str, str]:
+    """The environment of a vLLM server process: this one's, cleaned (``clean_env``) and without what an
+    engine or a launcher in this process set (LD_LIBRARY_PATH, single-process mode, ranks); plus ``extra``."""
+    env = clean_env(
+        VLLM_NO_USAGE_STATS="1",
+        VLLM_LOGGING_LEVEL="WARNING",
+        VLLM_CACHE_ROOT=str(state_dir() / "vllm-cache"),
+        **extra,
+    )
+    for k in ("LD_LIBRARY_PATH", "VLLM_ENABLE_V1_MULTIPROCESSING", "LOCAL_WORLD_SIZE", "RANK", "WORLD_SIZE"):
+        env.pop(k, None)
+    return env
+
+
 class RolloutServers:
     def __init__(
         self,
@@ -76,20 +90,7 @@ class RolloutServers:
 
     def _start_one(self, i: int) -> tuple[Server, str]:
         port = free_port()
-        env = clean_env(
-            VLLM_SERVER_DEV_MODE="1",
-            VLLM_NO_USAGE_STATS="1",
-            VLLM_LOGGING_LEVEL="WARNING",
-            VLLM_CACHE_ROOT=str(state_dir() / "vllm-cache"),
-        )
-        for k in (
-            "LD_LIBRARY_PATH",
-            "VLLM_ENABLE_V1_MULTIPROCESSING",
-            "LOCAL_WORLD_SIZE",
-            "RANK",
-            "WORLD_SIZE",
-        ):
-            env.pop(k, None)
+        env = vllm_server_env(VLLM_SERVER_DEV_MODE="1")
         self.logs.mkdir(parents=True, exist_ok=True)
         log = self.logs / f"rollout-server-{i}-{port}.log"
         name, tie = f"rollout server {i}", self.tie_to_parent

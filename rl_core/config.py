@@ -244,6 +244,8 @@ class RewardSection(_Section):
 
         for name in self.weights:
             reward_function(name)
+        if "reward_model" in self.weights and not self.model.path:
+            raise ValueError("reward.weights has reward_model: set reward.model.path (reward-model train)")
         return self
 
 

@@ -34,6 +34,21 @@ class RewardModelSettings(_Sub):
     batch_size: int = Field(64, ge=1, le=4096, description="Completions per request to the reward server.")
     timeout_s: float = Field(60.0, gt=0, le=3600, description="Seconds one batch request may take.")
     retries: int = Field(3, ge=0, le=20, description="Retries of a failed batch before the stage fails.")
+    train_steps: int = Field(
+        600, ge=1, le=100_000, description="`rlfoundry reward-model train`: optimizer steps (pairwise loss)."
+    )
+    train_tasks: int = Field(
+        4000,
+        ge=10,
+        le=1_000_000,
+        description="`rlfoundry reward-model train`: training problems the preference pairs come from (at "
+        "least task.train_size; the held-out problems stay out).",
+    )
+    train_batch: int = Field(
+        64, ge=1, le=4096, description="`rlfoundry reward-model train`: preference pairs per step."
+    )
+    lr: float = Field(1e-3, gt=0, le=1.0, description="`rlfoundry reward-model train`: AdamW learning rate.")
+    kv_cache_mb: int = Field(64, ge=16, le=65536, description="KV cache of the reward server (vLLM), MiB.")
 
 
 DEFAULT_TEMPLATE = "Question: {prompt}\nAnswer: <answer>{completion}</answer>\nScore (0-{max_score}):"

@@ -82,6 +82,7 @@ class Held:
     train_holds: tuple[str, str | None] | None = None  # (policy sha256, optimizer sha256) it holds
     reference: tuple[str, Any] | None = None  # (checkpoint sha256, frozen reference model)
     env_pool: Any = None  # the environments' process pool
+    reward: Any = None  # the reward model's client (rl_core.reward_client), with the server the run started
     # The trainer's latest weights in memory: weights sha256 -> state dict, oldest first (``remember``).
     fresh: dict[str, dict[str, Any]] = field(default_factory=dict)
     # Held by whoever uses or rebuilds the train engine (a rebuild may be asked for by a generate running
@@ -92,6 +93,8 @@ class Held:
     judge: Any = None  # the LLM judge (rl_core.judge.Judge: a model on its own rollout engine)
     # Held by whoever starts or runs the judge (score stages of two iterations may overlap when async).
     judge_lock: threading.RLock = field(default_factory=threading.RLock)
+    # Held by whoever starts the reward client (two score stages in flight start one server, not two).
+    reward_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def remember(self, digest: str, weights: dict[str, Any], keep: int) -> None:
         """Keep ``weights`` (sha256 ``digest``) among the ``keep`` newest the rollout engine may sync from."""
@@ -105,6 +108,9 @@ class Held:
         if self.env_pool is not None:
             self.env_pool.shutdown(cancel_futures=True)
             self.env_pool = None
+        if self.reward is not None:
+            self.reward.close()  # stops a reward server the run started
+            self.reward = None
 
 
 ServerLauncher = Callable[[str], tuple[list[str], Callable[[int], str], Callable[[], None]]]
@@ -122,6 +128,8 @@ class RunContext:
         # Starts rollout.servers vLLM servers on a checkpoint folder -> (urls, restart(i) -> url, stop); set
         # by the orchestration layer (tasks/common.py), which may start processes. None: in-process engine.
         self.server_launcher: ServerLauncher | None = None
+        # Starts a reward server on a reward model folder -> (url, restart() -> url, stop); the same.
+        self.reward_launcher: Callable[[str], tuple[str, Callable[[], str], Callable[[], None]]] | None = None
 
     @functools.cached_property
     def env(self) -> Any:

@@ -12,6 +12,7 @@ replays a stage comes from the stage table.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -88,13 +89,20 @@ def diff_artifact(store: Store, old: ArtifactRef, new: ArtifactRef) -> dict[str,
 
 
 def replay(
-    store: Store, run_id: str, iteration: int, stage: str, cfg: Config | None = None
+    store: Store,
+    run_id: str,
+    iteration: int,
+    stage: str,
+    cfg: Config | None = None,
+    prepare: Callable[[RunContext], None] | None = None,
 ) -> dict[str, Any]:
     if stage not in STAGES:
         raise ValueError(f"stage must be one of {', '.join(STAGES)}; got {stage!r}")
     spec = STAGES[stage]
     cfg = cfg or run_config(store, run_id)
     ctx = RunContext(cfg, run_id, store)
+    if prepare is not None:  # the orchestration layer's hooks (e.g. a reward server launcher)
+        prepare(ctx)
     owner = ctx.base_id if spec.base else run_id
     uri = store.stage_uri(owner, iteration, stage)
     manifest = store.read_manifest(uri)

@@ -295,3 +295,4 @@ def score_rewards_body(ctx: RunContext, job: StageJob) -> StageResult:
 
 # The batch components register themselves on import (after everything above, which they use).
 import rl_core.judge  # noqa: E402, F401
+from rl_core import reward_client as _reward_client  # noqa: E402, F401

@@ -29,6 +29,7 @@ def context(cfg: Config, run_id: str) -> RunContext:
     if key not in _CONTEXTS:
         ctx = RunContext(cfg, run_id)
         ctx.server_launcher = _server_launcher(ctx)
+        ctx.reward_launcher = _reward_launcher(ctx)
         _CONTEXTS[key] = ctx
     return _CONTEXTS[key]
 
@@ -43,6 +44,25 @@ def _server_launcher(ctx: RunContext) -> Any:
         return servers.start(ctx.cfg.rollout.servers), servers.restart, servers.stop
 
     return launch
+
+
+def _reward_launcher(ctx: RunContext) -> Any:
+    """Starts the run's reward server on a reward model folder (infra/reward_server.py), tied to this
+    process."""
+
+    def launch(path: str) -> tuple[str, Any, Any]:
+        from infra.reward_server import RewardServer
+
+        server = RewardServer(path, kv_cache_mb=ctx.cfg.reward.model.kv_cache_mb)
+        return server.start(), server.restart, server.stop
+
+    return launch
+
+
+def replay_hooks(ctx: RunContext) -> None:
+    """What a replayed stage may start: a reward server (its scores come from the served model). Rollout
+    servers are not: generate replays on the in-process engine, which samples bit for bit alike."""
+    ctx.reward_launcher = _reward_launcher(ctx)
 
 
 @functools.cache

@@ -9,6 +9,7 @@
 - ``operations``: ``up``, ``down`` (the local stack, ``infra.localstack``) and ``serve`` (the deployments).
 - ``sandbox``: ``sandbox exec`` and ``score humaneval``.
 - ``judge``: ``judge train`` (a tiny LLM judge for ``reward.judge.model``).
+- ``reward_model``: ``reward-model train`` (the served reward model).
 - ``common``: the options and helpers they share (run-id check, store, ``--json`` output).
 
 Heavy libraries (torch, vLLM, Prefect, MLflow) are imported inside the commands, so ``--help`` is fast.
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import typer
 
-from flows.cli import experiment, inspection, judge, operations, sandbox
+from flows.cli import experiment, inspection, judge, operations, reward_model, sandbox
 
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, help="RL post-training as resumable Prefect workflows."
@@ -34,7 +35,7 @@ def _use_stack(ctx: typer.Context) -> None:
         apply_env()
 
 
-for _group in (experiment, inspection, operations, sandbox, judge):
+for _group in (experiment, inspection, operations, reward_model, sandbox, judge):
     _group.register(app)
 
 

@@ -86,10 +86,11 @@ def replay(
     from rl_core.replay import replay as do_replay
     from rl_core.runs import RunError
     from rl_core.store import ArtifactError
+    from tasks.common import replay_hooks
 
     try:
         with quiet_stdout():
-            report = do_replay(store_for(store), run_id, iteration, stage)
+            report = do_replay(store_for(store), run_id, iteration, stage, prepare=replay_hooks)
     except (RunError, FileNotFoundError, ValueError, ArtifactError) as e:
         fail(str(e))
     if as_json:

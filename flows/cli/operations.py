@@ -3,6 +3,7 @@ which registers the deployments (``flows.deployments``) with a Prefect server an
 process, and ``deploy``, which registers them to a Prefect work pool whose workers execute their runs.
 
     rlfoundry up                      # S3 (SeaweedFS), Prefect server + UI, MLflow server + UI on 127.0.0.1
+    rlfoundry up --reward-server runs/rm   # plus a reward server (rlfoundry reward-model train --out runs/rm)
     rlfoundry serve --config configs/smoke.yaml --sweep-cron "*/30 * * * *"
     rlfoundry deploy --work-pool rlfoundry --config configs/smoke.yaml   # then the worker it prints
     rlfoundry deploy --work-pool rlfoundry-k8s --pool-type kubernetes --set store.uri=s3://BUCKET/runs
@@ -61,13 +62,19 @@ def up(
     config: Annotated[
         Path, typer.Option(help="Config whose rollout settings and model length the servers use.")
     ] = DEFAULT_CONFIG,
+    reward_server: Annotated[
+        Path | None,
+        typer.Option(help="Also start a reward server (vLLM pooling) on this reward model folder."),
+    ] = None,
 ) -> None:
     """Start the local stack on 127.0.0.1: S3 (SeaweedFS), Prefect server + UI, MLflow server + UI; with
-    --rollout-servers, vLLM rollout servers too (stopped by ``down``)."""
+    --rollout-servers, vLLM rollout servers too; with --reward-server, a reward server (both stopped by
+    ``down``)."""
     from infra.localstack.process import ServerError
     from infra.localstack.stack import BUCKET, check_model_folder, stack_dir, start_rollout_servers
     from infra.localstack.stack import up as start
 
+    _check_reward_folder(reward_server)
     cfg = None
     if rollout_servers:
         if model is None:
@@ -80,6 +87,7 @@ def up(
     try:
         svc = start()["services"]
         urls = start_rollout_servers(model, rollout_servers, cfg) if cfg is not None and model else []
+        reward_url = _start_reward(reward_server, config) if reward_server is not None else ""
     except ServerError as e:
         fail(str(e))
     creds = stack_dir() / "credentials.json"
@@ -92,6 +100,26 @@ def up(
     typer.echo(f"use it:  rlfoundry run configs/default.yaml --set store.uri=s3://{BUCKET}/runs")
     if urls:
         typer.echo(f"         --set 'rollout.server_urls=[{','.join(urls)}]'   (generate on those servers)")
+    if reward_url:
+        typer.echo(f"reward   {reward_url}   vLLM pooling server on {reward_server}")
+        typer.echo(f"         --set reward.model.url={reward_url} --set reward.model.path={reward_server}")
+
+
+def _check_reward_folder(folder: Path | None) -> None:
+    from infra.localstack.process import ServerError
+    from infra.reward_server import check_reward_folder
+
+    try:
+        if folder is not None:
+            check_reward_folder(folder)
+    except ServerError as e:
+        fail(str(e))
+
+
+def _start_reward(folder: Path, config: Path) -> str:
+    from infra.localstack.stack import start_reward_server
+
+    return start_reward_server(folder, _load(config).reward.model.kv_cache_mb)
 
 
 def down() -> None:

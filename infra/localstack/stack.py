@@ -210,15 +210,37 @@ def rollout_server_urls() -> list[str]:
     return [r["url"] for r in _read("rollout.json").get("servers", []) if Server.from_record(r).alive()]
 
 
+def start_reward_server(model_dir: Path, kv_cache_mb: int) -> str:
+    """Start a reward server (``infra.reward_server``, vLLM's pooling runner) on the reward model folder
+    ``model_dir``; it outlives ``up`` and is recorded for ``down``. Its URL: a run uses it with
+    ``reward.model.url``."""
+    from infra.reward_server import RewardServer
+
+    server = RewardServer(model_dir, kv_cache_mb=kv_cache_mb, logs=stack_dir() / "logs", tie_to_parent=False)
+    url = server.start()
+    assert server.server is not None
+    kept = [r for r in _read("reward.json").get("servers", []) if Server.from_record(r).alive()]
+    _write("reward.json", {"servers": [*kept, server.server.record(url=url, model=str(model_dir))]})
+    return url
+
+
+def reward_server_urls() -> list[str]:
+    """The URLs of the reward servers ``up`` started that are still alive."""
+    return [r["url"] for r in _read("reward.json").get("servers", []) if Server.from_record(r).alive()]
+
+
 def down() -> dict[str, bool]:
-    """Stop the servers recorded by ``up`` (and their children), rollout servers included; returns
+    """Stop the servers recorded by ``up`` (and their children), rollout and reward servers included; returns
     {service: was running}."""
     services = _read("stack.json").get("services", {})
     stopped = {name: Server.from_record(rec).stop() for name, rec in services.items()}
     for i, rec in enumerate(_read("rollout.json").get("servers", [])):
         stopped[f"rollout-{i}"] = Server.from_record(rec).stop()
+    for i, rec in enumerate(_read("reward.json").get("servers", [])):
+        stopped[f"reward-{i}"] = Server.from_record(rec).stop()
     (stack_dir() / "stack.json").unlink(missing_ok=True)
     (stack_dir() / "rollout.json").unlink(missing_ok=True)
+    (stack_dir() / "reward.json").unlink(missing_ok=True)
     return stopped
 
 
@@ -252,8 +274,10 @@ __all__ = [
     "credentials",
     "down",
     "is_up",
+    "reward_server_urls",
     "rollout_server_urls",
     "stack_dir",
+    "start_reward_server",
     "start_rollout_servers",
     "status",
     "up",

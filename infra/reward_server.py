@@ -1,0 +1,116 @@
+"""The reward server: vLLM's pooling runner (``vllm serve FOLDER --runner pooling``) on a reward model folder
+(``rl_core/reward_model.py``), a process of its own on 127.0.0.1. Its ``/classify`` endpoint scores token ids
+with the model's scalar head (``use_activation: false``: the raw score, not a sigmoid of it); vLLM batches
+concurrent requests itself; ``/health`` answers once it is ready.
+
+Started by the flow when ``reward.weights`` has ``reward_model`` and ``reward.model.url`` is empty (tied to
+the flow's process: it ends with it, and a dead one is restarted by the score stage's client), or by
+``rlfoundry up --reward-server`` (``infra.localstack.stack``), kept until ``rlfoundry down``.
+
+    srv = RewardServer("/tmp/rm", kv_cache_mb=64)
+    url = srv.start()         # waits until /health answers
+    url = srv.restart()       # a dead server comes back (on a new port)
+    srv.stop()
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from infra.localstack.process import Server, ServerError, spawn
+from infra.rollout_servers import vllm_server_env
+from rl_core.paths import free_port, state_dir
+
+SERVED_NAME = "reward"
+
+
+def check_reward_folder(path: str | Path) -> Path:
+    """A reward model folder (config with one label, weights, tokenizer), else an error naming what it
+    lacks."""
+    folder = Path(path)
+    missing = [f for f in ("config.json", "model.safetensors", "tokenizer.json") if not (folder / f).exists()]
+    if not folder.is_dir() or missing:
+        what = "is not a folder" if not folder.is_dir() else f"has no {', '.join(missing)}"
+        raise ServerError(
+            f"reward server: {folder} {what} (a reward model folder: rlfoundry reward-model train)"
+        )
+    labels = json.loads((folder / "config.json").read_text()).get("id2label", {})
+    if len(labels) != 1:
+        raise ServerError(f"reward server: {folder} is not a one-label (scalar) model: {len(labels)} labels")
+    return folder
+
+
+class RewardServer:
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        kv_cache_mb: int = 64,
+        logs: Path | None = None,
+        tie_to_parent: bool = True,
+    ):
+        self.path = check_reward_folder(path)
+        self.kv_cache_mb = kv_cache_mb
+        self.logs = logs or state_dir() / "logs"
+        self.tie_to_parent = tie_to_parent  # False: outlive the starting process (``rlfoundry up``)
+        self.server: Server | None = None
+        self.url = ""
+
+    def _command(self, port: int) -> list[str]:
+        max_len = json.loads((self.path / "config.json").read_text())["max_position_embeddings"]
+        return [
+            sys.executable,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(self.path),
+            "--runner",
+            "pooling",
+            "--served-model-name",
+            SERVED_NAME,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--dtype",
+            "float32",
+            "--max-model-len",
+            str(max_len),
+            "--kv-cache-memory-bytes",
+            str(self.kv_cache_mb << 20),
+            "--enforce-eager",
+            "--distributed-executor-backend",
+            "uni",  # the model runs in the engine's own process: one process fewer to start
+            "--seed",
+            "0",
+            "--max-num-seqs",
+            "256",
+            "--max-num-batched-tokens",
+            str(max(8192, 256 * max_len)),
+        ]
+
+    def start(self) -> str:
+        """Start the server; its URL once ``/health`` answers."""
+        port = free_port()
+        env = vllm_server_env()
+        self.logs.mkdir(parents=True, exist_ok=True)
+        log = self.logs / f"reward-server-{port}.log"
+        self.server = spawn(
+            "reward server", self._command(port), env=env, log=log, tie_to_parent=self.tie_to_parent
+        )
+        url = f"http://127.0.0.1:{port}"
+        self.server.wait_http(url + "/health", timeout_s=600)
+        self.url = url
+        return url
+
+    def restart(self) -> str:
+        """Stop what is left of the server and start it again on the same folder; its new URL."""
+        self.stop()
+        return self.start()
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+            self.server = None

@@ -1,0 +1,111 @@
+"""The reward model's training data (preference pairs the environment itself checks), a deterministic training
+run with its held-out accuracy, and a reward component whose server is unreachable failing the stage by
+name (never a zero)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rl_core.config import load_config
+from rl_core.context import RunContext
+from rl_core.paths import free_port
+from rl_core.reward_client import RewardServerError, reward_model
+from rl_core.reward_model import Pair, preference_pairs, score_text, train_reward_model
+from tests.conftest import run_cli
+
+TASKS = [
+    {"prompt": "2+3=", "answer": "5"},
+    {"prompt": "1+4=", "answer": "5"},
+    {"prompt": "9-7=", "answer": "2"},
+]
+
+
+def test_pairs_put_the_answer_above_wrong_answers_the_environment_rejects():
+    pairs = preference_pairs("arithmetic", {}, TASKS, seed=3)
+    assert pairs == preference_pairs("arithmetic", {}, TASKS, seed=3)
+    assert pairs != preference_pairs("arithmetic", {}, TASKS, seed=4)
+    for p in pairs:
+        truth = str(eval(p.prompt[:-1]))  # the tasks' own arithmetic, computed here
+        assert p.chosen == truth and p.rejected != truth
+    near = [p for p in pairs if abs(int(p.rejected) - int(p.chosen)) <= 9 and p.rejected not in ("5", "2")]
+    assert len(near) == 3  # one near miss per task, off by 1..9
+    # 2+3= and 1+4= share the answer 5: another task's answer is a wrong answer only for 9-7= (and 5 there)
+    others = [p for p in pairs if p not in near]
+    assert all(p.rejected in ("5", "2") for p in others)
+    assert Pair("2+3=", "5", "5") not in pairs and Pair("1+4=", "5", "5") not in pairs
+
+
+def test_pairs_need_reference_answers():
+    with pytest.raises(ValueError, match="no text prompts with reference answers"):
+        preference_pairs("arithmetic", {}, [{"prompt": "2+3="}], seed=0)
+
+
+def test_score_text_is_prompt_then_completion():
+    assert score_text("12+30=", "42") == "12+30=42"
+
+
+def test_training_is_deterministic_and_reports_heldout_accuracy(tmp_path):
+    cfg = load_config(
+        "configs/smoke.yaml",
+        [
+            "reward.model.train_steps=4",
+            "reward.model.train_batch=8",
+            "reward.model.train_tasks=100",
+            "task.train_size=100",
+        ],
+    )
+    a = train_reward_model(cfg, tmp_path / "a")
+    b = train_reward_model(cfg, tmp_path / "b")
+    assert (tmp_path / "a" / "model.safetensors").read_bytes() == (
+        tmp_path / "b" / "model.safetensors"
+    ).read_bytes()
+    assert a["heldout_pairwise_accuracy"] == b["heldout_pairwise_accuracy"]
+    assert 0.0 <= a["heldout_pairwise_accuracy"] <= 1.0 and a["heldout_pairs"] >= 256
+    conf = json.loads((tmp_path / "a" / "config.json").read_text())
+    assert conf["architectures"] == ["Qwen2ForSequenceClassification"] and len(conf["id2label"]) == 1
+    assert conf["pad_token_id"] is not None
+    assert (
+        json.loads((tmp_path / "a" / "reward_model.json").read_text())["heldout_pairwise_accuracy"]
+        == a["heldout_pairwise_accuracy"]
+    )
+
+
+def test_an_unreachable_reward_server_fails_the_component_naming_it(tmp_path, state_dir):
+    cfg = load_config(
+        "configs/smoke.yaml",
+        ["reward.model.train_steps=1", "reward.model.train_tasks=100", "task.train_size=100"],
+    )
+    train_reward_model(cfg, tmp_path / "rm")
+    url = f"http://127.0.0.1:{free_port()}"
+    cfg = load_config(
+        "configs/smoke.yaml", [f"reward.model.url={url}", f"reward.model.path={tmp_path / 'rm'}"]
+    )
+    with pytest.raises(RewardServerError, match=url.replace(".", r"\.")):
+        reward_model(RunContext(cfg, "rm-unit"), ["2+3="], ["5"], [None])
+
+
+def test_without_a_server_or_a_launcher_the_component_says_what_to_set(tmp_path, state_dir):
+    cfg = load_config("configs/smoke.yaml", [f"reward.model.path={tmp_path}"])
+    with pytest.raises(ValueError, match="reward.model.url is empty"):
+        reward_model(RunContext(cfg, "rm-unit"), ["2+3="], ["5"], [None])
+    with pytest.raises(ValueError, match="set reward.model.path"):
+        reward_model(RunContext(load_config("configs/smoke.yaml", []), "rm-unit"), ["2+3="], ["5"], [None])
+
+
+def test_up_refuses_a_reward_server_folder_that_is_no_reward_model(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"id2label": {"0": "a", "1": "b"}}))
+    for f in ("model.safetensors", "tokenizer.json"):
+        (tmp_path / f).write_text("")
+    r = run_cli(["up", "--reward-server", str(tmp_path)], tmp_path / "state")
+    assert r.returncode == 2 and "not a one-label (scalar) model: 2 labels" in r.stderr
+    r = run_cli(["up", "--reward-server", str(tmp_path / "none")], tmp_path / "state")
+    assert r.returncode == 2 and "is not a folder" in r.stderr
+
+
+def test_a_config_with_reward_model_needs_its_folder():
+    from rl_core.config import ConfigError
+
+    with pytest.raises(ConfigError, match="reward.model.path"):
+        load_config("configs/smoke.yaml", ["reward.weights={correct: 1.0, reward_model: 0.1}"])
