@@ -246,6 +246,8 @@ class RewardSection(_Section):
             reward_function(name)
         if "reward_model" in self.weights and not self.model.path:
             raise ValueError("reward.weights has reward_model: set reward.model.path (reward-model train)")
+        if "judge" in self.weights and not self.judge.model:
+            raise ValueError("reward.weights has judge: set reward.judge.model (judge train)")
         return self
 
 

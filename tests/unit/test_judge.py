@@ -112,6 +112,11 @@ def test_judge_folder_errors_name_the_field(tmp_path):
         judge_folder(str(tmp_path))
 
 
+def test_a_config_with_the_judge_needs_its_folder():
+    with pytest.raises(ConfigError, match=r"reward.*set reward\.judge\.model"):
+        load_config("configs/smoke.yaml", ["reward.weights={correct: 1.0, judge: 0.5}"])
+
+
 def test_training_examples_are_labelled_by_the_verifier():
     cfg = load_config("configs/smoke.yaml")
     env = make_env("arithmetic")
