@@ -1,5 +1,6 @@
 """The RL iterations: the iteration stages of the stage table, in its order (generate -> execute_envs ->
-score_rewards -> train -> evaluate, the last one when it is due), as tasks of the calling flow run.
+audit -> score_rewards -> curriculum -> train -> evaluate, each when it is due), as tasks of the calling flow
+run.
 
 An iteration is not a Prefect subflow: every flow run keeps a heartbeat thread that sleeps in one-second
 steps and is joined when the run ends, so a subflow per iteration cost up to a second of waiting on top of its
@@ -8,10 +9,10 @@ named ``<stage>-iter-<K>`` instead, so the UI still groups them by iteration, an
 per iteration.
 
 Asynchronous RL (``rollout.max_staleness`` K > 0): iteration k+1 samples from the policy of iteration k-K,
-which is committed before iteration k trains, so its rollout stages (generate, execute_envs, score_rewards)
-are submitted to run beside train k (and evaluate k) on Prefect's thread pool. The schedule is fixed by the
-stage table, not by whichever finishes first: a stage's inputs are always the same committed outputs, so a
-resumed or replayed asynchronous run reproduces an uninterrupted one bit for bit.
+which is committed before iteration k trains, so its rollout stages (generate, execute_envs, audit,
+score_rewards) are submitted to run beside train k (and evaluate k) on Prefect's thread pool. The schedule is
+fixed by the stage table, not by whichever finishes first: a stage's inputs are always the same committed
+outputs, so a resumed or replayed asynchronous run reproduces an uninterrupted one bit for bit.
 
 Nothing passes between the tasks but the committed manifests in the store: each task resolves its inputs
 from them (rl_core.stages); the rollout and train engines are held by the run's context across iterations.
@@ -24,17 +25,23 @@ from typing import Any
 
 from rl_core.config import Config
 from rl_core.manifest import Manifest
-from rl_core.stages import ITERATION
+from rl_core.stages import ITERATION, STAGES
 from tasks.common import lineage, lineage_writer, task_for
 
-ROLLOUT_STAGES = ("generate", "execute_envs", "score_rewards")
+ROLLOUT_STAGES = ("generate", "execute_envs", "audit", "score_rewards")
 
 
-def _submit_rollouts(cfg: Config, run_id: str, iteration: int, mlflow_run: str | None) -> list[Any]:
-    """The rollout stages of ``iteration`` on the flow's task runner, each waiting for the one before."""
-    futures: list[Any] = []
+def _submit_rollouts(cfg: Config, run_id: str, iteration: int, mlflow_run: str | None) -> dict[str, Any]:
+    """The rollout stages of ``iteration`` that are due, on the flow's task runner, each waiting for the one
+    before; a stage not due (the audit, when off) maps to None."""
+    futures: dict[str, Any] = {}
+    last: list[Any] = []
     for name in ROLLOUT_STAGES:
-        futures.append(task_for(name).submit(cfg, run_id, iteration, mlflow_run, wait_for=futures[-1:]))
+        if not STAGES[name].due(cfg, iteration):
+            futures[name] = None
+            continue
+        futures[name] = task_for(name).submit(cfg, run_id, iteration, mlflow_run, wait_for=last)
+        last = [futures[name]]
     return futures
 
 
@@ -59,7 +66,7 @@ def run_iterations(
         fut = upcoming.pop(k, None)
         return fut.result() if fut is not None else create(k)
 
-    ahead: dict[int, tuple[str | None, list[Any]]] = {}
+    ahead: dict[int, tuple[str | None, dict[str, Any]]] = {}
     for k in range(1, last + 1):
         if lin:
             lineage_writer(cfg).flush(upto=k - 2)  # the last iteration's records may still be in flight
@@ -69,7 +76,8 @@ def run_iterations(
         manifests: dict[str, Manifest | None] = {}
         for spec in ITERATION:
             if spec.name in ROLLOUT_STAGES and futures is not None:
-                manifests[spec.name] = futures[ROLLOUT_STAGES.index(spec.name)].result()
+                fut = futures[spec.name]
+                manifests[spec.name] = fut.result() if fut is not None else None
                 continue
             if spec.name == "train" and cfg.rollout.max_staleness and k < last:
                 nxt = open_run(k + 1)

@@ -49,7 +49,15 @@ def runs(tmp_path_factory):
 def test_the_state_is_an_artifact_generate_reads(runs):
     alone, _ = runs
     data = _show(alone, "cur")
-    assert data["stages"] == ["generate", "execute_envs", "score_rewards", "curriculum", "train", "evaluate"]
+    assert data["stages"] == [
+        "generate",
+        "execute_envs",
+        "audit",
+        "score_rewards",
+        "curriculum",
+        "train",
+        "evaluate",
+    ]
     for k in (1, 2, 3):
         cur = _manifest(alone, "cur", k, "curriculum")
         assert set(cur["outputs"]) == {"state"} and cur["metrics"]["groups"] == 8

@@ -1,4 +1,4 @@
-"""Crash anywhere, resume, and end with the same weights: SIGKILL at points spread over all five stages."""
+"""Crash anywhere, resume, and end with the same weights: SIGKILL at points spread over all six stages."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ KILL_POINTS = [
     ("sync", 2, "vllm"),
     ("generate:committed", 2, "vllm"),
     ("train:start", 2, "hf"),
-    ("write", 2, "hf"),
+    ("audit:outputs", 2, "hf"),
     ("evaluate:outputs", 2, "hf"),
 ]
 
@@ -95,7 +95,7 @@ def test_killed_run_resumes_to_identical_weights(reference, tmp_path, point, ite
         for st, v in it["stages"].items()
         if v["status"] == "committed"
     ]
-    assert len(done) < 10, "the kill left the run unfinished"
+    assert len(done) < 2 * len(before["stages"]), "the kill left the run unfinished"
     resumed = _cli(["resume", "r"], tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     after = _final(tmp_path, "r")
