@@ -8,7 +8,8 @@ Between execute_envs and score_rewards, for every completion of the iteration:
   rules of ``rl_core.audit_code`` on the source (early exit, tampering with builtins or the harness,
   objects equal to anything, reading files, fake test output, stalling, spawning, building code);
 - for every completion, the text rules of ``rl_core.audit_text``: ``judge_injection`` (instructions to a
-  judge), and the heuristics ``empty_answer``, ``prompt_independent`` (one answer for many prompts, mostly
+  judge; when a judge is among ``reward.weights``, and in Python only in comments and strings), and the
+  heuristics ``empty_answer``, ``prompt_independent`` (one answer for many prompts, mostly
   wrong), ``length_outlier``, ``repetition``.
 
 Flags have a category: ``exploit`` (an attack on the grader: every code rule, the grader's flags,
@@ -34,7 +35,14 @@ import pandas as pd
 
 from envs.base import WritesPython
 from rl_core.audit_code import CODE_FLAGS, code_flags
-from rl_core.audit_text import empty_answer, judge_injection, length_outliers, prompt_independent, repetition
+from rl_core.audit_text import (
+    code_text,
+    empty_answer,
+    judge_injection,
+    length_outliers,
+    prompt_independent,
+    repetition,
+)
 from rl_core.context import RunContext
 from rl_core.stage import StageJob, StageResult
 
@@ -68,8 +76,12 @@ def _list(v: Any) -> list[str]:
     return [str(x) for x in v] if isinstance(v, list | tuple | np.ndarray) else []
 
 
-def row_flags(df: pd.DataFrame, env: pd.DataFrame, python: WritesPython | None) -> list[list[str]]:
-    """Each rollout's flags (sorted), from the grader's verdict, the code rules and the text rules."""
+def row_flags(
+    df: pd.DataFrame, env: pd.DataFrame, python: WritesPython | None, judged: bool = True
+) -> list[list[str]]:
+    """Each rollout's flags (sorted), from the grader's verdict, the code rules and the text rules;
+    ``judged``: a judge reads the completions (else instructions to a judge cannot move the reward and are
+    not looked for); in Python, only its comments and strings are prose to a judge."""
     texts = df["completion_text"].astype(str).tolist()
     prompts = df["prompt"].astype(str).tolist()
     correct = env["correct"].to_numpy(dtype=np.float64)
@@ -88,7 +100,7 @@ def row_flags(df: pd.DataFrame, env: pd.DataFrame, python: WritesPython | None) 
             if src not in code_cache:
                 code_cache[src] = code_flags(src)
             flags |= set(code_cache[src])
-        if judge_injection(t):
+        if judged and judge_injection(code_text(t) if python is not None else t):
             flags.add("judge_injection")
         if empty_answer(t):
             flags.add("empty_answer")
@@ -122,7 +134,8 @@ def audit_body(ctx: RunContext, job: StageJob) -> StageResult:
     env = ctx.store.read_table(job.inputs["env_results"])
     if len(df) != len(env) or not (df["prompt_index"].to_numpy() == env["prompt_index"].to_numpy()).all():
         raise ValueError(f"env results {job.inputs['env_results'].uri} do not line up with the rollouts")
-    flags = row_flags(df, env, ctx.env if isinstance(ctx.env, WritesPython) else None)
+    python = ctx.env if isinstance(ctx.env, WritesPython) else None
+    flags = row_flags(df, env, python, judged="judge" in ctx.cfg.reward.weights)
     zero = zeroed_flags(cfg.zero)
     infra = [e if isinstance(e, str) and e else None for e in env.get("infra_error", [None] * len(df))]
     table = pd.DataFrame(
