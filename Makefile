@@ -7,7 +7,7 @@ STAMP   := $(VENV)/.installed
 
 export TQDM_DISABLE := 1
 
-.PHONY: demo test test-fast lint format bench trl clean-state venv system-deps lock
+.PHONY: demo test test-fast test-profile soak lint format bench trl clean-state venv system-deps lock
 
 venv: $(STAMP)
 
@@ -39,16 +39,35 @@ demo: $(STAMP)
 	$(BIN)/rlfoundry run configs/default.yaml --curve benchmarks/results/demo_curve.json
 	$(BIN)/python benchmarks/plot_curve.py benchmarks/results/demo_curve.json
 
-# Two workers for most of the suite (much of it waits on servers and subprocesses; groups: tests/conftest.py);
-# then alone: the sandbox tests, which count every sandbox process on the machine, and the deployment tests,
-# whose Prefect server (SQLite) logged "database is locked" under the other worker's load.
+# Two workers for most of the suite (much of it waits on servers and subprocesses; groups: tests/conftest.py,
+# longest first from tests/durations.json); then alone: the sandbox tests, which count every sandbox process
+# on the machine, and the deployment tests, whose Prefect server (SQLite) logged "database is locked" under
+# the other worker's load. Each phase writes its per-test durations (printed, and JUnit XML under
+# test-reports/); both phases run even when the first fails, then the profile (the slowest tests, seconds per
+# module) is printed, so CI's log shows where the time went. Budget: 35 min on a fresh 2-core clone (README).
 SERIAL_TESTS := tests/sandbox tests/integration/test_serve.py tests/integration/test_schedule.py tests/integration/test_work_pool.py
+REPORTS := test-reports
+PYTEST_REPORT = --durations=0 --junitxml=$(REPORTS)/$(1).xml
 test: $(STAMP) system-deps
-	$(BIN)/pytest -q -n 2 --dist loadgroup $(addprefix --ignore=,$(SERIAL_TESTS))
-	$(BIN)/pytest -q $(SERIAL_TESTS)
+	@rm -rf $(REPORTS); mkdir -p $(REPORTS); rc=0; \
+	$(BIN)/pytest -q -n 2 --dist loadgroup --no-loadscope-reorder $(addprefix --ignore=,$(SERIAL_TESTS)) \
+	  $(call PYTEST_REPORT,parallel) || rc=1; \
+	$(BIN)/pytest -q $(SERIAL_TESTS) $(call PYTEST_REPORT,serial) || rc=1; \
+	$(BIN)/python .ci/suite_profile.py $(REPORTS)/parallel.xml $(REPORTS)/serial.xml || true; \
+	exit $$rc
 
+# The profile of the last `make test` again; `make test-profile WRITE=1` also stores the seconds per group in
+# tests/durations.json (commit it: the next run schedules the longest groups first).
+test-profile:
+	$(BIN)/python .ci/suite_profile.py $(wildcard $(REPORTS)/*.xml) $(if $(WRITE),--write-durations tests/durations.json)
+
+# Every test that starts no server and no `rlfoundry` process (not marked slow): the loop while developing.
 test-fast: $(STAMP) system-deps
-	$(BIN)/pytest -q -m "not slow"
+	$(BIN)/pytest -q -m "not slow" $(call PYTEST_REPORT,fast)
+
+# The soaks at full length: 10,000 sandbox executions through one pool (make test runs 1,000).
+soak: $(STAMP) system-deps
+	RLFOUNDRY_SOAK_RUNS=10000 $(BIN)/pytest -q tests/sandbox/test_pool_humaneval.py -k many_executions
 
 lint: $(STAMP)
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .

@@ -2,6 +2,7 @@
 
     report = replay(store, run_id, iteration=3, stage="train")
     report["identical"]   # True only when every output matches the stored one bit for bit
+    both = replay_stages(store, run_id, 3, ["generate", "train"])   # one context: engines start once
 
 Tables are compared cell by cell exactly (same type, same bytes: a logprob that differs in its last bit is a
 difference), checkpoints tensor by tensor (max abs difference) and file by file (sha256), other artifacts by
@@ -95,14 +96,16 @@ def replay(
     stage: str,
     cfg: Config | None = None,
     prepare: Callable[[RunContext], None] | None = None,
+    ctx: RunContext | None = None,
 ) -> dict[str, Any]:
+    """Replay ``stage`` of ``iteration``. In ``ctx`` when given (its engines stay up for the caller, who
+    closes them), else in a context of its own, closed before the outputs are compared."""
     if stage not in STAGES:
         raise ValueError(f"stage must be one of {', '.join(STAGES)}; got {stage!r}")
     spec = STAGES[stage]
-    cfg = cfg or run_config(store, run_id)
-    ctx = RunContext(cfg, run_id, store)
-    if prepare is not None:  # the orchestration layer's hooks (e.g. a reward server launcher)
-        prepare(ctx)
+    own = ctx is None
+    if ctx is None:
+        ctx = _context(store, run_id, cfg, prepare)
     owner = ctx.base_id if spec.base else run_id
     uri = store.stage_uri(owner, iteration, stage)
     manifest = store.read_manifest(uri)
@@ -113,7 +116,8 @@ def replay(
     scratch = f"{store.root}/_replay/{run_id}/iter-{iteration:04d}/{stage}"
     store.clear(scratch)
     result = spec.body(ctx, StageJob(iteration, manifest.inputs, scratch))
-    ctx.held.close()
+    if own:
+        ctx.held.close()
     artifacts: dict[str, Any] = {}
     for name, old in manifest.outputs.items():
         new = result.outputs[name]
@@ -127,4 +131,40 @@ def replay(
         "artifacts": artifacts,
         "metrics_differing": sorted(differing),
         "scratch": scratch,
+    }
+
+
+def _context(
+    store: Store, run_id: str, cfg: Config | None, prepare: Callable[[RunContext], None] | None
+) -> RunContext:
+    ctx = RunContext(cfg or run_config(store, run_id), run_id, store)
+    if prepare is not None:  # the orchestration layer's hooks (e.g. a reward server launcher)
+        prepare(ctx)
+    return ctx
+
+
+def replay_stages(
+    store: Store,
+    run_id: str,
+    iteration: int,
+    stages: list[str],
+    cfg: Config | None = None,
+    prepare: Callable[[RunContext], None] | None = None,
+) -> dict[str, Any]:
+    """Replay several stages of one iteration, in order, in one context: the engines start once and each
+    stage syncs the weights its own inputs name, as in the run (sampling is seeded per request, so what an
+    engine sampled before does not change what it samples next). ``identical`` only when every stage is."""
+    unknown = [s for s in stages if s not in STAGES]
+    if unknown or not stages:
+        raise ValueError(f"stages must be among {', '.join(STAGES)}; got {stages!r}")
+    ctx = _context(store, run_id, cfg, prepare)
+    try:
+        reports = {s: replay(store, run_id, iteration, s, ctx=ctx) for s in dict.fromkeys(stages)}
+    finally:
+        ctx.held.close()
+    return {
+        "run_id": run_id,
+        "iteration": iteration,
+        "identical": all(r["identical"] for r in reports.values()),
+        "stages": reports,
     }

@@ -29,24 +29,48 @@ sys.path.insert(0, str(ROOT))
 # (those count every sandbox process on the machine, so they run alone afterwards): most of the suite waits
 # on servers and subprocesses. Each test module is one group (its module-scoped fixtures run once); modules
 # that share something machine-wide share a group, so they never run at the same time: SeaweedFS opens fixed
-# ports (8181, 9101) besides the ones it is given.
-# The crash/resume matrix is split by rollout engine (each half builds its own uninterrupted reference run).
+# ports (8181, 9101) besides the ones it is given. The asynchronous half of the crash matrix has its own
+# reference run, so it is a group of its own.
 SHARED_GROUPS = {
     "tests/sandbox/": "sandbox",
     "tests/integration/test_s3_store.py": "s3",
     "tests/integration/test_run_ids.py": "s3",
     "tests/integration/test_stack.py": "s3",
 }
+SPLIT_GROUPS = {"tests/integration/test_resume.py": ("test_killed_async_run", "async")}
+# The groups run longest first (`--no-loadscope-reorder` keeps this order), so that no long group starts
+# last while the other worker idles: each group's seconds as measured (tests/durations.json, written by
+# `make test-profile`); a group not measured yet counts as DEFAULT_GROUP_S.
+DURATIONS = Path(__file__).with_name("durations.json")
+DEFAULT_GROUP_S = 30.0
+
+
+def group_of(path: str, name: str) -> str:
+    """The group test ``name`` of module ``path`` (relative to the checkout) runs in: its module, a shared
+    group, or a split-off part of its module.
+
+    >>> group_of("tests/sandbox/test_x.py", "test_a"), group_of("tests/unit/test_y.py", "test_b[1]")
+    ('sandbox', 'tests/unit/test_y.py')
+    >>> group_of("tests/integration/test_resume.py", "test_killed_async_run_resumes[x]")
+    'tests/integration/test_resume.py:async'
+    """
+    group = next((g for prefix, g in SHARED_GROUPS.items() if path.startswith(prefix)), path)
+    split = SPLIT_GROUPS.get(path)
+    if split and name.startswith(split[0]):
+        group = f"{path}:{split[1]}"
+    return group
+
+
+def xdist_group(item: pytest.Item) -> str:
+    return group_of(Path(str(item.fspath)).resolve().relative_to(ROOT).as_posix(), item.name)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    seconds = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
+    groups = {id(item): xdist_group(item) for item in items}
     for item in items:
-        path = Path(str(item.fspath)).resolve().relative_to(ROOT).as_posix()
-        group = next((g for prefix, g in SHARED_GROUPS.items() if path.startswith(prefix)), path)
-        engine = getattr(getattr(item, "callspec", None), "params", {}).get("engine")
-        if path == "tests/integration/test_resume.py" and engine:
-            group = f"{path}:{engine}"
-        item.add_marker(pytest.mark.xdist_group(group))
+        item.add_marker(pytest.mark.xdist_group(groups[id(item)]))
+    items.sort(key=lambda item: -seconds.get(groups[id(item)], DEFAULT_GROUP_S))  # stable: module order kept
 
 
 @pytest.fixture
@@ -130,6 +154,41 @@ def run_cli(
 ) -> subprocess.CompletedProcess:
     """``rlfoundry ARGS`` writing under ``state`` (see ``cli_env``; ``env`` added), output captured."""
     return cli(args, {**cli_env(state), **(env or {})}, timeout)
+
+
+def show_json(state: Path, run_id: str, store: str | None = None) -> dict:
+    """``rlfoundry show RUN_ID --json`` writing under ``state``, run in this process through typer's
+    CliRunner: the command's own code, without the ~10 s of a new interpreter importing torch (a test whose
+    subject is the command as a program runs it with ``run_cli``)."""
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    args = ["show", run_id, "--json", *(["--store", store] if store else [])]
+    r = CliRunner().invoke(app, args, env=cli_env(state))
+    assert r.exit_code == 0, (r.exit_code, r.output[-2000:], r.exception)
+    return json.loads(r.stdout)
+
+
+def replay_cli(
+    state: Path, run_id: str, iteration: int, stages: list[str], timeout: float = 600
+) -> subprocess.CompletedProcess:
+    """``rlfoundry replay RUN_ID --iteration K --stage S1 --stage S2 ... --json``: one process for several
+    stages (the engines start once)."""
+    args = ["replay", run_id, "--iteration", str(iteration), *(a for s in stages for a in ("--stage", s))]
+    return run_cli([*args, "--json"], state, timeout=timeout)
+
+
+def replayed_identical(state: Path, run_id: str, iteration: int, stages: list[str]) -> dict:
+    """The replay reports of ``stages`` (by stage), each asserted identical to the stored outputs."""
+    r = replay_cli(state, run_id, iteration, stages)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    data = json.loads(r.stdout)
+    reports = data["stages"] if len(stages) > 1 else {stages[0]: data}
+    for stage, report in reports.items():
+        assert report["identical"] is True, (stage, report)
+    assert list(reports) == list(dict.fromkeys(stages))
+    return reports
 
 
 def _retryable(exc: BaseException) -> bool:
@@ -321,3 +380,41 @@ def server_logs_clean(request: pytest.FixtureRequest, tmp_path_factory: pytest.T
         problems += [f"{p}:\n{e}" for e in log_errors(text) if not any(a.search(e) for a in allowed)]
     if problems:
         pytest.fail("a server logged errors during this test:\n" + "\n".join(problems[:10]), pytrace=False)
+
+
+# -- nothing written into the checkout: the suite writes only under pytest's temp dirs ---------------------
+# The files git would list (untracked, or ignored like .state/) are read when the session starts and when it
+# ends, in the controlling process (with xdist, after every worker finished); a file a test left in the
+# repository fails the session, naming it. Caches of the tools themselves are not the tests' writing.
+_TOOL_CACHES = ("__pycache__/", ".pytest_cache/", ".ruff_cache/", ".venv/", ".egg-info/", "test-reports/")
+
+
+def _written_files() -> set[str]:
+    out = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=all", "--ignored"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    if out.returncode != 0:  # not a git checkout (an sdist): nothing to compare
+        return set()
+    paths = {line[3:] for line in out.stdout.splitlines() if line[:2] in ("??", "!!")}
+    return {p for p in paths if not any(c in f"/{p}" for c in _TOOL_CACHES)}
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if not hasattr(session.config, "workerinput"):
+        session.config._rlf_files_before = _written_files()  # type: ignore[attr-defined]
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    before = getattr(session.config, "_rlf_files_before", None)
+    if before is None:
+        return
+    new = sorted(_written_files() - before)
+    if new:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        msg = "tests wrote into the repository (write under tmp_path instead):\n  " + "\n  ".join(new[:20])
+        if reporter is not None:
+            reporter.write_line(msg, red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

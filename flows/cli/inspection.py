@@ -3,7 +3,7 @@ stored outputs), ``rollouts`` (best, worst and random samples as a table) and ``
 back to what produced it).
 
     rlfoundry show RUN_ID [--json]
-    rlfoundry replay RUN_ID --iteration 1 --stage train [--json]
+    rlfoundry replay RUN_ID --iteration 1 --stage train [--stage evaluate ...] [--json]
     rlfoundry rollouts RUN_ID --iteration 1 [-k 3] [--json]
     rlfoundry lineage RUN_ID --iteration 2 [--json]
 """
@@ -42,6 +42,11 @@ def stage_name(value: str) -> str:
     return value
 
 
+def stage_names(values: list[str]) -> list[str]:
+    """Every ``--stage`` given (repeatable) passes ``stage_name``."""
+    return [stage_name(v) for v in values]
+
+
 def show(
     run_id: RunIdArg,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
@@ -67,41 +72,47 @@ def show(
 def replay(
     run_id: RunIdArg,
     iteration: Annotated[int, typer.Option("--iteration", help="Iteration number (0 = base evaluation).")],
-    stage: Annotated[
-        str,
+    stages: Annotated[
+        list[str],
         typer.Option(
             "--stage",
-            help="Stage to replay (a name from rl_core.stages.STAGES; a wrong one lists them).",
+            help="Stage to replay (a name from rl_core.stages.STAGES; a wrong one lists them). Repeatable: "
+            "the stages replay in the order given, in one process, their engines started once.",
             metavar="STAGE",
-            callback=stage_name,
+            callback=stage_names,
         ),
     ],
     as_json: JsonOpt = False,
     store: StoreOpt = None,
 ) -> None:
-    """Re-execute one stage from its stored inputs into a scratch prefix; diff it with the stored outputs."""
+    """Re-execute stages from their stored inputs into a scratch prefix; diff them with the stored outputs.
+
+    One ``--stage``: the JSON report of that stage. Several: ``{"identical", "stages": {name: report}}``.
+    Exit 0 when every replayed output is identical, 1 when one differs."""
     from rl_core.paths import configure_env
 
     configure_env()
-    from rl_core.replay import replay as do_replay
+    from rl_core.replay import replay_stages
     from rl_core.runs import RunError
     from rl_core.store import ArtifactError
     from tasks.common import replay_hooks
 
     try:
         with quiet_stdout():
-            report = do_replay(store_for(store), run_id, iteration, stage, prepare=replay_hooks)
+            both = replay_stages(store_for(store), run_id, iteration, stages, prepare=replay_hooks)
     except (RunError, FileNotFoundError, ValueError, ArtifactError) as e:
         fail(str(e))
+    reports = both["stages"]
     if as_json:
-        typer.echo(json.dumps(report, indent=1))
+        typer.echo(json.dumps(next(iter(reports.values())) if len(reports) == 1 else both, indent=1))
     else:
-        verdict = "identical" if report["identical"] else "DIFFERENT"
-        typer.echo(f"{run_id} iteration {iteration} {stage}: {verdict}")
-        for name, a in report["artifacts"].items():
-            brief = {k: v for k, v in a.items() if k not in ("stored", "replayed")}
-            typer.echo(f"  {name}: {json.dumps(brief)}")
-    raise typer.Exit(0 if report["identical"] else 1)
+        for stage, report in reports.items():
+            verdict = "identical" if report["identical"] else "DIFFERENT"
+            typer.echo(f"{run_id} iteration {iteration} {stage}: {verdict}")
+            for name, a in report["artifacts"].items():
+                brief = {k: v for k, v in a.items() if k not in ("stored", "replayed")}
+                typer.echo(f"  {name}: {json.dumps(brief)}")
+    raise typer.Exit(0 if both["identical"] else 1)
 
 
 def rollouts(

@@ -5,12 +5,13 @@ a stored output of each train stage and an input of the next; replaying train re
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
-from tests.conftest import run_cli
+from tests.conftest import replayed_identical, run_cli, show_json
 
+# The HF rollout engine: the algorithms are the trainer's business, and it starts in a second where vLLM takes
+# ~20 s per process (vLLM + DeepSpeed runs end to end in test_run_end_to_end and test_own_model).
+ENGINE = ["rollout.engine=hf"]
 # Each algorithm with one KL variant, so that every estimator and both places run end to end too.
 RUNS = {
     "drgrpo": ["train.kl_coef=0.05", "train.kl_estimator=k2"],
@@ -28,13 +29,11 @@ def state(tmp_path_factory):
 
 
 def _run(state, algo: str) -> dict:
-    sets = [f"train.algorithm={algo}", *RUNS[algo], "tracking.enabled=false", "eval.every=2"]
+    sets = [f"train.algorithm={algo}", *RUNS[algo], "tracking.enabled=false", "eval.every=2", *ENGINE]
     args = ["run", "configs/smoke.yaml", "--run-id", f"pg-{algo}"]
     r = run_cli([*args, *(a for s in sets for a in ("--set", s))], state)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
-    shown = run_cli(["show", f"pg-{algo}", "--json"], state, timeout=120)
-    assert shown.returncode == 0, shown.stderr[-2000:]
-    return json.loads(shown.stdout)
+    return show_json(state, f"pg-{algo}")
 
 
 def _train(data: dict, k: int) -> dict:
@@ -76,7 +75,5 @@ def test_ppo_critic_is_stored_reloaded_and_replayed_bit_for_bit(state):
     assert "critic" not in m1.inputs  # iteration 1 starts the critic from the warmed-up base
     assert m2.inputs["critic"].sha256 == m1.outputs["critic"].sha256  # the stored critic is the next input
     assert m2.outputs["critic"].sha256 != m1.outputs["critic"].sha256
-    r = run_cli(["replay", "pg-ppo", "--iteration", "2", "--stage", "train", "--json"], state, timeout=300)
-    report = json.loads(r.stdout)
-    assert r.returncode == 0 and report["identical"] is True, r.stdout + r.stderr[-2000:]
+    (report,) = replayed_identical(state, "pg-ppo", 2, ["train"]).values()
     assert set(report["artifacts"]) == {"checkpoint", "optimizer", "critic"}

@@ -11,20 +11,18 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from tests.conftest import run_cli
+from tests.conftest import replayed_identical, run_cli, show_json
 
 ARGS = [
     "configs/smoke.yaml",
     *("--set", "rollout.engine=hf", "--set", "rollout.curriculum=frontier"),
     *("--set", "rollout.curriculum_keys=[op,digits]", "--set", "rollout.max_staleness=1"),
-    *("--set", "experiment.iterations=3", "--set", "eval.every=3"),
+    *("--set", "experiment.iterations=3", "--set", "eval.every=3", "--set", "tracking.enabled=false"),
 ]
 
 
 def _show(state: Path, run_id: str) -> dict:
-    r = run_cli(["show", run_id, "--json"], state, timeout=120)
-    assert r.returncode == 0, r.stderr[-2000:]
-    return json.loads(r.stdout)
+    return show_json(state, run_id)
 
 
 def _manifest(state: Path, run_id: str, k: int, stage: str) -> dict:
@@ -91,10 +89,15 @@ def test_a_resumed_run_draws_the_same_prompts(runs):
     assert hashes[0] == hashes[1] and len(hashes[0]) == 3
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("stage,k", [("generate", 3), ("curriculum", 2)])
-def test_replay_is_identical(runs, stage, k):
+@pytest.fixture(scope="module")
+def replays(runs):
+    """Iteration 3's generate (it read the state iteration 2's curriculum stage committed) and curriculum
+    (it read that state and iteration 3's rewards), replayed by one process."""
     alone, _ = runs
-    r = run_cli(["replay", "cur", "--iteration", str(k), "--stage", stage, "--json"], alone, timeout=300)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    assert json.loads(r.stdout)["identical"] is True
+    return replayed_identical(alone, "cur", 3, ["generate", "curriculum"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", ["generate", "curriculum"])
+def test_replay_is_identical(replays, stage):
+    assert replays[stage]["identical"] is True and replays[stage]["artifacts"]

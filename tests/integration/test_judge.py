@@ -18,7 +18,7 @@ from rl_core.context import RunContext
 from rl_core.judge import judge_reward
 from rl_core.judge_text import parse_score
 from rl_core.store import Store
-from tests.conftest import run_cli
+from tests.conftest import replayed_identical, run_cli
 
 
 @pytest.fixture(scope="module")
@@ -115,9 +115,5 @@ def test_a_run_with_the_judge_stores_it_and_replays(judge_dir, tmp_path):
         assert [x if x is not None else math.nan for x in parsed] == pytest.approx(
             df["judge"].tolist(), nan_ok=True
         )
-    rep = run_cli(
-        ["replay", "judged", "--iteration", "2", "--stage", "score_rewards", "--json"], tmp_path, 300
-    )
-    report = json.loads(rep.stdout)
-    assert rep.returncode == 0 and report["identical"] is True, rep.stdout + rep.stderr[-2000:]
+    (report,) = replayed_identical(tmp_path, "judged", 2, ["score_rewards"]).values()
     assert set(report["metrics_differing"]) <= {"judge_seconds"}

@@ -11,9 +11,11 @@ import pandas as pd
 import pytest
 
 from rl_core.model import load_tokenizer
-from tests.conftest import run_cli
+from tests.conftest import replayed_identical, run_cli
 
 SMALL = [
+    "--set",
+    "tracking.enabled=false",
     "--set",
     "experiment.iterations=1",
     "--set",
@@ -67,8 +69,4 @@ def test_tool_use_run_is_token_in_token_out(tmp_path):
     assert not env["replay_mismatch"].any()  # the environment gave the same observations on replay
     train = json.loads((it / "train" / "_manifest.json").read_text())["metrics"]
     assert np.isfinite(train["loss"]) and train["logprob_mismatch_max"] < 1e-3
-    rep = run_cli(
-        ["replay", "mt", "--iteration", "1", "--stage", "generate", "--json"], tmp_path, timeout=600
-    )
-    assert rep.returncode == 0, rep.stdout[-2000:] + rep.stderr[-2000:]
-    assert json.loads(rep.stdout)["identical"] is True
+    replayed_identical(tmp_path, "mt", 1, ["generate"])

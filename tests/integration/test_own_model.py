@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from tests.conftest import run_cli
+from tests.conftest import replay_cli, run_cli, show_json
 from tests.model_folders import EOT, write_llama_folder
 
 ITERATIONS = 2
@@ -36,9 +36,7 @@ def _args(folder: Path, run_id: str) -> list[str]:
 
 
 def _show(state: Path, run_id: str) -> dict:
-    r = run_cli(["show", run_id, "--json"], state, timeout=120)
-    assert r.returncode == 0, r.stderr[-2000:]
-    return json.loads(r.stdout)
+    return show_json(state, run_id)
 
 
 def _sha(p: Path) -> str:
@@ -95,14 +93,23 @@ def test_rl_on_vllm_and_deepspeed_with_the_models_own_template_and_eos(own_run):
     assert not any(set(map(int, c[:-1])) & eos for c in df["completion_ids"])
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("stage", ["generate", "train", "evaluate"])
-def test_replay_reproduces_the_stage(own_run, stage):
+REPLAYED = ["generate", "train", "evaluate"]
+
+
+@pytest.fixture(scope="module")
+def replays(own_run):
+    """The last iteration's stages replayed by one `rlfoundry replay` process."""
     _, state = own_run
-    r = run_cli(
-        ["replay", "own", "--iteration", str(ITERATIONS), "--stage", stage, "--json"], state, timeout=600
-    )
-    assert r.returncode == 0 and json.loads(r.stdout)["identical"] is True, r.stdout + r.stderr[-2000:]
+    r = replay_cli(state, "own", ITERATIONS, REPLAYED)
+    assert r.returncode in (0, 1), r.stdout[-2000:] + r.stderr[-3000:]
+    return json.loads(r.stdout)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", REPLAYED)
+def test_replay_reproduces_the_stage(replays, stage):
+    report = replays["stages"][stage]
+    assert report["identical"] is True and report["artifacts"], report
 
 
 @pytest.mark.slow

@@ -10,28 +10,33 @@ import sys
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
-from tests.conftest import cli_env
+from flows.cli import app
+from tests.conftest import cli_env, replayed_identical, show_json
 
 ROOT = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-m", "flows.cli"]
-SMOKE = ["configs/smoke.yaml"]
+# No lineage is read here: MLflow off (a fresh MLflow database costs each process its schema migrations).
+SMOKE = ["configs/smoke.yaml", *("--set", "rollout.engine=hf", "--set", "tracking.enabled=false")]
+# Four iterations: the chain's kill points lie in the first two, the cadence test below needs four, and an
+# iteration of the smoke config computes for a second or two — a process start costs ten times that.
+FOUR = ["--set", "experiment.iterations=4"]
 
-# (fault point, iteration, engine): inside a stage, half-way through writing an artifact, between stages,
-# during a weight sync. vLLM where the point involves it (weight sync, a committed generate); the
-# fast-starting HF engine elsewhere: resume does not depend on the engine, and the suite stays short.
+# The crash matrix, chained (one run; each resume killed at the next point; the last resume finishes), in the
+# order the points come in a run: inside a stage, half-way through its outputs, right after a commit, between
+# stages. The fast-starting HF engine: resume does not depend on the engine. The points that involve vLLM (a
+# half-written artifact, the weight sync, a committed generate) are the vLLM half of the matrix, chained the
+# same way on the smoke run of tests/integration/test_run_end_to_end.py.
 KILL_POINTS = [
-    ("generate:start", 1, "hf"),
-    ("write", 1, "vllm"),
-    ("execute_envs:outputs", 1, "hf"),
-    ("score_rewards:committed", 1, "hf"),
-    ("train:outputs", 1, "hf"),
-    ("evaluate:start", 1, "hf"),
-    ("sync", 2, "vllm"),
-    ("generate:committed", 2, "vllm"),
-    ("train:start", 2, "hf"),
-    ("audit:outputs", 2, "hf"),
-    ("evaluate:outputs", 2, "hf"),
+    ("generate:start", 1),
+    ("execute_envs:outputs", 1),
+    ("score_rewards:committed", 1),
+    ("train:outputs", 1),
+    ("evaluate:start", 1),
+    ("audit:outputs", 2),
+    ("train:start", 2),
+    ("evaluate:outputs", 2),
 ]
 
 
@@ -45,15 +50,19 @@ def _cli(args, state, fault=None, timeout=600):
 
 # Asynchronous RL (rollout.max_staleness 1, three iterations): iteration k+1's rollout stages run beside train
 # k on another thread. Killed while the next iteration generates, right after it committed, and while the
-# trainer writes: the resumed run still ends with the uninterrupted asynchronous run's weights.
+# trainer writes: the resumed run still ends with the uninterrupted asynchronous run's weights. (Not chained:
+# which of train k and generate k+1 commits first is not fixed, so a later point may already be past.)
 ASYNC = ["--set", "rollout.max_staleness=1", "--set", "experiment.iterations=3"]
 ASYNC_KILL_POINTS = [("generate:committed", 2), ("train:outputs", 1), ("score_rewards:start", 3)]
 
 
-def _final(state, run_id) -> dict:
-    r = _cli(["show", run_id, "--json"], state, timeout=120)
-    assert r.returncode == 0, r.stderr
-    return json.loads(r.stdout)
+def _committed(data: dict) -> set[tuple[int, str]]:
+    return {
+        (it["iteration"], st)
+        for it in data["iterations"]
+        for st, v in it["stages"].items()
+        if v["status"] == "committed"
+    }
 
 
 _REFERENCES: dict[str, tuple[list[str], dict]] = {}
@@ -61,78 +70,86 @@ _REFERENCES: dict[str, tuple[list[str], dict]] = {}
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    """The uninterrupted run's per-iteration weights and metrics, per rollout engine (run on first use)."""
+    """The uninterrupted run's per-iteration weights and metrics, per set of overrides (run on first use)."""
 
-    def get(engine: str, extra: tuple[str, ...] = ()) -> tuple[list[str], dict]:
-        key = " ".join((engine, *extra))
+    def get(extra: tuple[str, ...]) -> tuple[list[str], dict]:
+        key = " ".join(extra)
         if key not in _REFERENCES:
-            state = tmp_path_factory.mktemp(f"ref-{engine}")
-            r = _cli(["run", *SMOKE, "--run-id", "ref", "--set", f"rollout.engine={engine}", *extra], state)
+            state = tmp_path_factory.mktemp("ref")
+            r = _cli(["run", *SMOKE, "--run-id", "ref", *extra], state)
             assert r.returncode == 0, r.stderr[-3000:]
-            data = _final(state, "ref")
+            data = show_json(state, "ref")
             _REFERENCES[key] = [it["policy_sha256"] for it in data["iterations"]], data
         return _REFERENCES[key]
 
     return get
 
 
+@pytest.fixture(scope="module")
+def chain(tmp_path_factory):
+    """The chained crash matrix: per kill point the killing process's return code and what was committed
+    when it died; the refusals tried on the first crash; the run's state once the last resume finished."""
+    state = tmp_path_factory.mktemp("chain")
+    steps: dict[str, tuple[int, set, str]] = {}
+    refusals: dict[str, tuple[int, str]] = {}
+    args = ["run", *SMOKE, *FOUR, "--run-id", "r"]
+    for point, k in KILL_POINTS:
+        r = _cli(args, state, fault=f"{point}@{k}")
+        steps[f"{point}@{k}"] = (r.returncode, _committed(show_json(state, "r")), r.stderr[-2000:])
+        if args[0] == "run":  # a config change is refused (the difference printed); an unknown run too
+            runner = CliRunner()
+            bad = runner.invoke(app, ["resume", "r", "--set", "train.lr=0.5"], env=cli_env(state))
+            refusals["changed"] = (bad.exit_code, bad.stderr)
+            nosuch = runner.invoke(app, ["resume", "nosuch"], env=cli_env(state))
+            refusals["nosuch"] = (nosuch.exit_code, nosuch.stderr)
+        args = ["resume", "r"]
+    final = _cli(args, state)
+    assert final.returncode == 0, final.stderr[-3000:]
+    return steps, refusals, show_json(state, "r")
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "point,iteration,engine", KILL_POINTS, ids=[f"{p}@{i}-{e}" for p, i, e in KILL_POINTS]
-)
-def test_killed_run_resumes_to_identical_weights(reference, tmp_path, point, iteration, engine):
-    hashes, ref_data = reference(engine)
-    killed = _cli(
-        ["run", *SMOKE, "--run-id", "r", "--set", f"rollout.engine={engine}"],
-        tmp_path,
-        fault=f"{point}@{iteration}",
-    )
-    assert killed.returncode == -signal.SIGKILL, (killed.returncode, killed.stderr[-2000:])
-    before = _final(tmp_path, "r")
-    done = [
-        (it["iteration"], st)
-        for it in before["iterations"]
-        for st, v in it["stages"].items()
-        if v["status"] == "committed"
-    ]
-    assert len(done) < 2 * len(before["stages"]), "the kill left the run unfinished"
-    resumed = _cli(["resume", "r"], tmp_path)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    after = _final(tmp_path, "r")
+@pytest.mark.parametrize("point,iteration", KILL_POINTS, ids=[f"{p}@{i}" for p, i in KILL_POINTS])
+def test_killed_run_resumes_to_identical_weights(reference, chain, point, iteration):
+    hashes, ref_data = reference(tuple(FOUR))
+    steps, _, after = chain
+    names = list(steps)
+    i = names.index(f"{point}@{iteration}")
+    returncode, done, stderr = steps[names[i]]
+    assert returncode == -signal.SIGKILL, (returncode, stderr)
+    assert len(done) < 4 * len(after["stages"]), "the kill left the run unfinished"
+    if i:  # this process got further than the one before it: the fault fired at a new point
+        assert done > steps[names[i - 1]][1], (names[i - 1], names[i])
     assert [it["policy_sha256"] for it in after["iterations"]] == hashes
     ref_eval = [it["stages"]["evaluate"]["metrics"]["accuracy"] for it in ref_data["iterations"]]
     assert [it["stages"]["evaluate"]["metrics"]["accuracy"] for it in after["iterations"]] == ref_eval
 
 
 @pytest.mark.slow
-def test_resume_with_changed_config_is_refused_unless_forced(tmp_path):
-    killed = _cli(
-        ["run", *SMOKE, "--run-id", "c", "--set", "rollout.engine=hf"], tmp_path, fault="train:start@1"
-    )
-    assert killed.returncode == -signal.SIGKILL
-    r = _cli(["resume", "c", "--set", "train.lr=0.5"], tmp_path, timeout=120)
-    assert r.returncode == 2 and "train.lr: 0.0001 -> 0.5" in r.stderr
-    assert _cli(["resume", "nosuch"], tmp_path, timeout=120).returncode == 2
+def test_resume_with_changed_config_is_refused_unless_forced(chain):
+    _, refusals, _ = chain
+    code, err = refusals["changed"]
+    assert code == 2 and "train.lr: 0.0001 -> 0.5" in err, (code, err)
+    assert refusals["nosuch"][0] == 2
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("point,iteration", ASYNC_KILL_POINTS, ids=[f"{p}@{i}" for p, i in ASYNC_KILL_POINTS])
 def test_killed_async_run_resumes_to_identical_weights(reference, tmp_path, point, iteration):
-    hashes, ref_data = reference("hf", tuple(ASYNC))
+    hashes, ref_data = reference(tuple(ASYNC))
     assert len(hashes) == 3
     # the schedule: iteration k sampled from the policy of k-2 (the warm-up checkpoint for k <= 2)
     versions = [it["stages"]["generate"]["metrics"]["policy_version"] for it in ref_data["iterations"]]
     assert versions == [0, 0, 1]
-    args = ["run", *SMOKE, "--run-id", "a", "--set", "rollout.engine=hf", *ASYNC]
+    args = ["run", *SMOKE, "--run-id", "a", *ASYNC]
     killed = _cli(args, tmp_path, fault=f"{point}@{iteration}")
     assert killed.returncode == -signal.SIGKILL, (killed.returncode, killed.stderr[-2000:])
     resumed = _cli(["resume", "a"], tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    after = _final(tmp_path, "a")
+    after = show_json(tmp_path, "a")
     assert [it["policy_sha256"] for it in after["iterations"]] == hashes
     if point == "generate:committed":  # a stale generate stage replays identically
-        r = _cli(["replay", "a", "--iteration", "3", "--stage", "generate", "--json"], tmp_path, timeout=300)
-        assert r.returncode == 0 and json.loads(r.stdout)["identical"] is True, r.stdout + r.stderr[-2000:]
+        replayed_identical(tmp_path, "a", 3, ["generate"])
 
 
 # Checkpoints on a cadence: with train.checkpoint_every 3 of 4 iterations, iterations 1 and 2 commit manifests
@@ -157,15 +174,15 @@ def _drop_local_copies(run_dir: Path) -> list[str]:
 
 @pytest.mark.slow
 def test_checkpoint_cadence_resumes_and_replays_by_rebuilding(reference, tmp_path):
-    hashes, _ = reference("hf", ("--set", "experiment.iterations=4"))
-    args = ["run", *SMOKE, "--run-id", "c", "--set", "rollout.engine=hf", *CADENCE]
+    hashes, _ = reference(tuple(FOUR))
+    args = ["run", *SMOKE, "--run-id", "c", *CADENCE]
     killed = _cli(args, tmp_path, fault="train:start@3")
     assert killed.returncode == -signal.SIGKILL, (killed.returncode, killed.stderr[-2000:])
     run_dir = tmp_path / "store" / "c"
     assert _drop_local_copies(run_dir), "no unstored checkpoint was committed before the kill"
     resumed = _cli(["resume", "c"], tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert [it["policy_sha256"] for it in _final(tmp_path, "c")["iterations"]] == hashes
+    assert [it["policy_sha256"] for it in show_json(tmp_path, "c")["iterations"]] == hashes
     # Only the cadence point and the last iteration wrote weights and optimizer state to the store.
     for output in ("checkpoint", "optimizer.pt"):
         written = sorted(p.parts[-3] for p in run_dir.glob(f"iter-*/train/{output}"))
@@ -174,7 +191,5 @@ def test_checkpoint_cadence_resumes_and_replays_by_rebuilding(reference, tmp_pat
     assert [c.get("checkpoint_stored") for c in chain] == [True, True, False, False, None]  # 4, 3, 2, 1, base
     for stage in ("train", "generate"):  # a replay on a machine without the local copies rebuilds them
         assert len(_drop_local_copies(run_dir)) == 2
-        r = _cli(["replay", "c", "--iteration", "2", "--stage", stage, "--json"], tmp_path, timeout=300)
-        assert r.returncode == 0, r.stderr[-2000:]
-        report = json.loads(r.stdout)
-        assert report["identical"] is True and not report["metrics_differing"], report
+        (report,) = replayed_identical(tmp_path, "c", 2, [stage]).values()
+        assert not report["metrics_differing"], report

@@ -16,7 +16,7 @@ import pytest
 
 from infra.reward_server import RewardServer
 from rl_core.reward_client import RewardClient, RewardServerError
-from tests.conftest import run_cli
+from tests.conftest import replayed_identical, run_cli, show_json
 
 TEXTS = [f"{a}+{b}={a + b + d}" for a in range(30) for b in range(20) for d in (0, 3)]  # 1200 texts
 
@@ -112,7 +112,7 @@ def test_a_run_starts_its_reward_server_and_stores_the_scores(reward_folder, tmp
         tmp_path,
     )
     assert r.returncode == 0, r.stderr[-3000:]
-    shown = json.loads(run_cli(["show", "rm", "--json"], tmp_path, timeout=120).stdout)
+    shown = show_json(tmp_path, "rm")
     for it in shown["iterations"]:
         score = it["stages"]["score_rewards"]
         m = score["metrics"]
@@ -125,9 +125,4 @@ def test_a_run_starts_its_reward_server_and_stores_the_scores(reward_folder, tmp
         got, ref = rewards["reward_model"].tolist(), hf_scores(reward_folder, texts)
         assert max(abs(a - b) for a, b in zip(got, ref, strict=True)) < 1e-4
         assert m["reward_model_mean"] == pytest.approx(sum(got) / len(got))
-    rep = run_cli(
-        ["replay", "rm", "--iteration", "2", "--stage", "score_rewards", "--json"], tmp_path, timeout=300
-    )  # on a reward server of its own: the same scores bit for bit
-    assert rep.returncode == 0 and json.loads(rep.stdout)["identical"] is True, (
-        rep.stdout + rep.stderr[-2000:]
-    )
+    replayed_identical(tmp_path, "rm", 2, ["score_rewards"])  # on a reward server of its own: same bits

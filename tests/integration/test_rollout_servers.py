@@ -16,7 +16,7 @@ from infra.rollout_servers import RolloutServers
 from rl_core.config import RolloutSection
 from rl_core.rollout import Request, SamplingSpec
 from rl_core.rollout_server import ServerEngine
-from tests.conftest import ENGINE_PROMPTS, run_cli, two_policies
+from tests.conftest import ENGINE_PROMPTS, replayed_identical, run_cli, show_json, two_policies
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -91,14 +91,10 @@ def test_servers_match_the_in_process_engine_take_weights_and_survive_a_kill(che
 
 @pytest.mark.slow
 def test_a_run_on_rollout_servers_replays_on_the_in_process_engine(tmp_path):
-    r = run_cli(["run", "configs/smoke.yaml", "--run-id", "srv", "--set", "rollout.servers=1"], tmp_path)
+    args = ["--set", "rollout.servers=1", "--set", "tracking.enabled=false"]
+    r = run_cli(["run", "configs/smoke.yaml", "--run-id", "srv", *args], tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
-    shown = json.loads(run_cli(["show", "srv", "--json"], tmp_path, timeout=120).stdout)
+    shown = show_json(tmp_path, "srv")
     gen = shown["iterations"][1]["stages"]["generate"]["metrics"]
     assert gen["prefix_cache_queries"] > 0 and gen["server_restarts"] == 0
-    rep = run_cli(
-        ["replay", "srv", "--iteration", "2", "--stage", "generate", "--json"], tmp_path, timeout=300
-    )
-    assert rep.returncode == 0 and json.loads(rep.stdout)["identical"] is True, (
-        rep.stdout + rep.stderr[-2000:]
-    )
+    replayed_identical(tmp_path, "srv", 2, ["generate"])

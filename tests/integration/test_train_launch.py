@@ -17,13 +17,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import cli_env
+from tests.conftest import cli_env, show_json
 
 ROOT = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-m", "flows.cli"]
 # 32 completions per iteration in mini-batches of 8: 4 optimizer steps per train stage; the HF engine starts
 # in a second (the rollout engine is not what is under test).
-SMOKE = ["configs/smoke.yaml", "--set", "train.micro_batch_size=8", "--set", "rollout.engine=hf"]
+SMOKE = [
+    "configs/smoke.yaml",
+    *("--set", "train.micro_batch_size=8", "--set", "rollout.engine=hf"),
+    *("--set", "tracking.enabled=false"),  # no lineage read here: no MLflow database to create
+]
 TWO = ["--set", "train.world_size=2", "--set", "train.zero_stage=2"]
 LOSS_TOL = 1e-4
 LAYOUTS = {"zero1": (1, 1), "zero2": (2, 1), "zero3": (3, 1), "tp2": (0, 2)}
@@ -43,9 +47,7 @@ def _manifest(state: Path, run_id: str, k: int) -> dict | None:
 
 
 def _hashes(state: Path, run_id: str) -> list[str]:
-    r = _cli(["show", run_id, "--json"], state, timeout=120)
-    assert r.returncode == 0, r.stderr
-    return [it["policy_sha256"] for it in json.loads(r.stdout)["iterations"]]
+    return [it["policy_sha256"] for it in show_json(state, run_id)["iterations"]]
 
 
 def _job_processes() -> list[str]:

@@ -90,6 +90,7 @@ def test_deploy_refuses_bad_input(tmp_path, call, message):
     assert "Traceback" not in r.stderr
 
 
+@pytest.mark.slow  # needs the session's Prefect server
 def test_existing_pool_of_another_type_is_refused(tmp_path, prefect_api, pools):
     name = f"wp-proc-{secrets.token_hex(3)}"
     pools.append(name)
@@ -103,6 +104,7 @@ def test_existing_pool_of_another_type_is_refused(tmp_path, prefect_api, pools):
     assert prefect_api_call(f"{prefect_api}/work_pools/{name}")["type"] == "process"
 
 
+@pytest.mark.slow  # needs the session's Prefect server
 def test_kubernetes_pool_agrees_with_the_manifests(tmp_path, prefect_api, pools):
     """The pool `deploy --pool-type kubernetes` creates is the one infra/k8s's worker polls, of the type it
     starts, and its Jobs are the pods the manifests expect (namespace, flow-run label, the ConfigMap and S3

@@ -11,8 +11,12 @@ from envs.sandbox.core import slot_processes
 
 
 @pytest.fixture(autouse=True)
-def _session_prefect_server(prefect_api: str) -> str:
-    return prefect_api
+def _session_prefect_server(request: pytest.FixtureRequest) -> str | None:
+    """The session's Prefect server, started for the first test marked slow: the others (`make test-fast`)
+    start no server and no `rlfoundry run`."""
+    if request.node.get_closest_marker("slow") is None:
+        return None
+    return request.getfixturevalue("prefect_api")
 
 
 def leftover_slot_processes(wait_s: float = 3.0, before: set[int] | None = None) -> list[int]:

@@ -10,7 +10,7 @@ import json
 import pandas as pd
 import pytest
 
-from tests.conftest import cli, cli_env
+from tests.conftest import cli, cli_env, show_json
 
 HUMANEVAL_SMOKE = [
     "task.env=humaneval",
@@ -24,6 +24,7 @@ HUMANEVAL_SMOKE = [
     "rollout.max_tokens=16",
     "eval.pass_k=[1]",
     "eval.samples=1",
+    "tracking.enabled=false",
 ]
 
 
@@ -33,7 +34,7 @@ def test_humaneval_runs_in_the_loop(tmp_path):
     args = ["run", "configs/smoke.yaml", "--run-id", "he-loop"]
     r = cli([*args, *(a for s in HUMANEVAL_SMOKE for a in ("--set", s))], env)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
-    data = json.loads(cli(["show", "he-loop", "--json"], env, timeout=120).stdout)
+    data = show_json(tmp_path / "state", "he-loop")
     it = data["iterations"][0]["stages"]
     assert all(it[s]["status"] == "committed" for s in ("execute_envs", "score_rewards", "train", "evaluate"))
     results = pd.read_parquet(it["execute_envs"]["artifacts"]["env_results"].removeprefix("file://"))

@@ -47,16 +47,18 @@ def _iteration(store: Store, k: int, completions: list[str], correct: list[bool]
         }
     )
     return (
-        store.write_table(f"runs/r/iter-{k}/generate/rollouts.parquet", rollouts),
-        store.write_table(f"runs/r/iter-{k}/execute_envs/env_results.parquet", env),
+        store.write_table(f"{store.root}/r/iter-{k}/generate/rollouts.parquet", rollouts),
+        store.write_table(f"{store.root}/r/iter-{k}/execute_envs/env_results.parquet", env),
     )
 
 
 def _stages(ctx: RunContext, k: int, rollouts, env, state=None):
     inputs = {"rollouts": rollouts, "env_results": env} | ({"state": state} if state else {})
-    audit = audit_body(ctx, StageJob(k, inputs, f"runs/r/iter-{k}/audit"))
+    audit = audit_body(ctx, StageJob(k, inputs, f"{ctx.store.root}/r/iter-{k}/audit"))
     job = StageJob(
-        k, {"rollouts": rollouts, "env_results": env, "audit": audit.outputs["flags"]}, f"runs/r/s{k}"
+        k,
+        {"rollouts": rollouts, "env_results": env, "audit": audit.outputs["flags"]},
+        f"{ctx.store.root}/r/s{k}",
     )
     scored = score_rewards_body(ctx, job)
     return audit, scored, ctx.store.read_table(scored.outputs["rewards"])
