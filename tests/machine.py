@@ -47,7 +47,7 @@ def _cpuinfo() -> dict[str, str]:
 
 
 def fingerprint() -> dict[str, object]:
-    """The CPU (vendor, model), the kernel-relevant ISA flags, torch's dispatch level and version."""
+    """The CPU (vendor, model name and numbers), the kernel-relevant ISA flags, torch's dispatch level and version."""
     import torch
 
     info = _cpuinfo()
@@ -56,6 +56,8 @@ def fingerprint() -> dict[str, object]:
         "arch": platform.machine(),
         "vendor": info.get("vendor_id", ""),
         "model": info.get("model name", ""),
+        # a virtual machine may name every generation "AMD EPYC": the family/model numbers tell them apart
+        "family_model": f"{info.get('cpu family', '?')}/{info.get('model', '?')}",
         "isa": [f for f in KERNEL_FLAGS if f in flags],
         "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "torch": torch.__version__,

@@ -86,9 +86,10 @@ def test_smoke_run_keeps_its_pinned_policy_hashes(smoke_run):
 
 
 # The vLLM half of the crash matrix, chained: the run is killed at the first point, each resume is killed
-# at the next one, the last resume finishes. Half-way through writing an artifact (iteration 1), before the
-# weight sync into the engine and right after a committed generate (iteration 2).
-VLLM_KILL_POINTS = ["write@1", "sync@2", "generate:committed@2"]
+# at the next one, the last resume finishes. Half-way through writing an artifact (iteration 1), right after a
+# committed generate and before the weight sync into the engine (iteration 2: evaluate's sync of the new
+# weights; generate 2 samples from the weights evaluate 1 already loaded).
+VLLM_KILL_POINTS = ["write@1", "generate:committed@2", "sync@2"]
 
 
 @pytest.mark.slow

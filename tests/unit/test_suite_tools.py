@@ -68,7 +68,7 @@ def test_every_recorded_group_is_a_group_the_suite_still_has():
 
 def test_fingerprint_names_the_cpu_and_the_kernels_it_dispatches_on():
     fp = fingerprint()
-    assert {"arch", "vendor", "model", "isa", "torch_cpu_capability", "torch"} <= set(fp)
+    assert {"arch", "vendor", "model", "family_model", "isa", "torch_cpu_capability", "torch"} <= set(fp)
     assert fp == fingerprint() and isinstance(fp["isa"], list)
 
 
