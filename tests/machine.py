@@ -47,7 +47,8 @@ def _cpuinfo() -> dict[str, str]:
 
 
 def fingerprint() -> dict[str, object]:
-    """The CPU (vendor, model name and numbers), the kernel-relevant ISA flags, torch's dispatch level and version."""
+    """The CPU (vendor, model name and numbers), the kernel-relevant ISA flags, torch's dispatch level and
+    version."""
     import torch
 
     info = _cpuinfo()
