@@ -31,21 +31,22 @@ def _manifest(state: Path, run_id: str, k: int, stage: str) -> dict:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """A run left alone, and one SIGKILLed while the curriculum stage of iteration 2 writes, then resumed."""
-    alone, killed = tmp_path_factory.mktemp("alone"), tmp_path_factory.mktemp("killed")
-    r = run_cli(["run", *ARGS, "--run-id", "cur"], alone)
+    """A run left alone (``cur``), and one SIGKILLed while the curriculum stage of iteration 2 writes, then
+    resumed (``cur-k``), in one state folder (they share the warmed-up base model)."""
+    state = tmp_path_factory.mktemp("curriculum")
+    r = run_cli(["run", *ARGS, "--run-id", "cur"], state)
     assert r.returncode == 0, r.stderr[-3000:]
-    k = run_cli(["run", *ARGS, "--run-id", "cur"], killed, env={"RLFOUNDRY_FAULT": "curriculum:outputs@2"})
+    k = run_cli(["run", *ARGS, "--run-id", "cur-k"], state, env={"RLFOUNDRY_FAULT": "curriculum:outputs@2"})
     assert k.returncode == -signal.SIGKILL, (k.returncode, k.stderr[-2000:])
-    assert not (killed / "store" / "cur" / "iter-0002" / "curriculum" / "_manifest.json").exists()
-    resumed = run_cli(["resume", "cur"], killed)
+    assert not (state / "store" / "cur-k" / "iter-0002" / "curriculum" / "_manifest.json").exists()
+    resumed = run_cli(["resume", "cur-k"], state)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    return alone, killed
+    return state
 
 
 @pytest.mark.slow
 def test_the_state_is_an_artifact_generate_reads(runs):
-    alone, _ = runs
+    alone = runs
     data = _show(alone, "cur")
     assert data["stages"] == [
         "generate",
@@ -80,12 +81,12 @@ def test_the_state_is_an_artifact_generate_reads(runs):
 
 @pytest.mark.slow
 def test_a_resumed_run_draws_the_same_prompts(runs):
-    alone, killed = runs
+    state = runs
     for k in (1, 2, 3):
         for stage, output in (("generate", "rollouts"), ("curriculum", "state")):
-            a, b = _manifest(alone, "cur", k, stage), _manifest(killed, "cur", k, stage)
+            a, b = _manifest(state, "cur", k, stage), _manifest(state, "cur-k", k, stage)
             assert a["outputs"][output]["sha256"] == b["outputs"][output]["sha256"], (k, stage)
-    hashes = [[it["policy_sha256"] for it in _show(s, "cur")["iterations"]] for s in (alone, killed)]
+    hashes = [[it["policy_sha256"] for it in _show(state, r)["iterations"]] for r in ("cur", "cur-k")]
     assert hashes[0] == hashes[1] and len(hashes[0]) == 3
 
 
@@ -93,8 +94,7 @@ def test_a_resumed_run_draws_the_same_prompts(runs):
 def replays(runs):
     """Iteration 3's generate (it read the state iteration 2's curriculum stage committed) and curriculum
     (it read that state and iteration 3's rewards), replayed by one process."""
-    alone, _ = runs
-    return replayed_identical(alone, "cur", 3, ["generate", "curriculum"])
+    return replayed_identical(runs, "cur", 3, ["generate", "curriculum"])
 
 
 @pytest.mark.slow

@@ -113,14 +113,14 @@ def test_replay_reproduces_the_stage(replays, stage):
 
 
 @pytest.mark.slow
-def test_killed_run_resumes_to_the_same_weights(own_run, tmp_path):
-    folder, state = own_run
+def test_killed_run_resumes_to_the_same_weights(own_run):
+    folder, state = own_run  # the same state folder: the run starts from the shared warmed-up base
     want = [it["policy_sha256"] for it in _show(state, "own")["iterations"]]
-    killed = run_cli(_args(folder, "k"), tmp_path, env={"RLFOUNDRY_FAULT": "train:outputs@2"})
+    killed = run_cli(_args(folder, "k"), state, env={"RLFOUNDRY_FAULT": "train:outputs@2"})
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
-    resumed = run_cli(["resume", "k"], tmp_path)
+    resumed = run_cli(["resume", "k"], state)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert [it["policy_sha256"] for it in _show(tmp_path, "k")["iterations"]] == want
+    assert [it["policy_sha256"] for it in _show(state, "k")["iterations"]] == want
 
 
 def test_a_bad_folder_stops_run_before_any_work(tmp_path):

@@ -69,16 +69,23 @@ _REFERENCES: dict[str, tuple[list[str], dict]] = {}
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
+def state(tmp_path_factory):
+    """One state folder for the module's runs (each its own run id): they share one warmed-up base model,
+    built by the first run, where each would otherwise pay ~20 s for its own."""
+    return tmp_path_factory.mktemp("resume")
+
+
+@pytest.fixture(scope="module")
+def reference(state):
     """The uninterrupted run's per-iteration weights and metrics, per set of overrides (run on first use)."""
 
     def get(extra: tuple[str, ...]) -> tuple[list[str], dict]:
         key = " ".join(extra)
         if key not in _REFERENCES:
-            state = tmp_path_factory.mktemp("ref")
-            r = _cli(["run", *SMOKE, "--run-id", "ref", *extra], state)
+            run_id = f"ref{len(_REFERENCES)}"
+            r = _cli(["run", *SMOKE, "--run-id", run_id, *extra], state)
             assert r.returncode == 0, r.stderr[-3000:]
-            data = show_json(state, "ref")
+            data = show_json(state, run_id)
             _REFERENCES[key] = [it["policy_sha256"] for it in data["iterations"]], data
         return _REFERENCES[key]
 
@@ -86,10 +93,9 @@ def reference(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def chain(tmp_path_factory):
+def chain(state):
     """The chained crash matrix: per kill point the killing process's return code and what was committed
     when it died; the refusals tried on the first crash; the run's state once the last resume finished."""
-    state = tmp_path_factory.mktemp("chain")
     steps: dict[str, tuple[int, set, str]] = {}
     refusals: dict[str, tuple[int, str]] = {}
     args = ["run", *SMOKE, *FOUR, "--run-id", "r"]
@@ -135,21 +141,21 @@ def test_resume_with_changed_config_is_refused_unless_forced(chain):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("point,iteration", ASYNC_KILL_POINTS, ids=[f"{p}@{i}" for p, i in ASYNC_KILL_POINTS])
-def test_killed_async_run_resumes_to_identical_weights(reference, tmp_path, point, iteration):
+def test_killed_async_run_resumes_to_identical_weights(reference, state, point, iteration):
     hashes, ref_data = reference(tuple(ASYNC))
     assert len(hashes) == 3
     # the schedule: iteration k sampled from the policy of k-2 (the warm-up checkpoint for k <= 2)
     versions = [it["stages"]["generate"]["metrics"]["policy_version"] for it in ref_data["iterations"]]
     assert versions == [0, 0, 1]
-    args = ["run", *SMOKE, "--run-id", "a", *ASYNC]
-    killed = _cli(args, tmp_path, fault=f"{point}@{iteration}")
+    run_id = f"a-{point.replace(':', '-')}-{iteration}"
+    killed = _cli(["run", *SMOKE, "--run-id", run_id, *ASYNC], state, fault=f"{point}@{iteration}")
     assert killed.returncode == -signal.SIGKILL, (killed.returncode, killed.stderr[-2000:])
-    resumed = _cli(["resume", "a"], tmp_path)
+    resumed = _cli(["resume", run_id], state)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    after = show_json(tmp_path, "a")
+    after = show_json(state, run_id)
     assert [it["policy_sha256"] for it in after["iterations"]] == hashes
     if point == "generate:committed":  # a stale generate stage replays identically
-        replayed_identical(tmp_path, "a", 3, ["generate"])
+        replayed_identical(state, run_id, 3, ["generate"])
 
 
 # Checkpoints on a cadence: with train.checkpoint_every 3 of 4 iterations, iterations 1 and 2 commit manifests
@@ -173,23 +179,23 @@ def _drop_local_copies(run_dir: Path) -> list[str]:
 
 
 @pytest.mark.slow
-def test_checkpoint_cadence_resumes_and_replays_by_rebuilding(reference, tmp_path):
+def test_checkpoint_cadence_resumes_and_replays_by_rebuilding(reference, state):
     hashes, _ = reference(tuple(FOUR))
     args = ["run", *SMOKE, "--run-id", "c", *CADENCE]
-    killed = _cli(args, tmp_path, fault="train:start@3")
+    killed = _cli(args, state, fault="train:start@3")
     assert killed.returncode == -signal.SIGKILL, (killed.returncode, killed.stderr[-2000:])
-    run_dir = tmp_path / "store" / "c"
+    run_dir = state / "store" / "c"
     assert _drop_local_copies(run_dir), "no unstored checkpoint was committed before the kill"
-    resumed = _cli(["resume", "c"], tmp_path)
+    resumed = _cli(["resume", "c"], state)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert [it["policy_sha256"] for it in show_json(tmp_path, "c")["iterations"]] == hashes
+    assert [it["policy_sha256"] for it in show_json(state, "c")["iterations"]] == hashes
     # Only the cadence point and the last iteration wrote weights and optimizer state to the store.
     for output in ("checkpoint", "optimizer.pt"):
         written = sorted(p.parts[-3] for p in run_dir.glob(f"iter-*/train/{output}"))
         assert written == ["iter-0003", "iter-0004"], (output, written)
-    chain = json.loads(_cli(["lineage", "c", "--iteration", "4", "--json"], tmp_path, timeout=120).stdout)
+    chain = json.loads(_cli(["lineage", "c", "--iteration", "4", "--json"], state, timeout=120).stdout)
     assert [c.get("checkpoint_stored") for c in chain] == [True, True, False, False, None]  # 4, 3, 2, 1, base
     for stage in ("train", "generate"):  # a replay on a machine without the local copies rebuilds them
         assert len(_drop_local_copies(run_dir)) == 2
-        (report,) = replayed_identical(tmp_path, "c", 2, [stage]).values()
+        (report,) = replayed_identical(state, "c", 2, [stage]).values()
         assert not report["metrics_differing"], report

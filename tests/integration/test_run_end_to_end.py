@@ -93,10 +93,10 @@ VLLM_KILL_POINTS = ["write@1", "generate:committed@2", "sync@2"]
 
 
 @pytest.mark.slow
-def test_killed_vllm_run_resumes_to_identical_weights(smoke_run, tmp_path):
-    state, _ = smoke_run
+def test_killed_vllm_run_resumes_to_identical_weights(smoke_run):
+    state, _ = smoke_run  # the same state folder: the run shares the smoke run's warmed-up base model
     ref = show_json(state, "smoke-e2e")
-    env = cli_env(tmp_path)
+    env = cli_env(state)
     args = ["run", "configs/smoke.yaml", "--run-id", "k"]
     committed = []
     for point in VLLM_KILL_POINTS:
@@ -104,13 +104,13 @@ def test_killed_vllm_run_resumes_to_identical_weights(smoke_run, tmp_path):
             CLI + args, cwd=ROOT, env={**env, "RLFOUNDRY_FAULT": point}, capture_output=True, text=True
         )
         assert killed.returncode == -signal.SIGKILL, (point, killed.returncode, killed.stderr[-2000:])
-        done = _committed(show_json(tmp_path, "k"))
+        done = _committed(show_json(state, "k"))
         assert done not in committed, f"{point}: nothing more was committed before it fired"
         committed.append(done)
         args = ["resume", "k"]
-    resumed = _run(args, tmp_path)
+    resumed = _run(args, state)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    after = show_json(tmp_path, "k")
+    after = show_json(state, "k")
     assert [it["policy_sha256"] for it in after["iterations"]] == [
         it["policy_sha256"] for it in ref["iterations"]
     ]
@@ -200,7 +200,7 @@ def test_cli_help_imports_nothing_heavy():
 
 
 @pytest.mark.slow
-def test_fallback_engines_run_end_to_end(tmp_path):
+def test_fallback_engines_run_end_to_end(smoke_run):
     """The HF rollout engine and the plain-torch trainer go through the same flow."""
     args = [
         "run",
@@ -216,9 +216,10 @@ def test_fallback_engines_run_end_to_end(tmp_path):
         "--set",
         "tracking.enabled=false",
     ]
-    r = _run(args, tmp_path)
+    state, _ = smoke_run  # its warmed-up base model (the warm-up does not depend on the engines)
+    r = _run(args, state)
     assert r.returncode == 0, r.stderr[-3000:]
-    (it,) = show_json(tmp_path, "fallback")["iterations"]
+    (it,) = show_json(state, "fallback")["iterations"]
     assert it["stages"]["train"]["metrics"]["logprob_mismatch_max"] < 1e-3
     assert it["stages"]["evaluate"]["status"] == "committed"
 
