@@ -123,8 +123,41 @@ def cli_env(state: Path) -> dict[str, str]:
     return env
 
 
-def cli(args: list[str], env: dict[str, str], timeout: float = 900) -> subprocess.CompletedProcess:
-    """``rlfoundry ARGS`` in a subprocess with exactly ``env``, output captured."""
+_FORK: dict[str, object] = {}
+
+
+def _fork_server() -> object:
+    """This pytest process's fork server (tests/forkserver.py), started on first use, gone with it."""
+    if "server" not in _FORK:
+        import atexit
+        import shutil
+        import tempfile
+
+        from tests.forkserver import ForkServer
+
+        work = Path(tempfile.mkdtemp(prefix="rlf-forkserver-"))
+        server = ForkServer(work)
+        server.start()
+
+        def stop() -> None:
+            if server.proc is not None:
+                server.proc.kill()
+                server.proc.wait()
+            shutil.rmtree(work, ignore_errors=True)
+
+        atexit.register(stop)
+        _FORK["server"] = server
+    return _FORK["server"]
+
+
+def cli(
+    args: list[str], env: dict[str, str], timeout: float = 900, fresh: bool = False
+) -> subprocess.CompletedProcess:
+    """``rlfoundry ARGS`` in a process of its own with exactly ``env``, output captured: a child of the fork
+    server (tests/forkserver.py: the heavy imports done once), or with ``fresh`` (or RLFOUNDRY_TEST_FORK=0) a
+    new interpreter, ``python -m flows.cli``."""
+    if not fresh and os.environ.get("RLFOUNDRY_TEST_FORK", "1") != "0":
+        return _fork_server().run(args, env, timeout)  # type: ignore[attr-defined]
     return subprocess.run(
         [sys.executable, "-m", "flows.cli", *args],
         cwd=ROOT,
@@ -150,10 +183,14 @@ def python_in_private_netns(code: str, timeout: float = 600) -> subprocess.Compl
 
 
 def run_cli(
-    args: list[str], state: Path, timeout: float = 900, env: dict[str, str] | None = None
+    args: list[str],
+    state: Path,
+    timeout: float = 900,
+    env: dict[str, str] | None = None,
+    fresh: bool = False,
 ) -> subprocess.CompletedProcess:
     """``rlfoundry ARGS`` writing under ``state`` (see ``cli_env``; ``env`` added), output captured."""
-    return cli(args, {**cli_env(state), **(env or {})}, timeout)
+    return cli(args, {**cli_env(state), **(env or {})}, timeout, fresh)
 
 
 def show_json(state: Path, run_id: str, store: str | None = None) -> dict:

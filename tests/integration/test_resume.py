@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import shutil
 import signal
-import subprocess
 import sys
 from pathlib import Path
 
@@ -13,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from flows.cli import app
-from tests.conftest import cli_env, replayed_identical, show_json
+from tests.conftest import cli, cli_env, replayed_identical, show_json
 
 ROOT = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-m", "flows.cli"]
@@ -45,7 +44,7 @@ def _cli(args, state, fault=None, timeout=600):
     env.pop("RLFOUNDRY_FAULT", None)
     if fault:
         env["RLFOUNDRY_FAULT"] = fault
-    return subprocess.run(CLI + args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    return cli(args, env, timeout)
 
 
 # Asynchronous RL (rollout.max_staleness 1, three iterations): iteration k+1's rollout stages run beside train

@@ -14,23 +14,23 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import cli_env, replay_cli, show_json
+from tests.conftest import cli, cli_env, replay_cli, show_json
 from tests.machine import fingerprint, pinned, same_machine
 
 ROOT = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-m", "flows.cli"]
 
 
-def _run(args, state, timeout=900):
-    return subprocess.run(
-        CLI + args, cwd=ROOT, env=cli_env(state), capture_output=True, text=True, timeout=timeout
-    )
+def _run(args, state, timeout=900, fresh=False):
+    return cli(args, cli_env(state), timeout, fresh)
 
 
 @pytest.fixture(scope="module")
 def smoke_run(tmp_path_factory):
+    """The smoke run, in a new interpreter (`python -m flows.cli`, not a fork server's child): the program
+    exactly as a user starts it."""
     state = tmp_path_factory.mktemp("state")
-    r = _run(["run", "configs/smoke.yaml", "--run-id", "smoke-e2e"], state)
+    r = _run(["run", "configs/smoke.yaml", "--run-id", "smoke-e2e"], state, fresh=True)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
     return state, r
 
@@ -100,9 +100,7 @@ def test_killed_vllm_run_resumes_to_identical_weights(smoke_run):
     args = ["run", "configs/smoke.yaml", "--run-id", "k"]
     committed = []
     for point in VLLM_KILL_POINTS:
-        killed = subprocess.run(
-            CLI + args, cwd=ROOT, env={**env, "RLFOUNDRY_FAULT": point}, capture_output=True, text=True
-        )
+        killed = cli(args, {**env, "RLFOUNDRY_FAULT": point})
         assert killed.returncode == -signal.SIGKILL, (point, killed.returncode, killed.stderr[-2000:])
         done = _committed(show_json(state, "k"))
         assert done not in committed, f"{point}: nothing more was committed before it fired"

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import cli_env, show_json
+from tests.conftest import cli, cli_env, show_json
 
 ROOT = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-m", "flows.cli"]
@@ -38,7 +38,7 @@ def _cli(args: list[str], state: Path, fault: str | None = None, timeout: float 
     env.pop("RLFOUNDRY_FAULT", None)
     if fault:
         env["RLFOUNDRY_FAULT"] = fault
-    return subprocess.run(CLI + args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    return cli(args, env, timeout)
 
 
 def _manifest(state: Path, run_id: str, k: int) -> dict | None:
