@@ -38,6 +38,18 @@ def module_path(classname: str) -> str:
     return "/".join(parts) + ".py"
 
 
+def strip_group(name: str) -> str:
+    """A JUnit test name without the ``@group`` suffix xdist's loadgroup gives it (after the last ``]``).
+
+    >>> strip_group("test_a[x@1]@tests/integration/test_resume.py"), strip_group("test_a[x@1]")
+    ('test_a[x@1]', 'test_a[x@1]')
+    >>> strip_group("test_b@s3")
+    'test_b'
+    """
+    head, sep, group = name.rpartition("@")
+    return head if sep and "]" not in group else name
+
+
 def read_reports(paths: list[Path]) -> list[dict]:
     """Every test case of the reports: module, name, seconds, outcome, phase (the report's file name)."""
     cases = []
@@ -50,7 +62,7 @@ def read_reports(paths: list[Path]) -> list[dict]:
             cases.append(
                 {
                     "module": module_path(case.get("classname", "")),
-                    "name": case.get("name", ""),
+                    "name": strip_group(case.get("name", "")),
                     "seconds": float(case.get("time") or 0.0),
                     "outcome": outcome,
                     "phase": path.stem,

@@ -65,6 +65,9 @@ def xdist_group(item: pytest.Item) -> str:
     return group_of(Path(str(item.fspath)).resolve().relative_to(ROOT).as_posix(), item.name)
 
 
+# tryfirst: xdist's own hook turns the xdist_group marks into the scheduler's groups; run after it, the marks
+# came too late and every test was a group of its own (a module's fixtures then ran on both workers).
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     seconds = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
     groups = {id(item): xdist_group(item) for item in items}

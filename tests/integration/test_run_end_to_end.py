@@ -98,13 +98,13 @@ def test_killed_vllm_run_resumes_to_identical_weights(smoke_run):
     ref = show_json(state, "smoke-e2e")
     env = cli_env(state)
     args = ["run", "configs/smoke.yaml", "--run-id", "k"]
-    committed = []
+    committed: set[tuple[int, str]] = set()
     for point in VLLM_KILL_POINTS:
         killed = cli(args, {**env, "RLFOUNDRY_FAULT": point})
         assert killed.returncode == -signal.SIGKILL, (point, killed.returncode, killed.stderr[-2000:])
         done = _committed(show_json(state, "k"))
-        assert done not in committed, f"{point}: nothing more was committed before it fired"
-        committed.append(done)
+        assert done >= committed, f"{point}: a stage committed before was lost"
+        committed = done
         args = ["resume", "k"]
     resumed = _run(args, state)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
