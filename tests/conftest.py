@@ -24,6 +24,12 @@ import tenacity
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+# OpenMP threads that wait passively instead of spinning, in this process and every process the suite starts
+# (set before torch loads its OpenMP runtime, which reads it once): on two cores shared by two workers' runs,
+# servers and ranks, spinning threads took the CPU their peers needed — three smoke runs at once took 60 s
+# spinning, 34 s passive, with the same policy hashes (the same threads compute the same sums).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 
 # `make test` runs two pytest-xdist workers (`-n 2 --dist loadgroup`) over everything but tests/sandbox
 # (those count every sandbox process on the machine, so they run alone afterwards): most of the suite waits
