@@ -137,7 +137,9 @@ def reward_function(cfg: Any, tasks: dict[str, dict[str, Any]], eos_id: int) -> 
             stopped = bool(ids) and ids[-1] == eos_id  # ended by EOS, not cut off
             outcomes.append(Outcome(**env.step(text).outcome, finish_reason="stop" if stopped else "length"))
         prompts = [tasks[t]["prompt"] for t in task_id]
-        return combine(weights, components(weights, prompts, list(completions), outcomes)).tolist()
+        # no run context: the plain reward functions only (a served reward model or a judge needs one)
+        parts, _ = components(None, weights, prompts, list(completions), outcomes)
+        return combine(weights, parts).tolist()
 
     return rlfoundry_reward
 
@@ -149,6 +151,11 @@ def grpo_config(cfg: Any, out_dir: Path, iterations: int) -> Any:
     from trl import GRPOConfig
 
     r, t = cfg.rollout, cfg.train
+    if t.algorithm != "grpo" or t.loss_agg != "token_mean":
+        raise ValueError(
+            f"the TRL arm mirrors train.algorithm=grpo with token_mean loss (TRL scale_rewards=group, "
+            f"loss_type=dapo), not {t.algorithm} with {t.loss_agg}"
+        )
     per_step = r.prompts_per_iteration * r.n
     if per_step % t.micro_batch_size:
         raise ValueError(
@@ -176,7 +183,7 @@ def grpo_config(cfg: Any, out_dir: Path, iterations: int) -> Any:
         epsilon=t.clip_low,
         epsilon_high=t.clip_high,
         loss_type="dapo",
-        scale_rewards="group" if cfg.reward.advantage == "grpo" else "none",
+        scale_rewards="group",
         seed=cfg.experiment.seed,
         logging_steps=per_step // t.micro_batch_size,
         save_strategy="no",
