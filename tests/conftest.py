@@ -30,7 +30,8 @@ sys.path.insert(0, str(ROOT))
 # on servers and subprocesses. Each test module is one group (its module-scoped fixtures run once); modules
 # that share something machine-wide share a group, so they never run at the same time: SeaweedFS opens fixed
 # ports (8181, 9101) besides the ones it is given.
-# The crash/resume matrix is split by rollout engine (each half builds its own uninterrupted reference run).
+# The crash/resume matrix is split by rollout engine (each half builds its own uninterrupted reference run),
+# and the benchmark smokes by benchmark (each has its own state dir; together they are minutes of work).
 SHARED_GROUPS = {
     "tests/sandbox/": "sandbox",
     "tests/integration/test_s3_store.py": "s3",
@@ -43,9 +44,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         path = Path(str(item.fspath)).resolve().relative_to(ROOT).as_posix()
         group = next((g for prefix, g in SHARED_GROUPS.items() if path.startswith(prefix)), path)
-        engine = getattr(getattr(item, "callspec", None), "params", {}).get("engine")
-        if path == "tests/integration/test_resume.py" and engine:
-            group = f"{path}:{engine}"
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if path == "tests/integration/test_resume.py" and params.get("engine"):
+            group = f"{path}:{params['engine']}"
+        if path == "tests/integration/test_benchmarks_smoke.py" and params.get("bench"):
+            group = f"{path}:{params['bench']}"
         item.add_marker(pytest.mark.xdist_group(group))
 
 
