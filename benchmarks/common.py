@@ -2,9 +2,10 @@
 mode every benchmark has.
 
 ``--smoke`` runs a benchmark's own code on the smallest shape (``SMOKE_SHAPE``, configs/smoke.yaml's model,
-task and batch), one step or iteration per arm, in seconds to a minute: its figures mean nothing, but a change
-that breaks the benchmark fails ``tests/integration/test_benchmarks_smoke.py``. A smoke result says
-``"smoke": true``, writes nowhere unless ``--out`` is given, and keeps its state in a temporary folder
+task and batch), one step or iteration per arm: seconds without an engine, under a minute or two with one
+(each process that runs a flow pays ~25 s of CPU for imports, vLLM and DeepSpeed). Its figures mean nothing,
+but a change that breaks the benchmark fails ``tests/integration/test_benchmarks_smoke.py``. A smoke result
+says ``"smoke": true``, writes nowhere unless ``--out`` is given, and keeps its state in a temporary folder
 (``RLFOUNDRY_STATE_DIR`` when set) so that nothing is written inside the repository.
 """
 

@@ -97,14 +97,21 @@ def test_every_benchmark_has_a_smoke(name: str) -> None:
     assert name in SMOKES, f"benchmarks/{name}.py has no smoke here: give it --smoke and an entry in SMOKES"
 
 
+@pytest.fixture(scope="session")
+def vllm_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One vLLM cache for every smoke of a worker: with a cold one, each engine start inspects the model class
+    in a fresh interpreter that imports torch and vLLM (~10 s of CPU); the cache keeps the answer."""
+    return tmp_path_factory.mktemp("vllm-cache")
+
+
 @pytest.mark.parametrize(
     "bench", [pytest.param(n, marks=[pytest.mark.slow] if slow else []) for n, slow in SMOKES.items()]
 )
-def test_benchmark_smoke(bench: str, tmp_path: Path) -> None:
+def test_benchmark_smoke(bench: str, tmp_path: Path, vllm_cache: Path) -> None:
     state = tmp_path / "state"
     # One torch thread per process: a smoke's figures mean nothing, and two threads per process on two shared
     # cores made a 20-step warm-up take 44 s instead of 0.6 s (OpenMP threads waiting on each other).
-    env = {**cli_env(state), "OMP_NUM_THREADS": "1"}
+    env = {**cli_env(state), "OMP_NUM_THREADS": "1", "VLLM_CACHE_ROOT": str(vllm_cache)}
     before = files(BENCHMARKS / "results"), listing(ROOT / ".state")
     done = subprocess.run(
         [sys.executable, f"benchmarks/{bench}.py", "--smoke", "--json"],
