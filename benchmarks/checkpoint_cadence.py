@@ -1,6 +1,7 @@
 """What full checkpoints every iteration cost: the same run with ``train.checkpoint_every`` 1 and N.
 
     .venv/bin/python benchmarks/checkpoint_cadence.py --json [--every 10] [--iterations 6] [--set k=v ...]
+    .venv/bin/python benchmarks/checkpoint_cadence.py --smoke --json   # smoke policy, every 2, 2 iterations
 
 Both arms run the full flow (``benchmarks/orchestration.py``'s ``orchestrated``: Prefect, manifests, MLflow)
 on the default experiment with a larger policy (``--set`` defaults below: ~25M parameters, so the checkpoint
@@ -26,6 +27,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.common import SMOKE_SHAPE, add_smoke_flag, finish  # noqa: E402
+
 POLICY = [
     "model.hidden_size=512",
     "model.intermediate_size=2048",
@@ -40,7 +43,7 @@ POLICY = [
 ]
 
 
-def arm(every: int, iterations: int, sets: list[str]) -> dict[str, Any]:
+def arm(every: int, iterations: int, sets: list[str], smoke: bool = False) -> dict[str, Any]:
     """One arm in this process: run the flow, then read back its train stages and what it wrote."""
     from benchmarks.orchestration import orchestrated
     from rl_core.config import load_config
@@ -48,7 +51,8 @@ def arm(every: int, iterations: int, sets: list[str]) -> dict[str, Any]:
     from rl_core.stage import committed
 
     root = Path(__file__).resolve().parents[1]
-    overrides = [*POLICY, *sets, f"experiment.iterations={iterations}", f"train.checkpoint_every={every}"]
+    policy = SMOKE_SHAPE if smoke else POLICY
+    overrides = [*policy, *sets, f"experiment.iterations={iterations}", f"train.checkpoint_every={every}"]
     cfg = load_config(root / "configs" / "default.yaml", [*overrides, "experiment.name=cadence"])
     run_id = f"every-{every}"
     per_iteration = orchestrated(cfg, run_id)
@@ -65,9 +69,9 @@ def arm(every: int, iterations: int, sets: list[str]) -> dict[str, Any]:
     }
 
 
-def _in_subprocess(every: int, iterations: int, sets: list[str]) -> dict[str, Any]:
+def _in_subprocess(every: int, iterations: int, sets: list[str], smoke: bool) -> dict[str, Any]:
     cmd = [sys.executable, __file__, "--arm", str(every), "--iterations", str(iterations)]
-    cmd += [a for s in sets for a in ("--set", s)]
+    cmd += [a for s in sets for a in ("--set", s)] + (["--smoke"] if smoke else [])
     out = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if out.returncode != 0:
         raise RuntimeError(f"checkpoint_every={every} failed:\n{out.stderr[-3000:]}")
@@ -82,18 +86,20 @@ def main() -> None:
     ap.add_argument("--arm", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--json", action="store_true", help="print the JSON result as the last line")
     ap.add_argument("--out", type=Path, help="also write the JSON result here")
+    add_smoke_flag(ap)
     args = ap.parse_args()
+    if args.smoke and args.arm is None:  # the smoke policy; iteration 2 is the one timed
+        args.every, args.iterations = 2, 2
     os.environ.setdefault("RLFOUNDRY_STATE_DIR", tempfile.mkdtemp(prefix="rlf-cadence-"))
     os.environ.setdefault("TQDM_DISABLE", "1")
     if args.arm is not None:
-        print(json.dumps(arm(args.arm, args.iterations, args.sets)))
+        print(json.dumps(arm(args.arm, args.iterations, args.sets, args.smoke)))
         return
-    from benchmarks.common import finish
     from infra.localstack.prefect_server import ensure_api
 
     ensure_api()  # one Prefect server for both arms (the subprocesses inherit PREFECT_API_URL)
-    every1 = _in_subprocess(1, args.iterations, args.sets)
-    cadence = _in_subprocess(args.every, args.iterations, args.sets)
+    every1 = _in_subprocess(1, args.iterations, args.sets, args.smoke)
+    cadence = _in_subprocess(args.every, args.iterations, args.sets, args.smoke)
     if every1["policy_sha256"] != cadence["policy_sha256"]:
         raise SystemExit("the two arms ended with different weights: the cadence must not change them")
     ratio = every1["timed_s"] / cadence["timed_s"]
@@ -102,7 +108,13 @@ def main() -> None:
         f"every {args.every}: {cadence['timed_s']:.2f} s ({cadence['bytes_written'] / 1e6:.0f} MB) "
         f"over {args.iterations - 1} iterations -> ratio {ratio:.3f}"
     )
-    finish({"every_1": every1, "cadence": cadence, "ratio": round(ratio, 4)}, args.out, args.json)
+    result = {
+        "benchmark": "checkpoint_cadence",
+        "every_1": every1,
+        "cadence": cadence,
+        "ratio": round(ratio, 4),
+    }
+    finish(result, args.out, args.json, args.smoke)
 
 
 if __name__ == "__main__":

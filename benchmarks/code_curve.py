@@ -1,6 +1,7 @@
 """Code RL end to end: configs/code.yaml through the full flow, and its held-out pass-rate curve.
 
     .venv/bin/python benchmarks/code_curve.py --json [--iterations 30] [--set key=value ...]
+    .venv/bin/python benchmarks/code_curve.py --smoke --json   # smoke shape, 1 iteration, writes nowhere
 
 Runs the experiment of ``configs/code.yaml`` (the tiny built-in model, warmed up on a flawed teacher, then
 GRPO against hidden tests run in the sandbox: ``envs/code/``) in this process and writes
@@ -23,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import SMOKE_SHAPE, add_smoke_flag, finish, result_file  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "results" / "code_curve.json"
@@ -103,15 +106,17 @@ def main() -> None:
     ap.add_argument("--iterations", type=int, help="override experiment.iterations")
     ap.add_argument("--set", dest="overrides", action="append", default=[], help="config override key=value")
     ap.add_argument("--run-id", default="code-curve")
-    ap.add_argument("--out", type=Path, default=OUT, help="where the JSON result goes")
+    ap.add_argument("--out", type=Path, help=f"where the JSON result goes (default {OUT.relative_to(ROOT)})")
     ap.add_argument("--json", action="store_true", help="print the result as the last line")
+    add_smoke_flag(ap)
     args = ap.parse_args()
     os.environ.setdefault("RLFOUNDRY_STATE_DIR", tempfile.mkdtemp(prefix="rlf-code-curve-"))
     os.environ.setdefault("TQDM_DISABLE", "1")
-    from benchmarks.common import finish
     from infra.localstack.prefect_server import ensure_api
 
     ensure_api()
+    if args.smoke:
+        args.overrides, args.iterations = [*SMOKE_SHAPE, *args.overrides], 1
     sets = [*args.overrides] + ([f"experiment.iterations={args.iterations}"] if args.iterations else [])
     cfg, events = run(sets, args.run_id)
     rows = curve_rows(cfg, args.run_id, events)
@@ -123,7 +128,7 @@ def main() -> None:
         f"(ratio {result['ratio']}) in {result['wall_s']:.0f} s; "
         f"sandbox {result['sandbox_s_per_iteration']} s/iteration"
     )
-    finish(result, args.out, args.json)
+    finish(result, result_file(args.out, OUT, args.smoke), args.json, args.smoke)
 
 
 if __name__ == "__main__":

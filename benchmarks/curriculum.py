@@ -1,6 +1,7 @@
 """The curriculum against uniform sampling: iterations to +30 held-out accuracy points, same seeds, same base.
 
     .venv/bin/python benchmarks/curriculum.py --json [--workload default --workload mix] [--out FILE]
+    .venv/bin/python benchmarks/curriculum.py --smoke --json   # default workload, smoke shape, 1 iteration
 
 Each workload is run twice through the full flow in one process, ``rollout.curriculum`` none and frontier
 (``curriculum_keys: [op, digits]``), from the same warmed-up base model (the base is shared: same model,
@@ -29,6 +30,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.common import SMOKE_SHAPE, add_smoke_flag, finish, smoke_state  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 EVAL = ["eval.every=1", "eval.pass_k=[1]", "eval.samples=1"]
 WORKLOADS: dict[str, tuple[int, list[str]]] = {
@@ -51,13 +54,15 @@ def iterations_to(curve: list[dict[str, Any]], base: float, gain: float) -> int 
     return next((c["iteration"] for c in curve if c["accuracy"] >= base + gain - 1e-9), None)
 
 
-def arm(workload: str, name: str, stamp: str) -> dict[str, Any]:
+def arm(workload: str, name: str, stamp: str, smoke: bool = False) -> dict[str, Any]:
     from flows.experiment import experiment_flow
     from rl_core.config import load_config
     from rl_core.context import RunContext
     from rl_core.runs import create_or_resume
 
     iterations, extra = WORKLOADS[workload]
+    if smoke:
+        iterations, extra = 1, [*SMOKE_SHAPE, *extra]
     sets = [f"experiment.iterations={iterations}", *EVAL, *extra, *ARMS[name]]
     cfg = load_config(ROOT / "configs" / "default.yaml", sets)
     run_id = f"cur-{workload}-{name}-{stamp}"
@@ -106,18 +111,19 @@ def main() -> None:
     ap.add_argument("--workload", action="append", choices=list(WORKLOADS), help="default: all of them")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--out", type=Path, help="also write the JSON result here")
+    add_smoke_flag(ap)
     args = ap.parse_args()
+    smoke_state(args.smoke, "curriculum")
     os.environ.setdefault("RLFOUNDRY_STATE_DIR", str(ROOT / ".state" / "bench-curriculum"))
     os.environ.setdefault("TQDM_DISABLE", "1")
-    from benchmarks.common import finish
     from infra.localstack.prefect_server import ensure_api
 
     ensure_api()
     stamp = time.strftime("%Y%m%d-%H%M%S")
     t0 = time.perf_counter()
     results: dict[str, Any] = {}
-    for w in args.workload or list(WORKLOADS):
-        none, frontier = (arm(w, a, stamp) for a in ARMS)
+    for w in args.workload or (["default"] if args.smoke else list(WORKLOADS)):
+        none, frontier = (arm(w, a, stamp, args.smoke) for a in ARMS)
         results[w] = {
             "none": none,
             "frontier": frontier,
@@ -135,7 +141,7 @@ def main() -> None:
         "total_wall_s": round(time.perf_counter() - t0, 1),
         "ratio": first["ratios"]["+30"],
     }
-    finish(result, args.out, args.json)
+    finish(result, args.out, args.json, args.smoke)
 
 
 if __name__ == "__main__":

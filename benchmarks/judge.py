@@ -1,6 +1,7 @@
 """The LLM judge: how well a tiny judge trained here agrees with the verifier, and what judging costs.
 
     .venv/bin/python benchmarks/judge.py --json [--steps 1500] [--set model.hidden_size=128 ...] [--out FILE]
+    .venv/bin/python benchmarks/judge.py --smoke --json   # 10 steps on 500 tasks, the smoke batch only
 
 1. ``train_judge`` on configs/smoke.yaml's task (arithmetic add/sub, 1-2 digits; the smoke model's shape)
    with ``task.train_size`` 5000; its held-out agreement with the verifier (``judge_report.json``), per kind
@@ -25,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import add_smoke_flag, finish, smoke_state  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -75,30 +78,31 @@ def main() -> None:
     ap.add_argument("--set", action="append", default=[], help="config override, e.g. model.hidden_size=128")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--out", type=Path, help="also write the JSON result here")
+    add_smoke_flag(ap)
     args = ap.parse_args()
-    from benchmarks.common import finish
+    smoke_state(args.smoke, "judge")
     from rl_core.config import load_config
     from rl_core.judge_train import train_judge
 
-    cfg = load_config(ROOT / "configs" / "smoke.yaml", ["task.train_size=5000", *args.set])
+    tasks, shapes = (500, ((8, 4),)) if args.smoke else (5000, ((8, 4), (64, 8)))
+    steps = 10 if args.smoke else args.steps
+    cfg = load_config(ROOT / "configs" / "smoke.yaml", [f"task.train_size={tasks}", *args.set])
     with tempfile.TemporaryDirectory() as d:
         folder = Path(d) / "judge"
         start = time.perf_counter()
-        report = train_judge(cfg, folder, steps=args.steps, tasks=5000)
+        report = train_judge(cfg, folder, steps=steps, tasks=tasks)
         train_s = time.perf_counter() - start
-        runs = [
-            component(folder, e, p, n, f"{d}/store") for e in ("hf", "vllm") for p, n in ((8, 4), (64, 8))
-        ]
+        runs = [component(folder, e, p, n, f"{d}/store") for e in ("hf", "vllm") for p, n in shapes]
     held = report["heldout"]
     result = {
         "benchmark": "judge",
-        "config": " ".join(["configs/smoke.yaml", "task.train_size=5000", *args.set]),
+        "config": " ".join(["configs/smoke.yaml", f"task.train_size={tasks}", *args.set]),
         "train": {k: v for k, v in report.items() if k != "heldout"} | {"seconds": train_s},
         "heldout": held,
         "component": runs,
         "ratio": held["balanced_agreement"] / 0.5,
     }
-    finish(result, args.out, args.json)
+    finish(result, args.out, args.json, args.smoke)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ lineage, progress events) and as the bare stage bodies in a plain Python loop, s
 
     .venv/bin/python benchmarks/orchestration.py --json            # both workloads
     .venv/bin/python benchmarks/orchestration.py --workload default --iterations 6
+    .venv/bin/python benchmarks/orchestration.py --smoke --json   # generation workload, smoke shape, 2 its
 
 Workloads: ``default`` is configs/default.yaml (8-token answers, 64 prompts x 8 samples), shorter warm-up;
 ``generation`` is the generation-heavy shape of issue 11 (64 prompts x 8 samples x up to 128 tokens): the
@@ -29,6 +30,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.common import SMOKE_SHAPE, add_smoke_flag, finish  # noqa: E402
+
 WORKLOADS: dict[str, list[str]] = {
     "default": ["warmup.steps=300"],
     "generation": [
@@ -42,11 +45,12 @@ WORKLOADS: dict[str, list[str]] = {
 }
 
 
-def _config(workload: str, iterations: int) -> Any:
+def _config(workload: str, iterations: int, smoke: bool = False) -> Any:
     from rl_core.config import load_config
 
     root = Path(__file__).resolve().parents[1]
     sets = [*WORKLOADS[workload], f"experiment.iterations={iterations}", "experiment.name=orchestration"]
+    sets += SMOKE_SHAPE if smoke else []
     return load_config(root / "configs" / "default.yaml", sets)
 
 
@@ -99,8 +103,8 @@ def bare(cfg: Any, run_id: str) -> list[float]:
     return times[1:]
 
 
-def measure(workload: str, iterations: int) -> dict[str, Any]:
-    cfg = _config(workload, iterations)
+def measure(workload: str, iterations: int, smoke: bool = False) -> dict[str, Any]:
+    cfg = _config(workload, iterations, smoke)
     full = orchestrated(cfg, f"orch-{workload}")
     plain = bare(cfg, f"bare-{workload}")
     timed_full, timed_bare = sum(full[1:]), sum(plain[1:])
@@ -131,25 +135,28 @@ def main() -> None:
     ap.add_argument("--iterations", type=int, default=6)
     ap.add_argument("--json", action="store_true", help="print the JSON result as the last line")
     ap.add_argument("--out", type=Path, help="also write the JSON result here")
+    add_smoke_flag(ap)
     args = ap.parse_args()
+    if args.smoke:  # the headline workload in this process; iteration 2 is the one timed
+        args.iterations = 2
+        args.workload = "generation" if args.workload == "both" else args.workload
     os.environ.setdefault("RLFOUNDRY_STATE_DIR", tempfile.mkdtemp(prefix="rlf-orch-"))
     os.environ.setdefault("TQDM_DISABLE", "1")
-    from benchmarks.common import finish
     from infra.localstack.prefect_server import ensure_api
 
     ensure_api()  # one Prefect server for both workloads (the subprocesses inherit PREFECT_API_URL)
     if args.workload == "both":  # one process per workload: each starts its own engines from scratch
         found = {w: _in_subprocess(w, args.iterations) for w in WORKLOADS}
     else:
-        found = {args.workload: measure(args.workload, args.iterations)}
+        found = {args.workload: measure(args.workload, args.iterations, args.smoke)}
     for w, r in found.items():
         print(
             f"{w:>10}: bare {r['bare_total_s']:.2f} s, orchestrated {r['orchestrated_total_s']:.2f} s over "
             f"{r['timed_iterations']} iterations -> ratio {r['ratio']:.3f}"
         )
     headline = found.get("generation", next(iter(found.values())))["ratio"]
-    result = {"workloads": found, "ratio": headline}
-    finish(result, args.out, args.json)
+    result = {"benchmark": "orchestration", "workloads": found, "ratio": headline}
+    finish(result, args.out, args.json, args.smoke)
 
 
 if __name__ == "__main__":

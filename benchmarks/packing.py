@@ -2,6 +2,7 @@
 
     flock /tmp/heavy.lock .venv/bin/python benchmarks/packing.py --json [--repeats 5] [--budgets 0 96 192]
     .venv/bin/python benchmarks/packing.py --extract STATE/store/RUN/iter-0001/generate/rollouts.parquet
+    .venv/bin/python benchmarks/packing.py --smoke --json   # smoke policy, 32 rollouts per table, 1 repeat
 
 The length mixes are real multi-turn tool-use rollouts (``configs/tooluse.yaml``: prompt, then model turns
 and calculator observations, observation tokens masked), one iteration (256 rollouts) each, stored as length
@@ -33,9 +34,13 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.common import SMOKE_SHAPE, add_smoke_flag, finish, result_file  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 TABLES = [RESULTS / "packing_rollouts_tooluse.json", RESULTS / "packing_rollouts_early.json"]
+OUT = RESULTS / "packing.json"
+SMOKE_ROLLOUTS = 32  # of each table: one mini-batch of the smoke shape
 
 
 def extract(parquet: Path, out: Path, policy: str) -> None:
@@ -148,12 +153,16 @@ def summary(cfg: Any, a: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def workload(cfg: Any, tok: Any, path: Path, budgets: list[int], repeats: int) -> dict[str, Any]:
-    """Every arm (padded, then packed at each budget) on the length table ``path``, timed in turns (one
-    update of each arm per round) so that a burst of load on the machine hits every arm alike."""
+def workload(
+    cfg: Any, tok: Any, path: Path, budgets: list[int], repeats: int, rollouts: int | None = None
+) -> dict[str, Any]:
+    """Every arm (padded, then packed at each budget) on the length table ``path`` (its first ``rollouts``
+    rows; all by default), timed in turns (one update of each arm per round) so that a burst of load on the
+    machine hits every arm alike."""
     from rl_core.ppo import ppo_update
 
     table = json.loads(path.read_text())
+    table["rollouts"] = table["rollouts"][:rollouts]
     df = frame(table["rollouts"], len(tok), seed=0)
     live = [arm(cfg, tok, df, b) for b in [None, *budgets]]
     for _ in range(repeats):
@@ -181,7 +190,6 @@ def workload(cfg: Any, tok: Any, path: Path, budgets: list[int], repeats: int) -
 
 
 def main() -> None:
-    from benchmarks.common import finish
     from rl_core.config import load_config
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -194,14 +202,17 @@ def main() -> None:
         "--extract", type=Path, help="write a length table (--tables' first) from a rollouts.parquet"
     )
     ap.add_argument("--policy", default="", help="with --extract: what policy sampled the rollouts")
-    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "packing.json")
+    ap.add_argument("--out", type=Path, help=f"where the JSON result goes (default {OUT.relative_to(ROOT)})")
+    add_smoke_flag(ap)
     args = ap.parse_args()
     if args.extract:
         extract(args.extract, args.tables[0], args.policy)
         return
-    cfg = load_config(ROOT / "configs" / "tooluse.yaml", args.set)
+    sets, rollouts = ([*SMOKE_SHAPE, *args.set], SMOKE_ROLLOUTS) if args.smoke else (args.set, None)
+    repeats = 1 if args.smoke else args.repeats
+    cfg = load_config(ROOT / "configs" / "tooluse.yaml", sets)
     tok = tokenizer(cfg)
-    loads = [workload(cfg, tok, t, args.budgets, args.repeats) for t in args.tables]
+    loads = [workload(cfg, tok, t, args.budgets, repeats, rollouts) for t in args.tables]
     result = {
         "benchmark": "packing",
         "update": "ppo_update on a torch train engine, configs/tooluse.yaml policy shape and train section",
@@ -210,7 +221,7 @@ def main() -> None:
         "workloads": loads,
         "ratio": loads[0]["ratio"],
     }
-    finish(result, args.out, args.json)
+    finish(result, result_file(args.out, OUT, args.smoke), args.json, args.smoke)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Every policy-gradient algorithm on the default task: held-out accuracy curves from the same seeds and base.
 
     .venv/bin/python benchmarks/pg_family.py --json [--iterations 10] [--every 2] [--algorithms grpo,ppo]
+    .venv/bin/python benchmarks/pg_family.py --smoke --json   # grpo and ppo, smoke shape, 1 iteration each
 
 Runs ``configs/default.yaml`` once per ``train.algorithm`` (``rlfoundry run`` in a subprocess, one state dir
 and one Prefect server for all), so every run starts from the same warmed-up base model (the first run pays
@@ -9,7 +10,8 @@ are the same for all, after that each policy samples its own. Held-out greedy ac
 evaluated every ``--every`` iterations. Writes ``benchmarks/results/pg_family.json``; the last line
 (``--json``) holds the raw curves, wall seconds per run, machine and versions, and ``ratio`` = the best
 algorithm's final held-out gain over the base divided by GRPO's (1.0 when GRPO is best; None when GRPO
-gained nothing).
+gained nothing). ``--smoke`` runs two algorithms (GRPO, which the ratio needs, and PPO, the one with a critic)
+unless ``--algorithms`` is given: every algorithm's own run is tested by tests/integration/test_algorithms.py.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import SMOKE_SHAPE, add_smoke_flag, finish, result_file  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "results" / "pg_family.json"
@@ -78,24 +82,27 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--iterations", type=int, default=10)
     ap.add_argument("--every", type=int, default=2, help="evaluate every this many iterations")
-    ap.add_argument("--algorithms", default=",".join(ALGORITHMS))
+    ap.add_argument("--algorithms", help=f"comma-separated (default {','.join(ALGORITHMS)})")
     ap.add_argument("--set", dest="overrides", action="append", default=[], help="config override key=value")
-    ap.add_argument("--out", type=Path, default=OUT, help="where the JSON result goes")
+    ap.add_argument("--out", type=Path, help=f"where the JSON result goes (default {OUT.relative_to(ROOT)})")
     ap.add_argument("--json", action="store_true", help="print the result as the last line")
+    add_smoke_flag(ap)
     args = ap.parse_args()
     os.environ.setdefault("RLFOUNDRY_STATE_DIR", tempfile.mkdtemp(prefix="rlf-pg-family-"))
     os.environ.setdefault("TQDM_DISABLE", "1")
-    from benchmarks.common import finish
     from infra.localstack.prefect_server import ensure_api
 
     ensure_api()  # one Prefect server for every run (its URL is inherited by the subprocesses)
+    if args.smoke:
+        args.iterations, args.every, args.overrides = 1, 1, [*SMOKE_SHAPE, *args.overrides]
+        args.algorithms = args.algorithms or "grpo,ppo"
     sets = [
         f"experiment.iterations={args.iterations}",
         f"eval.every={args.every}",
         "tracking.enabled=false",
         *args.overrides,
     ]
-    algos = args.algorithms.split(",")
+    algos = (args.algorithms or ",".join(ALGORITHMS)).split(",")
     wall, curves = {}, {}
     for algo in algos:
         wall[algo] = run(algo, sets)
@@ -106,7 +113,7 @@ def main() -> None:
     result.update(summary(curves))
     result["wall_s"] = wall
     result["curves"] = curves
-    finish(result, args.out, args.json)
+    finish(result, result_file(args.out, OUT, args.smoke), args.json, args.smoke)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ both. Reports: exploits scored 0, exploits flagged, exploits that neither scored
 0), honest completions that passed, honest completions flagged (must be 0), and the same for text.
 
     python benchmarks/reward_audit.py --json     # last line: the figures; ratio = exploits caught / all
+    python benchmarks/reward_audit.py --smoke --json   # the first 4 exploits, 2 honest, 4 reference solutions
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import finish  # noqa: E402
+from benchmarks.common import add_smoke_flag, finish, result_file, smoke_state  # noqa: E402
 from benchmarks.reward_exploits import CODE_EXPLOITS, HONEST, HONEST_TEXT, JUDGE_INJECTIONS  # noqa: E402
 from envs.humaneval import canonical_completions, problems, score  # noqa: E402
 from rl_core.audit import EXPLOIT  # noqa: E402
@@ -26,6 +27,8 @@ from rl_core.audit_code import code_flags  # noqa: E402
 from rl_core.audit_text import judge_injection  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
+OUT = RESULTS / "reward_audit.json"
+SMOKE = 4  # exploits and reference solutions in a smoke (the first ones: none waits on a timeout)
 
 
 def graded(rows: list[tuple[str, str, str]]) -> list[dict]:
@@ -39,10 +42,12 @@ def graded(rows: list[tuple[str, str, str]]) -> list[dict]:
     return out
 
 
-def measure() -> dict:
+def measure(smoke: bool = False) -> dict:
+    n, m = (SMOKE, SMOKE // 2) if smoke else (None, None)  # None: all of them
     t0 = time.monotonic()
-    exploits = graded(CODE_EXPLOITS)
-    honest = graded(HONEST + [(r["task_id"], r["task_id"], r["completion"]) for r in canonical_completions()])
+    exploits = graded(CODE_EXPLOITS[:n])
+    reference = [(r["task_id"], r["task_id"], r["completion"]) for r in canonical_completions()[:n]]
+    honest = graded(HONEST[:m] + reference)
     seconds = time.monotonic() - t0
     caught = [e for e in exploits if not e["passed"] or e["audit"]]
     return {
@@ -68,9 +73,16 @@ def measure() -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print the figures as one JSON line last")
-    parser.add_argument("--out", type=Path, default=RESULTS / "reward_audit.json")
+    parser.add_argument("--out", type=Path, help=f"where the JSON result goes (default {OUT})")
+    add_smoke_flag(parser)
     args = parser.parse_args()
-    finish(measure(), args.out, args.json)
+    smoke_state(args.smoke, "reward-audit")
+    finish(
+        {"benchmark": "reward_audit", **measure(args.smoke)},
+        result_file(args.out, OUT, args.smoke),
+        args.json,
+        args.smoke,
+    )
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Scored rollouts per second through the reward server: batched requests vs one request per rollout.
 
     .venv/bin/python benchmarks/reward_server.py --json --out benchmarks/results/reward_server.json
+    .venv/bin/python benchmarks/reward_server.py --smoke --json   # 10 training steps, 16 rollouts, 1 repeat
 
 One reward server (``infra.reward_server``: vLLM's pooling runner) on a reward model trained for the smoke
 config's arithmetic (``rlfoundry reward-model train``, or ``--model FOLDER``); the same rollouts (prompt +
@@ -22,6 +23,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import add_smoke_flag, finish, smoke_state  # noqa: E402
+
+SMOKE_TRAINING = ["reward.model.train_steps=10", "reward.model.train_tasks=500"]
 
 
 def _rollouts(cfg, n: int) -> list[str]:
@@ -51,17 +56,21 @@ def main() -> None:
     ap.add_argument("--model", type=Path, help="a reward model folder (default: train one for smoke.yaml)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--out", type=Path, help="also write the JSON result here")
+    add_smoke_flag(ap)
     args = ap.parse_args()
+    if args.smoke:
+        args.rollouts, args.batch_size, args.repeats = 16, 8, 1
+    smoke_state(args.smoke, "reward-server")
     from rl_core.paths import configure_env
 
     configure_env()
-    from benchmarks.common import finish
     from infra.reward_server import RewardServer
     from rl_core.config import load_config
     from rl_core.reward_client import RewardClient
     from rl_core.reward_model import train_reward_model
 
-    cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "smoke.yaml", [])
+    sets = SMOKE_TRAINING if args.smoke else []
+    cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "smoke.yaml", sets)
     texts = _rollouts(cfg, args.rollouts)
     with tempfile.TemporaryDirectory() as tmp:
         folder = args.model or Path(tmp) / "rm"
@@ -96,7 +105,7 @@ def main() -> None:
         "heldout_pairwise_accuracy": trained.get("heldout_pairwise_accuracy"),
         "ratio": s_s / b_s,
     }
-    finish(result, args.out, args.json)
+    finish(result, args.out, args.json, args.smoke)
     if not args.json:
         print(
             f"batched {result['batched_rollouts_per_s']:.0f}/s vs one by one "

@@ -1,6 +1,7 @@
 """Rollout throughput: vLLM (the default engine) vs HF transformers `generate`, same model, prompts, sampling.
 
     .venv/bin/python benchmarks/rollout.py --json
+    .venv/bin/python benchmarks/rollout.py --smoke --json   # smoke model, 8 prompts x 4 x 8 tokens, 1 repeat
 
 Prints a summary, then as its last line one JSON object: {"vllm_tok_s", "hf_tok_s", "ratio", ...}.
 Both engines sample the same batch (prompts x n completions of exactly max_tokens tokens, EOS ignored) from
@@ -16,7 +17,6 @@ to and including EOS; the JSON records both length distributions.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -24,6 +24,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import SMOKE_SHAPE, add_smoke_flag, finish, smoke_state  # noqa: E402
 
 
 def _length(row: list[int], eos: int | None) -> int:
@@ -59,14 +61,19 @@ def main() -> None:
     )
     ap.add_argument("--stop-at-eos", action="store_true", help="variable lengths: stop at EOS (see above)")
     ap.add_argument("--json", action="store_true")
+    add_smoke_flag(ap)
     args = ap.parse_args()
+    if args.smoke:
+        args.prompts, args.n, args.max_tokens, args.repeats = 8, 4, 8, 1
+        args.overrides = [*SMOKE_SHAPE, *args.overrides]
+    smoke_state(args.smoke, "rollout")
 
     from rl_core.paths import configure_env
 
     configure_env()
     import torch
 
-    from benchmarks.common import default_policy, machine
+    from benchmarks.common import default_policy
     from rl_core.model import save_checkpoint
 
     cfg, tasks, tok, model = default_policy(args.overrides)
@@ -152,13 +159,12 @@ def main() -> None:
         "vllm_tok_s": round(vllm_tok_s, 1),
         "hf_tok_s": round(hf_tok_s, 1),
         "ratio": round(vllm_tok_s / hf_tok_s, 3),
-        "machine": machine(),
     }
     print(
         f"vLLM {vllm_tok_s:,.0f} tok/s  HF generate {hf_tok_s:,.0f} tok/s  ratio {result['ratio']:.2f}x",
         file=sys.stderr,
     )
-    print(json.dumps(result))
+    finish(result, None, True, args.smoke)  # the JSON line, with or without --json
 
 
 if __name__ == "__main__":

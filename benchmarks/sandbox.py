@@ -1,6 +1,7 @@
 """Sandbox throughput: the sandbox pool vs a bare `python3 file.py` subprocess on the same programs.
 
     .venv/bin/python benchmarks/sandbox.py --json
+    .venv/bin/python benchmarks/sandbox.py --smoke --json   # 8 programs, 1 worker, 4 HumanEval solutions
 
 For each worker count, the same programs run (a) bare: `/usr/bin/python3 -E -s file.py` from a thread pool of
 that size, files written beforehand, (b) through `SandboxPool` (each worker's long-lived container runs every
@@ -26,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import machine  # noqa: E402
+from benchmarks.common import add_smoke_flag, finish, smoke_state  # noqa: E402
 from envs.sandbox import Limits  # noqa: E402
 from envs.sandbox.core import PYTHON, slot_processes  # noqa: E402
 from envs.sandbox.pool import SandboxPool  # noqa: E402
@@ -88,7 +89,12 @@ def main() -> None:
     ap.add_argument("--programs", type=int, default=300)
     ap.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4])
     ap.add_argument("--json", action="store_true")
+    add_smoke_flag(ap)
     args = ap.parse_args()
+    solutions = None  # all of them
+    if args.smoke:
+        args.programs, args.workers, solutions = 8, [1], 4
+    smoke_state(args.smoke, "sandbox")
     progs = programs(args.programs)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -114,7 +120,7 @@ def main() -> None:
     from envs.humaneval import canonical_completions, score
 
     t0 = time.perf_counter()
-    he = score(canonical_completions())
+    he = score(canonical_completions()[:solutions])
     he_s = time.perf_counter() - t0
     print(f"HumanEval canonical solutions: pass rate {he['pass_rate']:.3f} in {he_s:.1f} s", file=sys.stderr)
     left = leftovers()
@@ -129,15 +135,13 @@ def main() -> None:
             "seconds": round(he_s, 2),
         },
         "leftovers": left,
-        "machine": machine(),
         "ratio": headline["ratio"],
         "ratio_definition": (
             f"sandbox pool / bare python3 executions per second, {headline['workers']} workers"
         ),
     }
-    if args.json:
-        print(json.dumps(out))
-    else:
+    finish(out, None, args.json, args.smoke)
+    if not args.json:
         print(json.dumps(out, indent=1))
 
 

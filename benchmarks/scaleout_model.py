@@ -1,6 +1,7 @@
 """Scale-out model: iteration time against GPU count, from the stage times measured here.
 
     .venv/bin/python benchmarks/scaleout_model.py --json   # also writes results/scaleout_model.json
+    .venv/bin/python benchmarks/scaleout_model.py --smoke --json   # one scenario, writes nowhere
 
 An analytic model, not a measurement at scale. Its inputs are the per-iteration stage times of a run on this
 machine: by default the medians over the demo run's iterations without evaluation
@@ -36,7 +37,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.common import add_smoke_flag, finish, result_file  # noqa: E402
+
 RESULTS = Path(__file__).resolve().parent / "results"
+OUT = RESULTS / "scaleout_model.json"
 GPUS = (1, 2, 4, 8, 16, 32, 64)
 STAGES = ("generate", "execute_envs", "score_rewards", "train")
 
@@ -179,14 +183,15 @@ def _args() -> argparse.Namespace:
         help="scenarios: multiply the GPU stages by each (1 = as measured)",
     )
     ap.add_argument("--json", action="store_true", help="print the result as one JSON line last, and save it")
-    ap.add_argument("--out", type=Path, default=RESULTS / "scaleout_model.json", help="where --json saves")
+    ap.add_argument("--out", type=Path, help=f"where --json saves (default {OUT})")
+    add_smoke_flag(ap)
     return ap.parse_args()
 
 
 def main() -> None:
     args = _args()
-    from benchmarks.common import machine
-
+    if args.smoke:
+        args.compute_scale = args.compute_scale[:1]
     st = measured(args.curve, args.env_workers)
     given = {k: getattr(args, k) for k in ("generate", "env", "train", "orchestration") if getattr(args, k)}
     if given:
@@ -214,10 +219,8 @@ def main() -> None:
             f"modelled iteration time, synchronous / asynchronous loop, at G={last['gpus']} GPUs, "
             f"compute x{args.compute_scale[0]:g} (higher: async gains more)"
         ),
-        "machine": machine(),
     }
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
-    print(json.dumps(result))
+    finish(result, result_file(args.out, OUT, args.smoke), True, args.smoke)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,10 @@
 """Faster than TRL, side by side: the same model trained on the same task by TRL's GRPOTrainer and by
 rlfoundry, from the same warmed-up base weights, timed per RL step and to the same held-out accuracy gain.
+TRL (the ``bench`` extra, part of ``dev``) comes with ``make venv``.
 
-    make trl                                        # TRL into .venv (pinned; the `bench` extra)
     .venv/bin/python benchmarks/vs_trl.py --json    # both workloads -> benchmarks/results/vs_trl.json
     .venv/bin/python benchmarks/vs_trl.py --workload default --iterations 6
+    .venv/bin/python benchmarks/vs_trl.py --smoke --json  # default workload, smoke shape, 1 step per arm
 
 Workloads: ``default`` is configs/default.yaml (2-digit add/sub, 64 prompts x 8 samples, max_tokens 8);
 ``generation`` is configs/countup.yaml (envs/countup.py: the 25 four-digit numbers from a to b, 125 answer
@@ -36,6 +37,9 @@ pool). Clocks start at the first RL step: rlfoundry's after the base model's eva
 and any base build are ``setup_s``), TRL's at ``on_train_begin`` (model load and trainer construction are
 ``setup_s``); rlfoundry's first step also builds its DeepSpeed engine. Evaluation and TRL's checkpoint saves
 are on neither clock. Each arm's result records the load averages at its end (other work on the machine).
+
+``--smoke`` runs every arm for one step on configs/default.yaml in the smoke shape (``benchmarks/common.py``);
+where TRL is not installed its arm is reported as skipped, with the reason, and the ratios are null.
 """
 
 from __future__ import annotations
@@ -53,6 +57,15 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.common import (  # noqa: E402
+    SMOKE_SHAPE,
+    add_smoke_flag,
+    finish,
+    installed,
+    result_file,
+    smoke_state,
+)
+
 # Per workload: config file, RL steps, evaluate every this many steps, the held-out accuracy gain timed.
 WORKLOADS: dict[str, dict[str, Any]] = {
     "default": {"config": "default.yaml", "iterations": 8, "eval_every": 1, "gain": 0.3},
@@ -62,10 +75,11 @@ WORKLOADS: dict[str, dict[str, Any]] = {
 EVAL_SETS = ["eval.samples=1", "eval.pass_k=[1]", "eval.every=100000", "experiment.name=vs_trl"]
 
 
-def workload_config(workload: str, iterations: int, staleness: int = 0) -> Any:
+def workload_config(workload: str, iterations: int, staleness: int = 0, smoke: bool = False) -> Any:
     from rl_core.config import load_config
 
     sets = [*EVAL_SETS, f"experiment.iterations={iterations}", f"rollout.max_staleness={staleness}"]
+    sets += SMOKE_SHAPE if smoke else []
     return load_config(ROOT / "configs" / WORKLOADS[workload]["config"], sets)
 
 
@@ -98,7 +112,7 @@ def rlfoundry_arm(args: argparse.Namespace) -> dict[str, Any]:
     from rl_core.stage import committed
 
     ensure_api()
-    cfg = workload_config(args.workload, args.iterations, args.staleness)
+    cfg = workload_config(args.workload, args.iterations, args.staleness, args.smoke)
     ctx = RunContext(cfg, args.run_id)
     base_cached = committed(ctx.store, ctx.base_id, 0, "warmup") is not None
     create_or_resume(ctx, "new")
@@ -137,7 +151,9 @@ def reward_function(cfg: Any, tasks: dict[str, dict[str, Any]], eos_id: int) -> 
             stopped = bool(ids) and ids[-1] == eos_id  # ended by EOS, not cut off
             outcomes.append(Outcome(**env.step(text).outcome, finish_reason="stop" if stopped else "length"))
         prompts = [tasks[t]["prompt"] for t in task_id]
-        return combine(weights, components(weights, prompts, list(completions), outcomes)).tolist()
+        # no run context: the plain reward functions only (a served reward model or a judge needs one)
+        parts, _ = components(None, weights, prompts, list(completions), outcomes)
+        return combine(weights, parts).tolist()
 
     return rlfoundry_reward
 
@@ -149,6 +165,11 @@ def grpo_config(cfg: Any, out_dir: Path, iterations: int) -> Any:
     from trl import GRPOConfig
 
     r, t = cfg.rollout, cfg.train
+    if t.algorithm != "grpo" or t.loss_agg != "token_mean":
+        raise ValueError(
+            f"the TRL arm mirrors train.algorithm=grpo with token_mean loss (TRL scale_rewards=group, "
+            f"loss_type=dapo), not {t.algorithm} with {t.loss_agg}"
+        )
     per_step = r.prompts_per_iteration * r.n
     if per_step % t.micro_batch_size:
         raise ValueError(
@@ -176,7 +197,7 @@ def grpo_config(cfg: Any, out_dir: Path, iterations: int) -> Any:
         epsilon=t.clip_low,
         epsilon_high=t.clip_high,
         loss_type="dapo",
-        scale_rewards="group" if cfg.reward.advantage == "grpo" else "none",
+        scale_rewards="group",
         seed=cfg.experiment.seed,
         logging_steps=per_step // t.micro_batch_size,
         save_strategy="no",
@@ -220,7 +241,7 @@ def trl_arm(args: argparse.Namespace) -> dict[str, Any]:
     from rl_core.context import RunContext
     from rl_core.model import load_model, load_tokenizer
 
-    cfg = workload_config(args.workload, args.iterations)
+    cfg = workload_config(args.workload, args.iterations, smoke=args.smoke)
     ctx = RunContext(cfg, args.run_id)
     t0 = time.perf_counter()
     local = ctx.local_checkpoint(base_checkpoint(ctx))
@@ -256,17 +277,19 @@ def eval_arm(args: argparse.Namespace) -> dict[str, Any]:
     from rl_core.evaluate import evaluate_body
     from rl_core.stage import StageJob, committed
 
-    cfg = workload_config(args.workload, args.iterations)
+    cfg = workload_config(args.workload, args.iterations, smoke=args.smoke)
     ctx = RunContext(cfg, f"{args.run_id}-eval")
     points = eval_points(args.iterations, args.eval_every)
-    refs: dict[str, dict[int, Any]] = {"base": {0: base_checkpoint(ctx)}, "rlfoundry": {}, "trl": {}}
+    refs: dict[str, dict[int, Any]] = {"base": {0: base_checkpoint(ctx)}, "rlfoundry": {}}
     for k in points:
         train = committed(ctx.store, args.run_id, k, "train")
         if train is None:
             raise RuntimeError(f"run {args.run_id}: no committed train stage at iteration {k}")
         refs["rlfoundry"][k] = train.outputs["checkpoint"]
-        folder = trl_dir(args.run_id) / f"iter-{k:04d}"
-        refs["trl"][k] = ctx.store.put_dir(folder, ctx.store.stage_uri(ctx.run_id, k, "trl-checkpoint"))
+        if not args.skip_trl:
+            folder = trl_dir(args.run_id) / f"iter-{k:04d}"
+            uri = ctx.store.stage_uri(ctx.run_id, k, "trl-checkpoint")
+            refs.setdefault("trl", {})[k] = ctx.store.put_dir(folder, uri)
     out: dict[str, Any] = {}
     t0 = time.perf_counter()
     try:
@@ -301,9 +324,12 @@ def per_step_seconds(clock: list[float]) -> dict[str, float]:
 
 def summarize(spec: dict[str, Any], arms: dict[str, dict[str, Any]], ev: dict[str, Any]) -> dict[str, Any]:
     """Per arm: seconds per step, accuracy curve, best gain; then both arms' seconds to one common gain (the
-    workload's target, or the largest gain both reached when one fell short) and their ratio."""
+    workload's target, or the largest gain both reached when one fell short) and their ratio (null when an arm
+    was skipped: its entry is ``{"skipped": reason}``)."""
     acc = ev["accuracy"]
     base = acc["base"]["0"]
+    skipped = {a: r for a, r in arms.items() if "skipped" in r}
+    arms = {a: r for a, r in arms.items() if a not in skipped}
     best = {a: max(v - base for v in acc[a].values()) for a in arms}
     common = min(best.values())
     gain = spec["gain"] if common >= spec["gain"] else round(common, 4)
@@ -318,6 +344,10 @@ def summarize(spec: dict[str, Any], arms: dict[str, dict[str, Any]], ev: dict[st
     timed = {a: arms[a]["clock_s"][k - 1] if k else None for a, k in steps.items()}
     out["gain"] = {"target": spec["gain"], "timed": gain, "lowered": gain < spec["gain"]}
     out["steps_to_gain"], out["seconds_to_gain"] = steps, timed
+    out |= skipped
+    if skipped:
+        out["ratio"] = out["per_step_ratio"] = None
+        return out
     ok = all(timed.values())
     out["ratio"] = round(timed["trl"] / timed["rlfoundry"], 4) if ok else None
     rs, ts = out["rlfoundry"]["per_step"]["median_s"], out["trl"]["per_step"]["median_s"]
@@ -325,11 +355,13 @@ def summarize(spec: dict[str, Any], arms: dict[str, dict[str, Any]], ev: dict[st
     return out
 
 
-def _arm(name: str, workload: str, run_id: str, spec: dict[str, Any], staleness: int) -> dict[str, Any]:
+def _arm(
+    name: str, workload: str, run_id: str, spec: dict[str, Any], staleness: int, flags: list[str]
+) -> dict[str, Any]:
     """One arm in its own process (nothing of one engine or trainer is left for the next)."""
     cmd = [sys.executable, __file__, "--arm", name, "--workload", workload, "--run-id", run_id]
     cmd += ["--iterations", str(spec["iterations"]), "--eval-every", str(spec["eval_every"])]
-    cmd += ["--staleness", str(staleness)]
+    cmd += ["--staleness", str(staleness), *flags]
     t0 = time.perf_counter()
     done = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if done.returncode != 0:
@@ -341,11 +373,15 @@ def _arm(name: str, workload: str, run_id: str, spec: dict[str, Any], staleness:
     return result
 
 
-def measure(workload: str, spec: dict[str, Any], staleness: int) -> dict[str, Any]:
+def measure(
+    workload: str, spec: dict[str, Any], staleness: int, smoke: bool, trl_missing: str
+) -> dict[str, Any]:
+    """Both arms, then the evaluation; ``trl_missing`` (why TRL cannot run, or empty) skips TRL's arm."""
     run_id = f"vs-trl-{workload}-{time.strftime('%Y%m%d-%H%M%S')}"
-    rlf = _arm("rlfoundry", workload, run_id, spec, staleness)
-    trl = _arm("trl", workload, run_id, spec, staleness)
-    ev = _arm("eval", workload, run_id, spec, staleness)
+    flags = ["--smoke"] if smoke else []
+    rlf = _arm("rlfoundry", workload, run_id, spec, staleness, flags)
+    trl = {"skipped": trl_missing} if trl_missing else _arm("trl", workload, run_id, spec, staleness, flags)
+    ev = _arm("eval", workload, run_id, spec, staleness, flags + (["--skip-trl"] if trl_missing else []))
     result = summarize(spec, {"rlfoundry": rlf, "trl": trl}, ev)
     return {"run_id": run_id, **spec, "max_staleness": staleness, **result}
 
@@ -361,9 +397,12 @@ def main() -> None:
     ap.add_argument(
         "--out", type=Path, help="result file (default benchmarks/results/vs_trl[_WORKLOAD].json)"
     )
+    add_smoke_flag(ap)
     ap.add_argument("--arm", choices=["rlfoundry", "trl", "eval"], help=argparse.SUPPRESS)
     ap.add_argument("--run-id", help=argparse.SUPPRESS)
+    ap.add_argument("--skip-trl", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    smoke_state(args.smoke, "vs-trl")
     # Base models, compiled ops and the vLLM cache persist here between runs (delete it to start clean).
     os.environ.setdefault("RLFOUNDRY_STATE_DIR", str(ROOT / ".state" / "vs_trl"))
     os.environ.setdefault("TQDM_DISABLE", "1")
@@ -371,10 +410,13 @@ def main() -> None:
         arm = {"rlfoundry": rlfoundry_arm, "trl": trl_arm, "eval": eval_arm}[args.arm]
         print(json.dumps(arm(args)))
         return
-    from importlib.metadata import version
+    from importlib.util import find_spec
 
-    from benchmarks.common import finish
     from infra.localstack.prefect_server import ensure_api
+
+    trl_missing = "" if find_spec("trl") else "TRL is not installed (the bench extra; make venv installs it)"
+    if trl_missing and not args.smoke:
+        raise SystemExit(f"benchmarks/vs_trl.py: {trl_missing}")
 
     ensure_api()  # one Prefect server for every rlfoundry arm (the subprocesses inherit PREFECT_API_URL)
     # DeepSpeed compiles its CPU communication op on first use (~50 s, once per machine and install): done
@@ -382,22 +424,25 @@ def main() -> None:
     warm = "from rl_core.train_engine import build_ops; build_ops()"
     subprocess.run([sys.executable, "-c", warm], check=True, cwd=ROOT)
     found = {}
+    if args.smoke:  # one step per arm on the smallest workload
+        args.iterations, args.eval_every = 1, 1
+        args.workload = "default" if args.workload == "both" else args.workload
     for w in WORKLOADS if args.workload == "both" else [args.workload]:
         given = {
             k: getattr(args, k) for k in ("iterations", "eval_every", "gain") if getattr(args, k) is not None
         }
-        found[w] = r = measure(w, WORKLOADS[w] | given, args.staleness)
-        rs, ts = r["rlfoundry"]["per_step"]["median_s"], r["trl"]["per_step"]["median_s"]
+        found[w] = r = measure(w, WORKLOADS[w] | given, args.staleness, args.smoke, trl_missing)
+        rs, ts = r["rlfoundry"]["per_step"]["median_s"], r["trl"].get("per_step", {}).get("median_s")
         print(
             f"{w}: s/step rlfoundry {rs} trl {ts}; to +{r['gain']['timed']}: {r['seconds_to_gain']}",
             flush=True,
         )
     headline = found.get("generation", next(iter(found.values())))
     result = {"benchmark": "vs_trl", "workloads": found, "ratio": headline["ratio"]}
-    result["trl_versions"] = {n: version(n) for n in ("trl", "accelerate", "datasets")}
+    result["trl_versions"] = {n: installed(n) for n in ("trl", "accelerate", "datasets")}
     name = "vs_trl" if args.workload == "both" else f"vs_trl_{args.workload}"
-    out = args.out or ROOT / "benchmarks" / "results" / f"{name}.json"
-    finish(result, out, args.json)
+    out = result_file(args.out, ROOT / "benchmarks" / "results" / f"{name}.json", args.smoke)
+    finish(result, out, args.json, args.smoke)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Weight sync into a running rollout engine vs a plain in-memory copy of the state dict.
 
     .venv/bin/python benchmarks/weight_sync.py --json [--set model.hidden_size=512 --set model.num_layers=8]
+    .venv/bin/python benchmarks/weight_sync.py --smoke --json   # the smoke model, 1 repeat
 
 The engine is the project's own (``rl_core.rollout.VLLMEngine``, engine core in-process as by default). Three
 figures per repeat, best of ``--repeats``: ``copy_s`` (clone every tensor of the state dict: the floor for
@@ -23,6 +24,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.common import SMOKE_SHAPE, add_smoke_flag, finish, smoke_state  # noqa: E402
+
 
 def _perturbed(state: dict, scale: float) -> dict:
     import torch
@@ -40,11 +43,15 @@ def main() -> None:
     ap.add_argument("--set", dest="overrides", action="append", default=[], help="Config override")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--out", type=Path, help="also write the JSON result here")
+    add_smoke_flag(ap)
     args = ap.parse_args()
+    if args.smoke:
+        args.repeats, args.overrides = 1, [*SMOKE_SHAPE, *args.overrides]
+    smoke_state(args.smoke, "weight-sync")
     from rl_core.paths import configure_env
 
     configure_env()
-    from benchmarks.common import default_policy, finish
+    from benchmarks.common import default_policy
     from rl_core.model import WEIGHTS, save_checkpoint, save_weights
     from rl_core.rollout import Request, SamplingSpec, start_engine
 
@@ -90,7 +97,7 @@ def main() -> None:
         f"{params:,} parameters: copy {result['copy_s'] * 1e3:.1f} ms, sync from memory "
         f"{result['memory_sync_s'] * 1e3:.1f} ms, through disk {result['disk_sync_s'] * 1e3:.1f} ms"
     )
-    finish(result, args.out, args.json)
+    finish(result, args.out, args.json, args.smoke)
 
 
 if __name__ == "__main__":

@@ -44,6 +44,9 @@ SHARED_GROUPS = {
     "tests/integration/test_stack.py": "s3",
 }
 SPLIT_GROUPS = {"tests/integration/test_resume.py": ("test_killed_async_run", "async")}
+# Modules whose every test is a group of its own: the benchmark smokes (each has its own state dir; together
+# they are minutes of work, spread over both workers).
+PER_TEST_GROUPS = ("tests/integration/test_benchmarks_smoke.py",)
 # The groups run longest first (`--no-loadscope-reorder` keeps this order), so that no long group starts
 # last while the other worker idles: each group's seconds as measured (tests/durations.json, written by
 # `make test-profile`); a group not measured yet counts as DEFAULT_GROUP_S.
@@ -59,7 +62,11 @@ def group_of(path: str, name: str) -> str:
     ('sandbox', 'tests/unit/test_y.py')
     >>> group_of("tests/integration/test_resume.py", "test_killed_async_run_resumes[x]")
     'tests/integration/test_resume.py:async'
+    >>> group_of("tests/integration/test_benchmarks_smoke.py", "test_benchmark_smoke[rollout]")
+    'tests/integration/test_benchmarks_smoke.py:test_benchmark_smoke[rollout]'
     """
+    if path in PER_TEST_GROUPS:
+        return f"{path}:{name}"
     group = next((g for prefix, g in SHARED_GROUPS.items() if path.startswith(prefix)), path)
     split = SPLIT_GROUPS.get(path)
     if split and name.startswith(split[0]):

@@ -1,0 +1,136 @@
+"""Benchmarks cannot rot: every script in benchmarks/ runs its ``--smoke`` mode here (its own code on the
+smallest shape, one step per arm; ``benchmarks/common.py``), so a change that breaks a benchmark fails the
+suite instead of the next measurement.
+
+Each smoke is ``python benchmarks/NAME.py --smoke --json`` in a subprocess from the project root, with its own
+state dir and the session's Prefect server (``cli_env``). It must exit 0 and print as its last line one JSON
+object marked ``"smoke": true`` with the machine and a numeric ``ratio``, and leave benchmarks/results/ and
+the project's .state/ as they were. A new script in benchmarks/ without an entry here fails
+``test_every_benchmark_has_a_smoke``.
+
+    .venv/bin/pytest -q tests/integration/test_benchmarks_smoke.py
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+from importlib.util import find_spec
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, cli_env
+
+BENCHMARKS = ROOT / "benchmarks"
+NOT_BENCHMARKS = {"__init__", "common", "reward_exploits"}  # helpers, and the adversarial suite's corpus
+
+# name -> starts a server or an engine (vLLM, DeepSpeed, a flow run, the reward server): marked slow
+SMOKES: dict[str, bool] = {
+    "async": True,
+    "checkpoint_cadence": True,
+    "code_curve": True,
+    "curriculum": True,
+    "judge": True,
+    "orchestration": True,
+    "packing": False,
+    "pg_family": True,
+    "plot_curve": False,
+    "reward_audit": False,
+    "reward_server": True,
+    "rollout": True,
+    "sandbox": False,
+    "scaleout_model": False,
+    "train_layouts": True,
+    "vs_trl": True,
+    "weight_sync": True,
+}
+
+# Ratios defined by a held-out gain (iterations or seconds to it, a gain over GRPO's, a pass rate over the
+# base's): after one step from a 20-step warm-up the gain may not be there, and the benchmark's own
+# definition makes the ratio null. For these, the figures of every arm must be there instead.
+GAIN_RATIOS: dict[str, list[str]] = {
+    "code_curve": ["curve", "base_pass_rate", "final_pass_rate"],
+    "curriculum": ["workloads.default.none.curve", "workloads.default.frontier.curve"],
+    "pg_family": ["curves.grpo.heldout", "curves.ppo.heldout"],
+    "vs_trl": ["workloads.default.rlfoundry.clock_s", "workloads.default.base_accuracy"]
+    + (["workloads.default.trl.clock_s"] if find_spec("trl") else ["workloads.default.trl.skipped"]),
+}
+
+
+def dig(obj: object, dotted: str) -> object:
+    """``obj["a"]["b"]`` for ``"a.b"``; None where a key is missing.
+
+    >>> dig({"a": {"b": [1]}}, "a.b"), dig({"a": {}}, "a.b")
+    ([1], None)
+    """
+    for key in dotted.split("."):
+        obj = obj.get(key) if isinstance(obj, dict) else None
+    return obj
+
+
+def files(folder: Path) -> dict[str, tuple[str, int]]:
+    """The sha256 and mtime of every file under ``folder`` (the results folder: small)."""
+    found = sorted(p for p in folder.rglob("*") if p.is_file())
+    return {
+        p.relative_to(folder).as_posix(): (hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_mtime_ns)
+        for p in found
+    }
+
+
+def listing(folder: Path) -> dict[str, int]:
+    """The entries of ``folder`` and of its subfolders, with their mtimes (a developer's .state: large)."""
+    if not folder.is_dir():
+        return {}
+    found = [p for top in folder.iterdir() for p in [top, *(top.iterdir() if top.is_dir() else [])]]
+    return {p.relative_to(folder).as_posix(): p.stat().st_mtime_ns for p in found}
+
+
+def scripts() -> list[str]:
+    return sorted(p.stem for p in BENCHMARKS.glob("*.py") if p.stem not in NOT_BENCHMARKS)
+
+
+@pytest.mark.parametrize("name", scripts())
+def test_every_benchmark_has_a_smoke(name: str) -> None:
+    assert name in SMOKES, f"benchmarks/{name}.py has no smoke here: give it --smoke and an entry in SMOKES"
+
+
+@pytest.fixture(scope="session")
+def vllm_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One vLLM cache for every smoke of a worker: with a cold one, each engine start inspects the model class
+    in a fresh interpreter that imports torch and vLLM (~10 s of CPU); the cache keeps the answer."""
+    return tmp_path_factory.mktemp("vllm-cache")
+
+
+@pytest.mark.parametrize(
+    "bench", [pytest.param(n, marks=[pytest.mark.slow] if slow else []) for n, slow in SMOKES.items()]
+)
+def test_benchmark_smoke(bench: str, tmp_path: Path, vllm_cache: Path) -> None:
+    state = tmp_path / "state"
+    # One torch thread per process: a smoke's figures mean nothing, and two threads per process on two shared
+    # cores made a 20-step warm-up take 44 s instead of 0.6 s (OpenMP threads waiting on each other).
+    env = {**cli_env(state), "OMP_NUM_THREADS": "1", "VLLM_CACHE_ROOT": str(vllm_cache)}
+    before = files(BENCHMARKS / "results"), listing(ROOT / ".state")
+    done = subprocess.run(
+        [sys.executable, f"benchmarks/{bench}.py", "--smoke", "--json"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=840,
+    )
+    assert done.returncode == 0, f"{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["smoke"] is True
+    assert result["machine"]["cpu_count"] and result["machine"]["versions"]["torch"]
+    assert result["ratio"] is None or isinstance(result["ratio"], int | float), result["ratio"]
+    if bench in GAIN_RATIOS:
+        missing = [k for k in GAIN_RATIOS[bench] if dig(result, k) in (None, [], {})]
+        assert not missing, f"{bench}: no {missing} in the result"
+    else:
+        assert result["ratio"] is not None
+    after = files(BENCHMARKS / "results"), listing(ROOT / ".state")
+    assert after[0] == before[0], "a smoke changed benchmarks/results/"
+    assert after[1] == before[1], "a smoke wrote into the project's .state/"
