@@ -198,6 +198,17 @@ def python_in_private_netns(code: str, timeout: float = 600) -> subprocess.Compl
     )
 
 
+def run_script(
+    script: str, args: list[str], env: dict[str, str], timeout: float = 900
+) -> subprocess.CompletedProcess:
+    """``python SCRIPT ARGS`` (SCRIPT relative to the checkout), a child of the fork server like ``cli``."""
+    if os.environ.get("RLFOUNDRY_TEST_FORK", "1") != "0":
+        return _fork_server().run(args, env, timeout, script=script)  # type: ignore[attr-defined]
+    return subprocess.run(
+        [sys.executable, script, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
 def run_cli(
     args: list[str],
     state: Path,

@@ -66,7 +66,7 @@ def _threads() -> int:
 
 
 def _child(request: dict) -> int:
-    """In the forked child: become ``python -m flows.cli ARGS`` and return its exit code."""
+    """In the forked child: become ``python -m flows.cli ARGS`` (or ``python SCRIPT ARGS``); its exit code."""
     import runpy
 
     for sig in (signal.SIGCHLD, signal.SIGINT, signal.SIGTERM, signal.SIGPIPE):
@@ -74,16 +74,26 @@ def _child(request: dict) -> int:
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
+    if os.environ.get("OMP_NUM_THREADS", "").isdigit():  # the OpenMP runtime read it in the server: set it
+        import torch
+
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
         out = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.dup2(out, fd)
         os.close(out)
-    sys.argv = ["rlfoundry", *request["args"]]
+    script = request.get("script")
+    sys.argv = [script or "rlfoundry", *request["args"]]
+    if script:  # as `python SCRIPT`: its folder first on the path
+        sys.path[0] = os.path.dirname(os.path.abspath(script))
     code: int | str | None = 0
     try:
-        runpy.run_module("flows.cli", run_name="__main__", alter_sys=True)
+        if script:
+            runpy.run_path(script, run_name="__main__")
+        else:
+            runpy.run_module("flows.cli", run_name="__main__", alter_sys=True)
     except SystemExit as e:
         code = e.code
     except BaseException:  # noqa: BLE001 (reported as the interpreter would, exit 1)
@@ -178,7 +188,10 @@ class ForkServer:
                 )
             time.sleep(0.05)
 
-    def run(self, args: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
+    def run(
+        self, args: list[str], env: dict[str, str], timeout: float, script: str | None = None
+    ) -> subprocess.CompletedProcess:
+        """``rlfoundry ARGS`` (or ``python SCRIPT ARGS``, SCRIPT relative to the checkout) as a child."""
         with self.lock:
             if self.proc is None or self.proc.poll() is not None:
                 self.start()
@@ -186,6 +199,8 @@ class ForkServer:
             n = self.count
         out, err = self.workdir / f"{n}.out", self.workdir / f"{n}.err"
         request = {"args": args, "env": env, "cwd": str(ROOT), "stdout": str(out), "stderr": str(err)}
+        if script:
+            request["script"] = script
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
             s.connect(self.path)
             s.sendall(json.dumps(request).encode() + b"\n")
@@ -203,7 +218,7 @@ class ForkServer:
         stdout, stderr = (p.read_text(errors="replace") for p in (out, err))
         out.unlink()
         err.unlink()
-        return subprocess.CompletedProcess(["rlfoundry", *args], code, stdout, stderr)
+        return subprocess.CompletedProcess([script or "rlfoundry", *args], code, stdout, stderr)
 
 
 if __name__ == "__main__":

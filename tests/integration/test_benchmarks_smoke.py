@@ -15,14 +15,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import subprocess
-import sys
 from importlib.util import find_spec
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, cli_env
+from tests.conftest import ROOT, cli_env, run_script
 
 BENCHMARKS = ROOT / "benchmarks"
 NOT_BENCHMARKS = {"__init__", "common", "reward_exploits"}  # helpers, and the adversarial suite's corpus
@@ -113,14 +111,8 @@ def test_benchmark_smoke(bench: str, tmp_path: Path, vllm_cache: Path) -> None:
     # cores made a 20-step warm-up take 44 s instead of 0.6 s (OpenMP threads waiting on each other).
     env = {**cli_env(state), "OMP_NUM_THREADS": "1", "VLLM_CACHE_ROOT": str(vllm_cache)}
     before = files(BENCHMARKS / "results"), listing(ROOT / ".state")
-    done = subprocess.run(
-        [sys.executable, f"benchmarks/{bench}.py", "--smoke", "--json"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=840,
-    )
+    # a child of the fork server (tests/forkserver.py): the script's own process, its imports done once
+    done = run_script(f"benchmarks/{bench}.py", ["--smoke", "--json"], env, timeout=840)
     assert done.returncode == 0, f"{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["smoke"] is True
