@@ -11,7 +11,8 @@ interpreter (the smoke run, ``--help``'s import time) start one with ``subproces
 
 The server is started by the first ``tests.conftest.cli`` call of a pytest process and dies with it. Protocol,
 one JSON line per connection: {"args", "env", "cwd", "stdout", "stderr"} -> {"pid"}, then {"status"} (the
-child's wait status) once it ended. ``RLFOUNDRY_TEST_FORK=0`` runs every command with ``subprocess``.
+child's wait status) once it ended. The OpenMP runtime read its settings in the server, so a child's OMP_*
+variables do not apply (the suite sets OMP_WAIT_POLICY for the server too). ``RLFOUNDRY_TEST_FORK=0`` runs every command with ``subprocess``.
 
     python -m tests.forkserver SOCKET_PATH      # what ForkServer.start runs
 """
@@ -74,10 +75,6 @@ def _child(request: dict) -> int:
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
-    if os.environ.get("OMP_NUM_THREADS", "").isdigit():  # the OpenMP runtime read it in the server: set it
-        import torch
-
-        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     for fd, path in ((1, request["stdout"]), (2, request["stderr"])):

@@ -107,9 +107,11 @@ def vllm_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 )
 def test_benchmark_smoke(bench: str, tmp_path: Path, vllm_cache: Path) -> None:
     state = tmp_path / "state"
-    # One torch thread per process: a smoke's figures mean nothing, and two threads per process on two shared
-    # cores made a 20-step warm-up take 44 s instead of 0.6 s (OpenMP threads waiting on each other).
-    env = {**cli_env(state), "OMP_NUM_THREADS": "1", "VLLM_CACHE_ROOT": str(vllm_cache)}
+    # Two torch threads per process on two shared cores made a 20-step warm-up take 44 s, not 0.6 s, while
+    # OpenMP threads spun waiting on each other: the suite's OMP_WAIT_POLICY=PASSIVE (tests/conftest.py) stops
+    # the spinning. (OMP_NUM_THREADS=1 is no option for a fork server's child, whose OpenMP runtime kept the
+    # server's thread count: vLLM's CPU attention refused the mismatch.)
+    env = {**cli_env(state), "VLLM_CACHE_ROOT": str(vllm_cache)}
     before = files(BENCHMARKS / "results"), listing(ROOT / ".state")
     # a child of the fork server (tests/forkserver.py): the script's own process, its imports done once
     done = run_script(f"benchmarks/{bench}.py", ["--smoke", "--json"], env, timeout=840)
