@@ -12,7 +12,8 @@ interpreter (the smoke run, ``--help``'s import time) start one with ``subproces
 The server is started by the first ``tests.conftest.cli`` call of a pytest process and dies with it. Protocol,
 one JSON line per connection: {"args", "env", "cwd", "stdout", "stderr"} -> {"pid"}, then {"status"} (the
 child's wait status) once it ended. The OpenMP runtime read its settings in the server, so a child's OMP_*
-variables do not apply (the suite sets OMP_WAIT_POLICY for the server too). ``RLFOUNDRY_TEST_FORK=0`` runs every command with ``subprocess``.
+variables do not apply (the suite sets OMP_WAIT_POLICY for the server too). ``RLFOUNDRY_TEST_FORK=0`` runs
+every command with ``subprocess``.
 
     python -m tests.forkserver SOCKET_PATH      # what ForkServer.start runs
 """
