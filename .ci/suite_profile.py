@@ -31,6 +31,8 @@ def module_path(classname: str) -> str:
     'rl_core/replay.py'
     """
     parts = classname.split(".")
+    if len(parts) > 1 and parts[0] == "":  # a module in a dot-folder (".ci.suite_profile")
+        parts = [f".{parts[1]}", *parts[2:]]
     for n in range(len(parts), 0, -1):
         candidate = "/".join(parts[:n]) + ".py"
         if (ROOT / candidate).exists():
