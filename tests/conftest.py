@@ -130,6 +130,26 @@ def prefect_api(session_home: Path):
         srv.stop(timeout_s=10)
 
 
+def prefect_api_if_slow(request: pytest.FixtureRequest) -> str | None:
+    """The session's Prefect server for a session with a test marked slow; None when none is selected
+    (`make test-fast`: nothing there starts a server or an `rlfoundry run`). The session-scoped autouse
+    fixtures of tests/integration and tests/sandbox call it, so the server is up before any module fixture's
+    runs."""
+    if not any(item.get_closest_marker("slow") for item in request.session.items):
+        return None
+    return request.getfixturevalue("prefect_api")
+
+
+def committed_stages(shown: dict) -> set[tuple[int, str]]:
+    """(iteration, stage) of every committed stage in a ``show --json`` report."""
+    return {
+        (it["iteration"], st)
+        for it in shown["iterations"]
+        for st, v in it["stages"].items()
+        if v["status"] == "committed"
+    }
+
+
 def cli_env(state: Path) -> dict[str, str]:
     """Environment for a `rlfoundry` subprocess writing under ``state``, on the session's Prefect server."""
     env = dict(os.environ)

@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from flows.cli import app
-from tests.conftest import cli, cli_env, replayed_identical, show_json
+from tests.conftest import cli, cli_env, committed_stages, replayed_identical, show_json
 
 ROOT = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-m", "flows.cli"]
@@ -55,15 +55,6 @@ ASYNC = ["--set", "rollout.max_staleness=1", "--set", "experiment.iterations=3"]
 ASYNC_KILL_POINTS = [("generate:committed", 2), ("train:outputs", 1), ("score_rewards:start", 3)]
 
 
-def _committed(data: dict) -> set[tuple[int, str]]:
-    return {
-        (it["iteration"], st)
-        for it in data["iterations"]
-        for st, v in it["stages"].items()
-        if v["status"] == "committed"
-    }
-
-
 _REFERENCES: dict[str, tuple[list[str], dict]] = {}
 
 
@@ -100,7 +91,7 @@ def chain(state):
     args = ["run", *SMOKE, *FOUR, "--run-id", "r"]
     for point, k in KILL_POINTS:
         r = _cli(args, state, fault=f"{point}@{k}")
-        steps[f"{point}@{k}"] = (r.returncode, _committed(show_json(state, "r")), r.stderr[-2000:])
+        steps[f"{point}@{k}"] = (r.returncode, committed_stages(show_json(state, "r")), r.stderr[-2000:])
         if args[0] == "run":  # a config change is refused (the difference printed); an unknown run too
             runner = CliRunner()
             bad = runner.invoke(app, ["resume", "r", "--set", "train.lr=0.5"], env=cli_env(state))

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import cli, cli_env, replay_cli, show_json
+from tests.conftest import cli, cli_env, committed_stages, replay_cli, show_json
 from tests.machine import fingerprint, pinned, same_machine
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -102,7 +102,7 @@ def test_killed_vllm_run_resumes_to_identical_weights(smoke_run):
     for point in VLLM_KILL_POINTS:
         killed = cli(args, {**env, "RLFOUNDRY_FAULT": point})
         assert killed.returncode == -signal.SIGKILL, (point, killed.returncode, killed.stderr[-2000:])
-        done = _committed(show_json(state, "k"))
+        done = committed_stages(show_json(state, "k"))
         assert done >= committed, f"{point}: a stage committed before was lost"
         committed = done
         args = ["resume", "k"]
@@ -115,15 +115,6 @@ def test_killed_vllm_run_resumes_to_identical_weights(smoke_run):
     assert after["base"]["policy_sha256"] == ref["base"]["policy_sha256"]
     acc = [[it["stages"]["evaluate"]["metrics"]["accuracy"] for it in d["iterations"]] for d in (after, ref)]
     assert acc[0] == acc[1]
-
-
-def _committed(data: dict) -> set[tuple[int, str]]:
-    return {
-        (it["iteration"], st)
-        for it in data["iterations"]
-        for st, v in it["stages"].items()
-        if v["status"] == "committed"
-    }
 
 
 @pytest.mark.slow
