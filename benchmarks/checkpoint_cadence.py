@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -27,7 +26,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import SMOKE_SHAPE, add_smoke_flag, finish  # noqa: E402
+from benchmarks.common import SMOKE_SHAPE, add_smoke_flag, finish, python  # noqa: E402
 
 POLICY = [
     "model.hidden_size=512",
@@ -70,9 +69,9 @@ def arm(every: int, iterations: int, sets: list[str], smoke: bool = False) -> di
 
 
 def _in_subprocess(every: int, iterations: int, sets: list[str], smoke: bool) -> dict[str, Any]:
-    cmd = [sys.executable, __file__, "--arm", str(every), "--iterations", str(iterations)]
+    cmd = [__file__, "--arm", str(every), "--iterations", str(iterations)]
     cmd += [a for s in sets for a in ("--set", s)] + (["--smoke"] if smoke else [])
-    out = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    out = python(cmd)
     if out.returncode != 0:
         raise RuntimeError(f"checkpoint_every={every} failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])

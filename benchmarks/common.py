@@ -14,10 +14,16 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import subprocess
+import sys
 import tempfile
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+# Named in the environment of a process the test suite forked from its fork server (tests/forkserver.py).
+FORKSERVER_ENV = "RLFOUNDRY_TEST_FORKSERVER"
 
 
 def installed(name: str) -> str:
@@ -54,6 +60,22 @@ SMOKE_SHAPE = [
     "eval.samples=1",
     "eval.pass_k=[1]",
 ]
+
+
+def python(
+    argv: list[str], env: dict[str, str] | None = None, timeout: float | None = None, cwd: Path = ROOT
+) -> subprocess.CompletedProcess:
+    """``python ARGV`` in a process of its own (an arm: ``SCRIPT ARGS`` or ``-m flows.cli ARGS``), output
+    captured, as ``subprocess.run`` gives it. Under the test suite (a smoke, itself a child of the suite's
+    fork server) the process is forked from that server instead: a process of its own all the same, without
+    the ~15 s of a new interpreter's imports."""
+    if (env if env is not None else os.environ).get(FORKSERVER_ENV):
+        from tests.forkserver import python as forked
+
+        return forked(argv, env, timeout, cwd)
+    return subprocess.run(
+        [sys.executable, *argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def add_smoke_flag(ap: argparse.ArgumentParser) -> None:

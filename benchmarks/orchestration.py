@@ -30,7 +30,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import SMOKE_SHAPE, add_smoke_flag, finish  # noqa: E402
+from benchmarks.common import SMOKE_SHAPE, add_smoke_flag, finish, python  # noqa: E402
 
 WORKLOADS: dict[str, list[str]] = {
     "default": ["warmup.steps=300"],
@@ -120,10 +120,7 @@ def measure(workload: str, iterations: int, smoke: bool = False) -> dict[str, An
 
 
 def _in_subprocess(workload: str, iterations: int) -> dict[str, Any]:
-    import subprocess
-
-    cmd = [sys.executable, __file__, "--workload", workload, "--iterations", str(iterations), "--json"]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    out = python([__file__, "--workload", workload, "--iterations", str(iterations), "--json"])
     if out.returncode != 0:
         raise RuntimeError(f"{workload} workload failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])["workloads"][workload]

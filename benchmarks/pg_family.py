@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -27,7 +26,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import SMOKE_SHAPE, add_smoke_flag, finish, result_file  # noqa: E402
+from benchmarks.common import SMOKE_SHAPE, add_smoke_flag, finish, python, result_file  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "results" / "pg_family.json"
@@ -40,7 +39,7 @@ def run(algo: str, sets: list[str]) -> float:
     for s in [f"train.algorithm={algo}", *sets]:
         args += ["--set", s]
     t0 = time.perf_counter()
-    r = subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=ROOT, capture_output=True, text=True)
+    r = python(["-m", "flows.cli", *args], cwd=ROOT)
     if r.returncode != 0:
         raise RuntimeError(f"{algo} failed:\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}")
     return round(time.perf_counter() - t0, 1)

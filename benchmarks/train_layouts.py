@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -26,7 +25,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import SMOKE_SHAPE, add_smoke_flag, finish, result_file  # noqa: E402
+from benchmarks.common import SMOKE_SHAPE, add_smoke_flag, finish, python, result_file  # noqa: E402
 
 LAYOUTS = {"zero1": (1, 1), "zero2": (2, 1), "zero3": (3, 1), "tp2": (0, 2)}
 SMOKE_LAYOUTS = ("zero2",)
@@ -37,10 +36,12 @@ OUT = ROOT / "benchmarks" / "results" / "train_layouts.json"
 def _reference_run(state: Path, smoke: bool) -> None:
     if (state / "store" / RUN_ID / "iter-0001" / "train" / "_manifest.json").exists():
         return
-    cmd = [sys.executable, "-m", "flows.cli", "run", "configs/default.yaml", "--run-id", RUN_ID]
+    cmd = ["-m", "flows.cli", "run", "configs/default.yaml", "--run-id", RUN_ID]
     sets = ["experiment.iterations=1", "eval.samples=1", "eval.pass_k=[1]", *(SMOKE_SHAPE if smoke else [])]
     cmd += [a for s in sets for a in ("--set", s)]
-    subprocess.run(cmd, cwd=ROOT, check=True, env={**os.environ, "RLFOUNDRY_STATE_DIR": str(state)})
+    done = python(cmd, cwd=ROOT, env={**os.environ, "RLFOUNDRY_STATE_DIR": str(state)})
+    if done.returncode != 0:
+        raise RuntimeError(f"the reference run failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
 
 
 def _stage(ctx: Any, inputs: dict[str, Any], out: str) -> tuple[dict[str, Any], float]:

@@ -48,7 +48,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -62,6 +61,7 @@ from benchmarks.common import (  # noqa: E402
     add_smoke_flag,
     finish,
     installed,
+    python,
     result_file,
     smoke_state,
 )
@@ -359,11 +359,11 @@ def _arm(
     name: str, workload: str, run_id: str, spec: dict[str, Any], staleness: int, flags: list[str]
 ) -> dict[str, Any]:
     """One arm in its own process (nothing of one engine or trainer is left for the next)."""
-    cmd = [sys.executable, __file__, "--arm", name, "--workload", workload, "--run-id", run_id]
+    cmd = [__file__, "--arm", name, "--workload", workload, "--run-id", run_id]
     cmd += ["--iterations", str(spec["iterations"]), "--eval-every", str(spec["eval_every"])]
     cmd += ["--staleness", str(staleness), *flags]
     t0 = time.perf_counter()
-    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    done = python(cmd)
     if done.returncode != 0:
         raise RuntimeError(f"{workload}/{name} failed:\n{done.stderr[-4000:]}")
     result = json.loads(done.stdout.strip().splitlines()[-1])
@@ -421,8 +421,9 @@ def main() -> None:
     ensure_api()  # one Prefect server for every rlfoundry arm (the subprocesses inherit PREFECT_API_URL)
     # DeepSpeed compiles its CPU communication op on first use (~50 s, once per machine and install): done
     # here, off both clocks, as `make venv` does (it once landed inside rlfoundry's first step).
-    warm = "from rl_core.train_engine import build_ops; build_ops()"
-    subprocess.run([sys.executable, "-c", warm], check=True, cwd=ROOT)
+    from rl_core.train_engine import build_ops
+
+    build_ops()
     found = {}
     if args.smoke:  # one step per arm on the smallest workload
         args.iterations, args.eval_every = 1, 1

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from infra.localstack.process import Server, clean_env, spawn
-from rl_core.paths import free_port, state_dir
+from rl_core.paths import free_port, state_dir, vllm_cache_root
 
 
 def vllm_server_env(**extra: str) -> dict[str, str]:
@@ -30,7 +30,7 @@ def vllm_server_env(**extra: str) -> dict[str, str]:
     env = clean_env(
         VLLM_NO_USAGE_STATS="1",
         VLLM_LOGGING_LEVEL="WARNING",
-        VLLM_CACHE_ROOT=str(state_dir() / "vllm-cache"),
+        VLLM_CACHE_ROOT=vllm_cache_root(),
         **extra,
     )
     for k in ("LD_LIBRARY_PATH", "VLLM_ENABLE_V1_MULTIPROCESSING", "LOCAL_WORLD_SIZE", "RANK", "WORLD_SIZE"):

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from rl_core.faults import fault
-from rl_core.paths import state_dir
+from rl_core.paths import vllm_cache_root
 from rl_core.vision import suppress, unsampleable_ids
 
 
@@ -82,7 +82,7 @@ class VLLMEngine:
     def __init__(
         self, ckpt_dir: str | Path, *, dtype: str, max_model_len: int, kv_cache_mb: int, multiprocess: bool
     ):
-        os.environ.setdefault("VLLM_CACHE_ROOT", str(state_dir() / "vllm-cache"))
+        os.environ["VLLM_CACHE_ROOT"] = vllm_cache_root()
         self.multiprocess = multiprocess
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if multiprocess else "0"
         os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")

@@ -4,16 +4,18 @@ DeepSpeed, pandas and pyarrow forks a child per command, so a command starts in 
 
 Each child is a real process of its own (``python -m flows.cli ARGS`` as ``runpy`` runs it: its own pid,
 environment, working directory, stdout/stderr files, exit status; a SIGKILL ends only it), so a crash test
-kills the child and resume runs in another. What is shared is only what those libraries did at import time,
-which reads no setting of ours (the server imports nothing that reads one then: not Prefect, MLflow or vLLM,
-which the child imports itself with its own environment). Tests that are about the program as a fresh
+kills the child and resume runs in another. What is shared is only what those libraries (and vLLM) did at
+import time, which reads no setting a test varies (the server imports nothing that reads one then: not
+Prefect, which the child imports itself with its own environment; vLLM and MLflow read theirs when used, but
+for constants set below, the same for every command). Tests that are about the program as a fresh
 interpreter (the smoke run, ``--help``'s import time) start one with ``subprocess`` instead.
 
 The server is started by the first ``tests.conftest.cli`` call of a pytest process and dies with it. Protocol,
 one JSON line per connection: {"args", "env", "cwd", "stdout", "stderr"} -> {"pid"}, then {"status"} (the
 child's wait status) once it ended. The OpenMP runtime read its settings in the server, so a child's OMP_*
 variables do not apply (the suite sets OMP_WAIT_POLICY for the server too). ``RLFOUNDRY_TEST_FORK=0`` runs
-every command with ``subprocess``.
+every command with ``subprocess``. A child finds the server in ``RLFOUNDRY_TEST_FORKSERVER`` and forks its own
+commands from it (``python``: a benchmark smoke's arms, through ``benchmarks.common.python``).
 
     python -m tests.forkserver SOCKET_PATH      # what ForkServer.start runs
 """
@@ -28,11 +30,15 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+# Set in every child's environment: the server's socket, so that a child (a benchmark starting its arms)
+# forks its own commands from the same server (``python``).
+ENV_VAR = "RLFOUNDRY_TEST_FORKSERVER"
 # Imported once by the server: the heavy part of a command's imports that reads no setting a test varies,
 # then every module of rl_core and envs (neither reads the environment at import; neither imports Prefect).
 PRELOAD = (
@@ -48,10 +54,15 @@ PRELOAD = (
     "transformers.models.qwen2.modeling_qwen2",
     "transformers.models.llama.modeling_llama",
     "deepspeed",  # imports MLflow too: its import-time settings are the constant ones below
+    # vLLM reads its settings when an engine starts (vllm.envs is lazy), but for its logger's: constant below.
+    # It imports Ray, whose settings are read at ray.init.
+    "vllm",
+    "vllm.entrypoints.llm",
+    "vllm.model_executor.models.registry",
 )
 PACKAGES = ("rl_core", "envs")
-# Never imported by the server: they read settings a test sets (Prefect's API URL and home, vLLM's caches).
-NOT_PRELOADED = ("prefect", "vllm", "ray")
+# Never imported by the server: it reads settings a test sets (Prefect's API URL and home) at import.
+NOT_PRELOADED = ("prefect",)
 # What rl_core.paths.configure_env sets before libraries import, the same for every command.
 IMPORT_ENV = {
     "HF_HUB_OFFLINE": "1",
@@ -60,7 +71,12 @@ IMPORT_ENV = {
     "MLFLOW_LOGGING_LEVEL": "WARNING",
     "MLFLOW_DISABLE_TELEMETRY": "true",
     "DO_NOT_TRACK": "true",
+    "VLLM_LOGGING_LEVEL": "ERROR",
+    "VLLM_NO_USAGE_STATS": "1",
 }
+# What the preloaded imports wrote into os.environ (vLLM sets a few variables for torch at import): a child
+# gets them over its own environment, as its own import would have set them.
+IMPORTED_ENV: dict[str, str] = {}
 
 
 def _threads() -> int:
@@ -76,6 +92,7 @@ def _child(request: dict) -> int:
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
+    os.environ.update(IMPORTED_ENV)
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
@@ -111,12 +128,14 @@ def serve(path: str) -> int:
     import pkgutil
 
     os.environ.update(IMPORT_ENV)
+    before = dict(os.environ)
     for name in PRELOAD:
         importlib.import_module(name)
     for package in PACKAGES:
         pkg = importlib.import_module(package)
         for info in pkgutil.walk_packages(pkg.__path__, f"{package}."):
             importlib.import_module(info.name)
+    IMPORTED_ENV.update({k: v for k, v in os.environ.items() if before.get(k) != v})
     leaked = [m for m in NOT_PRELOADED if m in sys.modules]
     if leaked:
         print(f"forkserver: the preload imported {leaked}; refusing to fork", file=sys.stderr)
@@ -168,7 +187,6 @@ class ForkServer:
         self.workdir = workdir
         self.path = str(workdir / "fork.sock")
         self.proc: subprocess.Popen | None = None
-        self.count = 0
         self.lock = threading.Lock()
 
     def start(self) -> None:
@@ -189,18 +207,34 @@ class ForkServer:
     def run(
         self, args: list[str], env: dict[str, str], timeout: float, script: str | None = None
     ) -> subprocess.CompletedProcess:
-        """``rlfoundry ARGS`` (or ``python SCRIPT ARGS``, SCRIPT relative to the checkout) as a child."""
+        """``rlfoundry ARGS`` (or ``python SCRIPT ARGS``, SCRIPT relative to the checkout) as a child; the
+        child finds the server in ``ENV_VAR`` and may start its own commands the same way (``forked``)."""
         with self.lock:
             if self.proc is None or self.proc.poll() is not None:
                 self.start()
-            self.count += 1
-            n = self.count
-        out, err = self.workdir / f"{n}.out", self.workdir / f"{n}.err"
-        request = {"args": args, "env": env, "cwd": str(ROOT), "stdout": str(out), "stderr": str(err)}
-        if script:
-            request["script"] = script
+        return forked(self.path, args, {**env, ENV_VAR: self.path}, timeout, script)
+
+
+def forked(
+    path: str,
+    args: list[str],
+    env: dict[str, str],
+    timeout: float,
+    script: str | None = None,
+    cwd: Path = ROOT,
+) -> subprocess.CompletedProcess:
+    """``rlfoundry ARGS`` (or ``python SCRIPT ARGS``) forked by the server listening on ``path``, output
+    captured: what ``subprocess.run`` would give. A timeout SIGKILLs the child."""
+    workdir = Path(path).parent
+    fd, out_name = tempfile.mkstemp(dir=workdir, suffix=".out")
+    os.close(fd)
+    out, err = Path(out_name), Path(out_name).with_suffix(".err")
+    request = {"args": args, "env": env, "cwd": str(cwd), "stdout": str(out), "stderr": str(err)}
+    if script:
+        request["script"] = script
+    try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-            s.connect(self.path)
+            s.connect(path)
             s.sendall(json.dumps(request).encode() + b"\n")
             f = s.makefile("rb")
             pid = json.loads(f.readline())["pid"]
@@ -213,10 +247,28 @@ class ForkServer:
                 raise subprocess.TimeoutExpired([*args], timeout) from None
             status = json.loads(line)["status"]
         code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
-        stdout, stderr = (p.read_text(errors="replace") for p in (out, err))
-        out.unlink()
-        err.unlink()
-        return subprocess.CompletedProcess([script or "rlfoundry", *args], code, stdout, stderr)
+        stdout, stderr = (p.read_text(errors="replace") if p.exists() else "" for p in (out, err))
+    finally:
+        out.unlink(missing_ok=True)
+        err.unlink(missing_ok=True)
+    return subprocess.CompletedProcess([script or "rlfoundry", *args], code, stdout, stderr)
+
+
+def python(
+    argv: list[str], env: dict[str, str] | None = None, timeout: float | None = None, cwd: Path = ROOT
+) -> subprocess.CompletedProcess:
+    """``python ARGV`` (``SCRIPT ARGS`` or ``-m flows.cli ARGS``), output captured: forked by the suite's
+    server when this process is one of its children (``ENV_VAR`` set), else a new interpreter."""
+    env = dict(os.environ if env is None else env)
+    path = env.get(ENV_VAR)
+    if path and os.path.exists(path):
+        if argv[:2] == ["-m", "flows.cli"]:
+            return forked(path, argv[2:], env, timeout or 24 * 3600, cwd=cwd)
+        if argv and argv[0].endswith(".py"):
+            return forked(path, argv[1:], env, timeout or 24 * 3600, script=argv[0], cwd=cwd)
+    return subprocess.run(
+        [sys.executable, *argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 if __name__ == "__main__":

@@ -95,23 +95,16 @@ def test_every_benchmark_has_a_smoke(name: str) -> None:
     assert name in SMOKES, f"benchmarks/{name}.py has no smoke here: give it --smoke and an entry in SMOKES"
 
 
-@pytest.fixture(scope="session")
-def vllm_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One vLLM cache for every smoke of a worker: with a cold one, each engine start inspects the model class
-    in a fresh interpreter that imports torch and vLLM (~10 s of CPU); the cache keeps the answer."""
-    return tmp_path_factory.mktemp("vllm-cache")
-
-
 @pytest.mark.parametrize(
     "bench", [pytest.param(n, marks=[pytest.mark.slow] if slow else []) for n, slow in SMOKES.items()]
 )
-def test_benchmark_smoke(bench: str, tmp_path: Path, vllm_cache: Path) -> None:
+def test_benchmark_smoke(bench: str, tmp_path: Path) -> None:
     state = tmp_path / "state"
     # Two torch threads per process on two shared cores made a 20-step warm-up take 44 s, not 0.6 s, while
     # OpenMP threads spun waiting on each other: the suite's OMP_WAIT_POLICY=PASSIVE (tests/conftest.py) stops
     # the spinning. (OMP_NUM_THREADS=1 is no option for a fork server's child, whose OpenMP runtime kept the
     # server's thread count: vLLM's CPU attention refused the mismatch.)
-    env = {**cli_env(state), "VLLM_CACHE_ROOT": str(vllm_cache)}
+    env = cli_env(state)  # vLLM caches in the machine's folder (rl_core.paths.vllm_cache_root)
     before = files(BENCHMARKS / "results"), listing(ROOT / ".state")
     # a child of the fork server (tests/forkserver.py): the script's own process, its imports done once
     done = run_script(f"benchmarks/{bench}.py", ["--smoke", "--json"], env, timeout=840)

@@ -29,7 +29,6 @@ def checkpoints(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def vllm_engine(checkpoints, tmp_path_factory):
-    os.environ.setdefault("VLLM_CACHE_ROOT", str(tmp_path_factory.mktemp("vllm")))
     _, a, _ = checkpoints
     eng = VLLMEngine(a, dtype="float32", max_model_len=64, kv_cache_mb=64, multiprocess=False)
     yield eng

@@ -5,7 +5,6 @@ prefix-cache hit rate reported, nothing left running; and a run on them that rep
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -61,7 +60,6 @@ def _same(got, want) -> bool:
 @pytest.mark.slow
 def test_servers_match_the_in_process_engine_take_weights_and_survive_a_kill(checkpoints, tmp_path):
     tok, a, b = checkpoints
-    os.environ.setdefault("VLLM_CACHE_ROOT", str(tmp_path / "vllm"))
     # prompts of 200 tokens: vLLM on CPU caches whole blocks of 128 tokens, so a repeated prompt hits
     reqs = [
         Request((tok(p, add_special_tokens=False)["input_ids"] * 60)[:200], seed=7 + i)
