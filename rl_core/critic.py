@@ -1,10 +1,10 @@
 """PPO's critic: a value model (the policy's architecture with a scalar head), GAE, and its own update.
 
-The critic is an output of each train stage (``critic.pt``: its weights and its AdamW state in one file)
-and an input of the next, so a resumed run or a replayed train stage continues from stored bytes alone and
-reproduces them bit for bit. At iteration 1 it starts from the input policy (the warmed-up base model) with a
-zero head. With data-parallel ranks every rank makes the same critic update on the whole batch (no
-communication; the critic is small next to the policy).
+The critic is an output of each train stage (``critic.safetensors``: its weights and its AdamW state in one
+file that cannot carry code, ``rl_core.safe_state``) and an input of the next, so a resumed run or a replayed
+train stage continues from stored bytes alone and reproduces them bit for bit. At iteration 1 it starts from
+the input policy (the warmed-up base model) with a zero head. With data-parallel ranks every rank makes the
+same critic update on the whole batch (no communication; the critic is small next to the policy).
 
     metrics, state = critic_step(ctx, job, batch, seq_reward, kl_tokens)   # sets batch.advantages per token
 
@@ -15,12 +15,12 @@ tokens in order).
 
 from __future__ import annotations
 
-import io
 from typing import Any
 
 import numpy as np
 import torch
 
+from rl_core import safe_state
 from rl_core.model import load_model
 from rl_core.seeding import derive_seed
 
@@ -102,7 +102,8 @@ def _load(ctx: Any, job: Any) -> tuple[ValueModel, torch.optim.Optimizer]:
         model.parameters(), lr=cfg.critic_lr, weight_decay=0.0, betas=(0.9, 0.999), eps=1e-8
     )
     if "critic" in job.inputs:
-        state = torch.load(io.BytesIO(ctx.store.read_bytes(job.inputs["critic"])), weights_only=False)
+        uri = job.inputs["critic"].uri
+        state = safe_state.loads(ctx.store.read_bytes(job.inputs["critic"]), uri)
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
     return model, opt
@@ -145,7 +146,7 @@ def critic_step(
     ctx: Any, job: Any, batch: Any, seq_reward: np.ndarray, kl_tokens: torch.Tensor | None
 ) -> tuple[dict[str, float], bytes]:
     """Values of the batch under the input critic, per-token GAE advantages into ``batch.advantages``, then
-    the critic's update toward the returns; its metrics and new state (``critic.pt``'s bytes)."""
+    the critic's update toward the returns; its metrics and new state (``critic.safetensors``'s bytes)."""
     cfg = ctx.cfg.train
     model, opt = _load(ctx, job)
     model.eval()
@@ -158,8 +159,7 @@ def critic_step(
     losses = _fit(
         model, opt, batch, values, returns, cfg, derive_seed(ctx.cfg.experiment.seed, job.iteration, "critic")
     )
-    buf = io.BytesIO()
-    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, buf)
+    state = safe_state.dumps({"model": model.state_dict(), "optimizer": opt.state_dict()})
     n = batch.loss_mask.sum().clamp(min=1)
     metrics = {
         "value_loss": float(np.mean(losses)) if losses else 0.0,
@@ -167,4 +167,4 @@ def critic_step(
         "return_mean": float(returns.sum() / n),
         "advantage_mean": float(adv.sum() / n),
     }
-    return metrics, buf.getvalue()
+    return metrics, state

@@ -21,7 +21,7 @@ _ITER = re.compile(r"/iter-(\d{4,})/")
 def iteration_of(uri: str) -> int | None:
     """The iteration whose stage folder ``uri`` lies in (``.../iter-0003/train/...`` -> 3), else None.
 
-    >>> iteration_of("file:///s/run/iter-0003/train/optimizer.pt"), iteration_of("file:///s/run/run.json")
+    >>> iteration_of("file:///s/run/iter-0003/train/optimizer.safetensors"), iteration_of("file:///s/run/run.json")
     (3, None)
     """
     m = _ITER.search(uri)

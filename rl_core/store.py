@@ -158,6 +158,13 @@ class Store:
         return f"{self.run_uri(run_id)}/iter-{iteration:04d}/{stage}"
 
     def _path(self, uri: str) -> str:
+        """The filesystem path of ``uri``, which must be the root or under it: every read, write and removal
+        goes through here, so neither a caller's URI nor one read from a (possibly tampered) manifest can
+        reach a file outside the store (``file:///etc/...``, another bucket, ``<root>/../x``)."""
+        if uri != self.root:
+            rest = uri[len(self.root) + 1 :] if uri.startswith(self.root + "/") else None
+            if rest is None or any(p in (".", "..") or "\\" in p for p in rest.split("/")):
+                raise ArtifactError(f"{uri} is outside the store {self.root}: refused")
         return self.fs._strip_protocol(uri)
 
     @property

@@ -46,7 +46,7 @@ def _engine_for(ctx: RunContext, policy: ArtifactRef, optimizer: ArtifactRef | N
     model = load_model(ctx.local_checkpoint(policy))
     engine = make_train_engine(ctx.cfg.train.backend, model, ctx.cfg.train)
     if optimizer is not None:
-        engine.load_optimizer_state(ctx.store.read_bytes(optimizer))
+        engine.load_optimizer_state(ctx.store.read_bytes(optimizer), optimizer.uri)
     held.train, held.train_cfg = engine, ctx.cfg.train.model_copy()
     return engine
 
@@ -150,7 +150,7 @@ def store_checkpoint(ctx: RunContext, job: StageJob, weights: dict[str, Any]) ->
 def _store(ctx: RunContext, job: StageJob, engine: Any, weights: dict[str, Any]) -> tuple[ArtifactRef, ...]:
     """Write the checkpoint folder and the optimizer state."""
     ref = store_checkpoint(ctx, job, weights)
-    return ref, ctx.store.write_bytes(f"{job.out_uri}/optimizer.pt", engine.optimizer_state())
+    return ref, ctx.store.write_bytes(f"{job.out_uri}/optimizer.safetensors", engine.optimizer_state())
 
 
 def _hold(ctx: RunContext, job: StageJob, weights: dict[str, Any]) -> tuple[ArtifactRef, ...]:
@@ -172,7 +172,8 @@ def _hold(ctx: RunContext, job: StageJob, weights: dict[str, Any]) -> tuple[Arti
         shutil.rmtree(dest, ignore_errors=True)
         os.replace(tmp, dest)
     name = f"optimizer state after iteration {job.iteration} with checkpoint {ref.sha256}"
-    opt = ArtifactRef(uri=f"{job.out_uri}/optimizer.pt", sha256=sha256_bytes(name.encode()), stored=False)
+    uri = f"{job.out_uri}/optimizer.safetensors"
+    opt = ArtifactRef(uri=uri, sha256=sha256_bytes(name.encode()), stored=False)
     return ref, opt
 
 
@@ -187,7 +188,7 @@ def _step(
         ref, opt_ref = _store(ctx, job, engine, weights)
     else:
         ref, opt_ref = _hold(ctx, job, weights)
-    extra_refs = {k: ctx.store.write_bytes(f"{job.out_uri}/{k}.pt", v) for k, v in extra.items()}
+    extra_refs = {k: ctx.store.write_bytes(f"{job.out_uri}/{k}.safetensors", v) for k, v in extra.items()}
     # As many as an asynchronous generate may still read (the policy max_staleness versions back), plus one.
     ctx.held.remember(ref.files[WEIGHTS], weights, keep=ctx.cfg.rollout.max_staleness + 2)
     ctx.held.train_holds = (ref.sha256, opt_ref.sha256)

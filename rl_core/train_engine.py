@@ -11,12 +11,12 @@ each rank builds the same engine and DeepSpeed shards optimizer state and gradie
 
 from __future__ import annotations
 
-import io
 import os
 from typing import Any, Protocol
 
 import torch
 
+from rl_core import safe_state
 from rl_core.paths import cache_dir, free_port
 
 
@@ -33,7 +33,7 @@ class TrainEngine(Protocol):
 
     def optimizer_state(self) -> bytes: ...
 
-    def load_optimizer_state(self, data: bytes) -> None: ...
+    def load_optimizer_state(self, data: bytes, what: str = "optimizer state") -> None: ...
 
 
 def build_ops() -> None:
@@ -71,16 +71,6 @@ def _adamw(model: Any, cfg: Any) -> torch.optim.Optimizer:
     return torch.optim.AdamW(
         model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.999), eps=1e-8
     )
-
-
-def _to_bytes(obj: Any) -> bytes:
-    buf = io.BytesIO()
-    torch.save(obj, buf)
-    return buf.getvalue()
-
-
-def _from_bytes(data: bytes) -> Any:
-    return torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
 
 
 class DeepSpeedTrainEngine:
@@ -161,24 +151,20 @@ class DeepSpeedTrainEngine:
         return self.weights() if dist.get_rank() == 0 else None
 
     def optimizer_state(self) -> bytes:
-        """Launched (train.world_size > 1): the world-size-free form (rl_core.zero_state, bytes on rank 0
-        only; a collective); in the flow's process: DeepSpeed's own state dict."""
-        if self.cfg.launched:
-            from rl_core.zero_state import gather_optimizer_state
+        """The world-size-free form (rl_core.zero_state: AdamW's moments per parameter name) as a state file
+        that cannot carry code (rl_core.safe_state): bytes on rank 0 only (a collective when launched). In
+        the flow's process too, so that any train stage reads any other's state, whatever its layout."""
+        from rl_core.zero_state import gather_optimizer_state
 
-            return gather_optimizer_state(self) or b""
-        return _to_bytes(self.optimizer.state_dict())
+        return gather_optimizer_state(self) or b""
 
-    def load_optimizer_state(self, data: bytes) -> None:
+    def load_optimizer_state(self, data: bytes, what: str = "optimizer state") -> None:
         from rl_core.zero_state import is_universal, scatter_optimizer_state
 
-        sd = _from_bytes(data)
-        if is_universal(sd):  # written by a launched train stage: any world size, any ZeRO stage
-            scatter_optimizer_state(self, sd)
-        elif self.cfg.zero_stage in (1, 2):
-            self.optimizer.load_state_dict([sd])  # ZeRO-1/2 expect one state dict per partition
-        else:
-            self.optimizer.load_state_dict(sd)
+        sd = safe_state.loads(data, what)
+        if not is_universal(sd):
+            raise ValueError(f"{what}: not the optimizer state of a DeepSpeed train stage")
+        scatter_optimizer_state(self, sd)
 
 
 class TorchTrainEngine:
@@ -207,10 +193,10 @@ class TorchTrainEngine:
         return {k: v.detach().cpu().clone() for k, v in self.module.state_dict().items()}
 
     def optimizer_state(self) -> bytes:
-        return _to_bytes(self.optimizer.state_dict())
+        return safe_state.dumps(self.optimizer.state_dict())
 
-    def load_optimizer_state(self, data: bytes) -> None:
-        self.optimizer.load_state_dict(_from_bytes(data))
+    def load_optimizer_state(self, data: bytes, what: str = "optimizer state") -> None:
+        self.optimizer.load_state_dict(safe_state.loads(data, what))
 
 
 def make_train_engine(backend: str, model: Any, cfg: Any) -> DeepSpeedTrainEngine | TorchTrainEngine:

@@ -8,8 +8,8 @@ Each rank reads the run's config and the stage's inputs from the job file in the
 iteration's rollouts from the store (``rl_core.ppo.ppo_update`` takes its share of every mini-batch), loads
 the policy and the world-size-free optimizer state (``rl_core.zero_state``), runs the same update as the
 in-flow engine, then gathers the whole weights and optimizer state to rank 0, which writes the usual
-checkpoint folder, ``optimizer.pt`` and the result file (job and result: the stage folder's ``_job/``). The
-manifest is the flow's: a job that fails commits nothing, and ``resume`` runs the stage again.
+checkpoint folder, ``optimizer.safetensors`` and the result file (job and result: the stage folder's
+``_job/``). The manifest is the flow's: a job that fails commits nothing, and ``resume`` runs the stage again.
 
 Failure and lifetime: torchrun (``--max-restarts 0``) stops the other ranks as soon as one exits abnormally
 (a kill -9 of one rank leaves its peer blocked in a collective: torchrun ends it); the flow names the rank
@@ -143,7 +143,7 @@ def _rank(store_root: str, job_uri: str) -> None:
     metrics |= memory_report(engine) | {"world_size": cfg.train.world_size, "tp_size": cfg.train.tp_size}
     if rank == 0:
         ckpt = store_checkpoint(ctx, job, weights)
-        opt = store.write_bytes(f"{job.out_uri}/optimizer.pt", optimizer)
+        opt = store.write_bytes(f"{job.out_uri}/optimizer.safetensors", optimizer)
         result = {
             "outputs": {"checkpoint": ckpt.model_dump(mode="json"), "optimizer": opt.model_dump(mode="json")},
             "metrics": {**metrics, "policy_sha256": ckpt.files[WEIGHTS]},

@@ -4,9 +4,10 @@ A multi-process train stage (``train.world_size`` > 1) keeps its AdamW state sha
 the data-parallel ranks, ZeRO-3 the weights as well, AutoTP splits the layers' weights and their state over
 the tensor-parallel ranks. The stored form gathers it per parameter name — ``{"format": UNIVERSAL, "step":
 int, "exp_avg": {name: full tensor}, "exp_avg_sq": {...}}`` — the idea of DeepSpeed's universal checkpoint,
-written by rank 0 as one file. Loading scatters it back into whatever layout the engine has now, so a run
-continues bit for bit at the same world size and continues at another one (the fp32 weights themselves are the
-checkpoint folder). Every function here is a collective: all ranks call it.
+written by rank 0 as one file that cannot carry code (``rl_core.safe_state``). Loading scatters it back into
+whatever layout the engine has now, so a run continues bit for bit at the same world size and continues at
+another one (the fp32 weights themselves are the checkpoint folder). Every function here is a collective:
+all ranks call it.
 
     data = gather_optimizer_state(engine)        # bytes on rank 0, None elsewhere
     scatter_optimizer_state(engine, data)        # on every rank of the new engine
@@ -14,12 +15,13 @@ checkpoint folder). Every function here is a collective: all ranks call it.
 
 from __future__ import annotations
 
-import io
 import resource
 from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from rl_core import safe_state
 
 UNIVERSAL = "rlfoundry-universal-adamw-v1"
 KEYS = ("exp_avg", "exp_avg_sq")
@@ -73,9 +75,7 @@ def gather_optimizer_state(ds: Any) -> bytes | None:
             out[key][name] = _tp_full(ds, name, _state_of(ds, p, key))
     if dist.get_rank() != 0:
         return None
-    buf = io.BytesIO()
-    torch.save(out, buf)
-    return buf.getvalue()
+    return safe_state.dumps(out)
 
 
 def _tp_local(ds: Any, name: str, p: torch.nn.Parameter, full: torch.Tensor) -> torch.Tensor:

@@ -79,3 +79,58 @@ def test_ppo_critic_is_stored_reloaded_and_replayed_bit_for_bit(state):
     assert m2.outputs["critic"].sha256 != m1.outputs["critic"].sha256
     (report,) = replayed_identical(state, "pg-ppo", 2, ["train"]).values()
     assert set(report["artifacts"]) == {"checkpoint", "optimizer", "critic"}
+
+
+class _Payload:
+    """Unpickled, this runs a shell command: what a pickle planted in the store would do to the trainer."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        import os
+
+        return (os.system, (f"touch {self.marker}",))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("planted", ["optimizer", "critic"])
+def test_a_pickle_planted_in_the_store_is_refused_and_never_runs(state, tmp_path, planted):
+    """Whoever can write the bucket can rewrite a state file and the manifest hash that guards it: the train
+    stage that reads it refuses it as a pickle, naming it, and the payload never runs (rl_core.safe_state)."""
+    import hashlib
+    import io
+    import json
+
+    import torch
+
+    from tests.conftest import replay_cli
+
+    if not (state / "store" / "pg-ppo" / "iter-0002" / "train" / "_manifest.json").exists():
+        _run(state, "ppo")
+    marker = tmp_path / "payload-ran"
+    buf = io.BytesIO()
+    torch.save({"state": {}, "param_groups": [], "x": _Payload(marker)}, buf)
+    bad = buf.getvalue()
+    path = state / "store" / "pg-ppo" / "iter-0001" / "train" / f"{planted}.safetensors"
+    manifests = [state / "store" / "pg-ppo" / f"iter-000{k}" / "train" / "_manifest.json" for k in (1, 2)]
+    saved = {p: p.read_bytes() for p in [path, *manifests]}
+    try:
+        path.write_bytes(bad)
+        for m in manifests:  # the attacker rewrites the hashes too: they live in the same bucket
+            text = m.read_text().replace(
+                hashlib.sha256(saved[path]).hexdigest(), hashlib.sha256(bad).hexdigest()
+            )
+            m.write_text(text)
+        assert hashlib.sha256(bad).hexdigest() in manifests[1].read_text()
+        r = replay_cli(state, "pg-ppo", 2, ["train"])
+        assert r.returncode != 0, r.stdout[-2000:]
+        assert f"{planted}.safetensors" in r.stderr and "pickle" in r.stderr, r.stderr[-3000:]
+        assert not marker.exists(), "the planted payload ran"
+    finally:
+        for p, data in saved.items():
+            p.write_bytes(data)
+    assert (
+        json.loads(manifests[1].read_text())["inputs"][planted]["sha256"]
+        == hashlib.sha256(saved[path]).hexdigest()
+    )

@@ -180,7 +180,7 @@ def test_checkpoint_cadence_resumes_and_replays_by_rebuilding(reference, state):
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert [it["policy_sha256"] for it in show_json(state, "c")["iterations"]] == hashes
     # Only the cadence point and the last iteration wrote weights and optimizer state to the store.
-    for output in ("checkpoint", "optimizer.pt"):
+    for output in ("checkpoint", "optimizer.safetensors"):
         written = sorted(p.parts[-3] for p in run_dir.glob(f"iter-*/train/{output}"))
         assert written == ["iter-0003", "iter-0004"], (output, written)
     chain = json.loads(_cli(["lineage", "c", "--iteration", "4", "--json"], state, timeout=120).stdout)

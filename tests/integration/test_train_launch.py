@@ -141,5 +141,5 @@ def test_a_run_started_on_two_ranks_resumes_on_one(state: Path):
     second = _manifest(state, "shrink", 2)
     assert second["metrics"]["world_size"] == 1
     # The one process continued from the 2-rank optimizer state (ZeRO-2 shards gathered when stored).
-    assert second["inputs"]["optimizer"]["uri"].endswith("iter-0001/train/optimizer.pt")
+    assert second["inputs"]["optimizer"]["uri"].endswith("iter-0001/train/optimizer.safetensors")
     assert os.path.getsize(Path(second["inputs"]["optimizer"]["uri"].removeprefix("file://"))) > 0

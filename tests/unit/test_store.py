@@ -99,3 +99,38 @@ def test_diff_tables_counts_rows_and_columns():
     d = diff_tables(a, b)
     assert d["identical"] is False and d["rows_changed"] == 2 and d["columns_changed"] == ["x", "ids"]
     assert diff_tables(a, a.iloc[:2])["identical"] is False
+
+
+@pytest.mark.parametrize(
+    "where",
+    [
+        "file:///etc/rlfoundry-x",  # another place on the machine
+        "{root}-sibling/x",  # a folder whose name starts like the root's
+        "{root}/../x",
+        "{root}/r/./x",
+        "{root}/r/..\\..\\x",
+        "s3://other-bucket/runs/x",  # another protocol or bucket
+        "x",  # a relative path
+    ],
+)
+def test_no_uri_outside_the_root_is_read_written_or_removed(tmp_path, where):
+    """Item 8 of issue 21: the store refuses every URI outside its root — whether a caller built it or it was
+    read from a tampered manifest — for writes, reads, folder copies and removals, and touches nothing."""
+    s = Store(str(tmp_path / "store"))
+    s.write_bytes(s.root + "/r/keep.bin", b"kept")
+    (tmp_path / "x").write_bytes(b"outside")
+    uri = where.format(root=s.root)
+    before = sorted(p for p in tmp_path.rglob("*"))
+    for op in (
+        lambda: s.write_bytes(uri, b"planted"),
+        lambda: s.read_bytes(uri),
+        lambda: s.read_bytes(ArtifactRef(uri=uri, sha256="0" * 64)),
+        lambda: s.exists(uri),
+        lambda: s.clear(uri),
+        lambda: s.local_dir(ArtifactRef(uri=uri, sha256="0" * 64, files={"a": "0" * 64}), tmp_path),
+    ):
+        with pytest.raises(ArtifactError, match="outside the store"):
+            op()
+    assert sorted(p for p in tmp_path.rglob("*")) == before
+    assert (tmp_path / "x").read_bytes() == b"outside"
+    assert s.read_bytes(s.root + "/r/keep.bin") == b"kept"

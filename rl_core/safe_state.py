@@ -1,0 +1,129 @@
+"""State files that cannot carry code: tensors in safetensors, everything else as plain JSON beside them.
+
+An optimizer's or a critic's state is a tree (dicts, lists, numbers, strings, tensors). ``torch.save`` writes
+it as a pickle, and reading a pickle runs whatever the file names: anyone who can write the store (and the
+manifest that holds its sha256, which lives in the same bucket) could run code in the trainer. Here the tree
+is written as one safetensors file: the tensors under generated names, the rest of the tree as JSON in the
+file's metadata (``rlfoundry.tree``), a tensor's place holding ``{"$tensor": NAME}``. Reading it parses a JSON
+header and copies bytes into tensors; nothing is imported, nothing is called. A file that is not of this form
+(a pickle planted in the store, a truncated upload) is refused with an error that names it.
+
+    data = dumps({"step": 3, "exp_avg": {"w": torch.zeros(2)}})
+    tree = loads(data, "s3://bucket/run/iter-0002/train/optimizer.safetensors")
+
+JSON has no integer keys and no tuples, which optimizer state dicts use (``state[0]``, ``betas``): they are
+written tagged (``{"$dict": [[key, value], ...]}``, ``{"$tuple": [...]}``) and come back as they were.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from typing import Any
+
+import torch
+from safetensors.torch import load as load_tensors
+from safetensors.torch import save as save_tensors
+
+FORMAT = "rlfoundry-state-v1"
+TREE_KEY = "rlfoundry.tree"
+MAX_HEADER = 100 << 20  # a header of more than 100 MB is no state file of ours
+
+
+class StateFileError(ValueError):
+    """A state file that is not a safetensors state tree (or not a readable one)."""
+
+
+def _encode(obj: Any, tensors: dict[str, torch.Tensor], path: str) -> Any:
+    if isinstance(obj, torch.Tensor):
+        name = f"t{len(tensors)}"
+        # one storage per tensor (safetensors refuses shared memory), on the CPU, in one piece
+        tensors[name] = obj.detach().to("cpu").contiguous().clone()
+        return {"$tensor": name}
+    if obj is None or isinstance(obj, bool | int | str):
+        return obj
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else {"$float": repr(obj)}
+    if isinstance(obj, tuple):
+        return {"$tuple": [_encode(v, tensors, f"{path}[{i}]") for i, v in enumerate(obj)]}
+    if isinstance(obj, list):
+        return [_encode(v, tensors, f"{path}[{i}]") for i, v in enumerate(obj)]
+    if isinstance(obj, dict):
+        if all(isinstance(k, str) and not k.startswith("$") for k in obj):
+            return {k: _encode(v, tensors, f"{path}.{k}") for k, v in obj.items()}
+        items = []
+        for k, v in obj.items():
+            if not (k is None or isinstance(k, bool | int | float | str)):
+                raise TypeError(f"state {path}: a key of type {type(k).__name__} cannot be stored")
+            items.append([k, _encode(v, tensors, f"{path}[{k!r}]")])
+        return {"$dict": items}
+    raise TypeError(
+        f"state {path}: a {type(obj).__module__}.{type(obj).__qualname__} cannot be stored as plain data"
+    )
+
+
+def dumps(tree: Any) -> bytes:
+    """``tree`` as the bytes of one safetensors file (see the module's docstring). Raises TypeError naming
+    the first value that is neither plain data nor a tensor."""
+    tensors: dict[str, torch.Tensor] = {}
+    encoded = _encode(tree, tensors, "$")
+    meta = {"format": FORMAT, TREE_KEY: json.dumps(encoded, allow_nan=False, separators=(",", ":"))}
+    return save_tensors(tensors, metadata=meta)
+
+
+def _header(data: bytes, what: str) -> dict[str, Any]:
+    if data[:2] == b"PK" or data[:1] == b"\x80":
+        raise StateFileError(
+            f"{what}: a pickle (torch.save) file, not a safetensors state file: refused, since reading a "
+            "pickle runs whatever code it names (rlfoundry writes its state as safetensors + JSON)"
+        )
+    if len(data) < 8:
+        raise StateFileError(f"{what}: {len(data)} bytes, too short for a safetensors state file")
+    (size,) = struct.unpack("<Q", data[:8])
+    if size > min(MAX_HEADER, len(data) - 8):
+        raise StateFileError(f"{what}: not a safetensors state file (header length {size} does not fit)")
+    try:
+        header = json.loads(data[8 : 8 + size])
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise StateFileError(f"{what}: not a safetensors state file (header: {e})") from None
+    meta = header.get("__metadata__") if isinstance(header, dict) else None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT or TREE_KEY not in meta:
+        raise StateFileError(f"{what}: a safetensors file, but not an rlfoundry state file ({FORMAT})")
+    return meta
+
+
+def _decode(obj: Any, tensors: dict[str, torch.Tensor], what: str) -> Any:
+    if isinstance(obj, list):
+        return [_decode(v, tensors, what) for v in obj]
+    if not isinstance(obj, dict):
+        return obj
+    if len(obj) == 1:
+        ((tag, value),) = obj.items()
+        if tag == "$tensor":
+            if value not in tensors:
+                raise StateFileError(f"{what}: the tree names a tensor {value!r} the file does not hold")
+            return tensors[value]
+        if tag == "$tuple":
+            return tuple(_decode(v, tensors, what) for v in value)
+        if tag == "$float":
+            if value not in ("nan", "inf", "-inf"):
+                raise StateFileError(f"{what}: {value!r} is no float")
+            return float(value)
+        if tag == "$dict":
+            return {k: _decode(v, tensors, what) for k, v in value}
+    return {k: _decode(v, tensors, what) for k, v in obj.items()}
+
+
+def loads(data: bytes, what: str = "state file") -> Any:
+    """The tree ``dumps`` wrote; ``what`` (the file's URI) names it in errors. Refuses anything else — a
+    pickle above all — with ``StateFileError``; never imports or calls anything the file names."""
+    meta = _header(data, what)
+    try:
+        tensors = load_tensors(data)
+        tree = json.loads(meta[TREE_KEY])
+        return _decode(tree, tensors, what)
+    except StateFileError:
+        raise
+    except Exception as e:  # noqa: BLE001 (a corrupt file, said as such)
+        raise StateFileError(f"{what}: a corrupt state file ({type(e).__name__}: {e})") from None
