@@ -130,6 +130,7 @@ def _sweep_run(st: Any, rid: str) -> dict[int, dict[str, Any]]:
                 ctx.config_hash,
                 {"policy": ckpt},
                 lambda job, c=ctx: evaluate_body(c, job),
+                ctx.accepted_hashes,
             )
             source = "sweep (reused)" if m.reused else "sweep (new)"
         out[k] = {"accuracy": m.metrics["accuracy"], "source": source}

@@ -45,25 +45,45 @@ def base_id(cfg: Config) -> str:
 # Where the stages run, not what they compute: a run may resume with other values (rl_core.runs), and the
 # hash its stages are committed under leaves them out.
 PLACEMENT = (("train", "world_size"), ("train", "tp_size"))
+# How far a run goes and where it evaluates, not what any stage computes: extending a run (more iterations,
+# other evaluation points) needs no --force and keeps every committed stage.
+SCHEDULE = (("experiment", "iterations"), ("eval", "every"))
 
 
-def without_placement(data: dict[str, Any]) -> dict[str, Any]:
-    """A config dump without the PLACEMENT fields.
+def without_fields(data: dict[str, Any], fields: tuple[tuple[str, str], ...]) -> dict[str, Any]:
+    """A config dump without ``fields`` ((section, name) pairs).
 
-    >>> without_placement({"train": {"lr": 0.1, "world_size": 2}, "model": {}})
+    >>> without_fields({"train": {"lr": 0.1, "world_size": 2}, "model": {}}, PLACEMENT)
     {'train': {'lr': 0.1}, 'model': {}}
     """
     out = {k: dict(v) if isinstance(v, dict) else v for k, v in data.items()}
-    for section, name in PLACEMENT:
+    for section, name in fields:
         if isinstance(out.get(section), dict):
             out[section].pop(name, None)
     return out
 
 
-def run_config_hash(cfg: Config) -> str:
-    """The hash a run's stages are committed under: the config less its PLACEMENT fields (so that a config
-    that leaves them at their defaults hashes as it did before they existed)."""
-    return config_hash(without_placement(cfg.model_dump(mode="json")))
+def without_placement(data: dict[str, Any]) -> dict[str, Any]:
+    """A config dump without the PLACEMENT fields."""
+    return without_fields(data, PLACEMENT)
+
+
+def stage_config(data: dict[str, Any]) -> dict[str, Any]:
+    """What a run's stages compute from: a config dump less PLACEMENT and SCHEDULE."""
+    return without_fields(data, PLACEMENT + SCHEDULE)
+
+
+def run_config_hash(cfg: Config | dict[str, Any]) -> str:
+    """The hash a run's stages are committed under: the config less its PLACEMENT and SCHEDULE fields."""
+    data = cfg if isinstance(cfg, dict) else cfg.model_dump(mode="json")
+    return config_hash(stage_config(data))
+
+
+def legacy_config_hash(cfg: Config | dict[str, Any]) -> str:
+    """The hash stages were committed under before SCHEDULE was left out (the config less PLACEMENT): a run
+    written then is still recognised, never recomputed."""
+    data = cfg if isinstance(cfg, dict) else cfg.model_dump(mode="json")
+    return config_hash(without_placement(data))
 
 
 def unstored_dir(ref: ArtifactRef) -> Path:
@@ -122,6 +142,7 @@ class RunContext:
         self.run_id = run_id
         self.store = store or open_store(cfg)
         self.config_hash = run_config_hash(cfg)
+        self.legacy_hash = legacy_config_hash(cfg)
         self.base_id = base_id(cfg)
         self.base_hash = self.base_id.split("/")[1]
         self.held = Held()
@@ -130,6 +151,14 @@ class RunContext:
         self.server_launcher: ServerLauncher | None = None
         # Starts a reward server on a reward model folder -> (url, restart() -> url, stop); the same.
         self.reward_launcher: Callable[[str], tuple[str, Callable[[], str], Callable[[], None]]] | None = None
+
+    @functools.cached_property
+    def accepted_hashes(self) -> frozenset[str]:
+        """The config hashes a committed stage of this run may carry and still be reused: this config's, and
+        every config version the run record lists (rl_core.runs: a resume never recomputes committed work)."""
+        from rl_core.runs import version_hashes
+
+        return frozenset({self.config_hash, self.legacy_hash}) | version_hashes(self.store, self.run_id)
 
     @functools.cached_property
     def env(self) -> Any:

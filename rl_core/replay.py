@@ -20,9 +20,9 @@ import numpy as np
 import pandas as pd
 
 from rl_core.config import Config
-from rl_core.context import RunContext
+from rl_core.context import RunContext, run_config_hash
 from rl_core.manifest import ArtifactRef
-from rl_core.runs import run_config
+from rl_core.runs import config_for, run_config
 from rl_core.stage import StageJob
 from rl_core.stages import STAGES
 from rl_core.store import Store
@@ -105,7 +105,7 @@ def replay(
     spec = STAGES[stage]
     own = ctx is None
     if ctx is None:
-        ctx = _context(store, run_id, cfg, prepare)
+        ctx = _context(store, run_id, cfg or config_of_stage(store, run_id, iteration, stage), prepare)
     owner = ctx.base_id if spec.base else run_id
     uri = store.stage_uri(owner, iteration, stage)
     manifest = store.read_manifest(uri)
@@ -134,6 +134,19 @@ def replay(
     }
 
 
+def config_of_stage(store: Store, run_id: str, iteration: int, stage: str) -> Config:
+    """The config the committed ``stage`` of ``iteration`` ran with: the run's config version whose hash its
+    manifest carries (``rl_core.runs.config_for``; a base stage, or a stage not committed: the run's
+    current config)."""
+    spec = STAGES.get(stage)
+    manifest = (
+        None if spec is None or spec.base else store.read_manifest(store.stage_uri(run_id, iteration, stage))
+    )
+    if manifest is None:
+        return run_config(store, run_id)
+    return config_for(store, run_id, manifest.config_hash)
+
+
 def _context(
     store: Store, run_id: str, cfg: Config | None, prepare: Callable[[RunContext], None] | None
 ) -> RunContext:
@@ -157,9 +170,16 @@ def replay_stages(
     unknown = [s for s in stages if s not in STAGES]
     if unknown or not stages:
         raise ValueError(f"stages must be among {', '.join(STAGES)}; got {stages!r}")
-    ctx = _context(store, run_id, cfg, prepare)
+    order = list(dict.fromkeys(stages))
+    ctx = _context(store, run_id, cfg or config_of_stage(store, run_id, iteration, order[0]), prepare)
+    reports = {}
     try:
-        reports = {s: replay(store, run_id, iteration, s, ctx=ctx) for s in dict.fromkeys(stages)}
+        for s in order:
+            own = cfg or config_of_stage(store, run_id, iteration, s)
+            if STAGES[s].base or run_config_hash(own) == ctx.config_hash:
+                reports[s] = replay(store, run_id, iteration, s, ctx=ctx)
+            else:  # committed under another config version of the run: replayed with that one
+                reports[s] = replay(store, run_id, iteration, s, cfg=own, prepare=prepare)
     finally:
         ctx.held.close()
     return {

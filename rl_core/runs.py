@@ -32,7 +32,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, WithJsonSchema
 
 from rl_core.config import Config, config_from_dict
-from rl_core.context import RunContext, without_placement
+from rl_core.context import RunContext, legacy_config_hash, run_config_hash, stage_config
 from rl_core.store import Store
 
 RUN_RECORD = "run.json"
@@ -100,14 +100,63 @@ def config_diff(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> l
     return out
 
 
+def _version(cfg: Config, from_iteration: int) -> dict[str, Any]:
+    return {
+        "from_iteration": from_iteration,
+        "config_hash": run_config_hash(cfg),
+        "config": cfg.model_dump(mode="json"),
+        "recorded_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+    }
+
+
+def versions(record: dict[str, Any]) -> list[dict[str, Any]]:
+    """The config versions of a run record, oldest first: ``[{"from_iteration", "config_hash", "config"}]``.
+    A record written before versions existed has one, the config it was started with (under the hash its
+    stages were committed under then)."""
+    if record.get("versions"):
+        return record["versions"]
+    return [{"from_iteration": 1, "config_hash": record.get("config_hash"), "config": record["config"]}]
+
+
+def version_hashes(store: Store, run_id: str) -> frozenset[str]:
+    """Every hash the committed stages of ``run_id`` may carry (each version's, in either hash scheme); empty
+    for a run without a record (the shared base model, a replay's scratch)."""
+    uri = f"{store.run_uri(run_id)}/{RUN_RECORD}"
+    if not store.exists(uri):
+        return frozenset()
+    out: set[str] = set()
+    for v in versions(store.read_json(uri)):
+        out |= {run_config_hash(v["config"]), legacy_config_hash(v["config"])}
+        if v.get("config_hash"):
+            out.add(v["config_hash"])
+    return frozenset(out)
+
+
+def first_open_iteration(store: Store, run_id: str, stages: list[str]) -> int:
+    """The first iteration (from 1) of which some stage in ``stages`` is not committed: where a new config
+    version starts (``["train"]``, the stage that ends an iteration), every committed stage before it staying
+    as it was computed."""
+    from rl_core.stage import committed
+
+    k = 1
+    while all(committed(store, run_id, k, s) is not None for s in stages):
+        k += 1
+    return k
+
+
 def create_or_resume(
     ctx: RunContext, mode: Literal["new", "resume", "either"] = "either", *, force: bool = False
 ) -> Literal["created", "resumed"]:
     """The one create-or-resume rule: create ``ctx``'s run record, or accept the existing one.
 
     ``mode`` "new" refuses an existing run, "resume" an unknown one, "either" takes whichever applies. An
-    existing run continues only with the config it was started with (``ctx.cfg`` is compared with the record),
-    unless ``force``. Raises RunError (and RunIdError for a bad id; ModelFolderError for a new run whose
+    existing run continues with its recorded config, or with one that changes only where it runs (PLACEMENT)
+    or how far it goes (SCHEDULE: more iterations, other evaluation points): recorded, nothing recomputed.
+    A change of what stages compute is refused with the difference, unless ``force``: then it is recorded as
+    a new config version from the first iteration not fully committed on (``run.json`` keeps every version
+    and every change); the committed stages before it stay as they were computed, under their own version. A
+    change of the base model (model, task, warm-up, seed) is refused even so: start a new run. Nothing stored
+    is deleted. Raises RunError (and RunIdError for a bad id; ModelFolderError for a new run whose
     ``model.path`` is not a usable policy folder) before anything is written.
     """
     check_run_id(ctx.run_id)
@@ -125,22 +174,66 @@ def create_or_resume(
             "config": ctx.cfg.model_dump(mode="json"),
             "config_hash": ctx.config_hash,
             "base_id": ctx.base_id,
+            "versions": [_version(ctx.cfg, 1)],
+            "changes": [],
         }
         ctx.store.write_json(uri, record)
+        ctx.__dict__.pop("accepted_hashes", None)
         return "created"
     if mode == "new":
         raise RunError(
             f"run id {ctx.run_id!r} already exists in {ctx.store.root}; use `rlfoundry resume {ctx.run_id}`"
         )
-    # A run continues at another world size (PLACEMENT) without --force: that is where it runs, not what.
-    old = without_placement(ctx.store.read_json(uri)["config"])
-    diff = config_diff(old, without_placement(ctx.cfg.model_dump(mode="json")))
-    if diff and not force:
+    record = ctx.store.read_json(uri)
+    new = ctx.cfg.model_dump(mode="json")
+    every = config_diff(record["config"], new)
+    if not every:
+        return "resumed"
+    changed = config_diff(stage_config(record["config"]), stage_config(new))
+    if changed and record.get("base_id", ctx.base_id) != ctx.base_id:
         raise RunError(
-            f"run {ctx.run_id!r} exists with another config; resuming with a changed config is refused "
-            "(rlfoundry resume --force overrides):\n  " + "\n  ".join(diff)
+            f"run {ctx.run_id!r}: the change would give it another base model ({record.get('base_id')} -> "
+            f"{ctx.base_id}: model, task, warm-up or seed), so every stage would differ; start a new run "
+            "instead:\n  " + "\n  ".join(changed)
         )
+    if changed and not force:
+        raise RunError(
+            f"run {ctx.run_id!r} exists with another config; resuming with a change to what its stages "
+            "compute is refused (rlfoundry resume --force records it as a new config version from the first "
+            "iteration not yet committed; nothing committed is recomputed or deleted):\n  "
+            + "\n  ".join(changed)
+        )
+    at = first_open_iteration(ctx.store, ctx.run_id, ["train"]) if changed else None
+    history = versions(record)
+    if changed:
+        history = [*history, _version(ctx.cfg, at)]
+    else:  # placement or schedule only: the same version, its config now the new one
+        history = [*history[:-1], {**history[-1], "config": new}]
+    when = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+    change = {"at": when, "diff": every, "new_version_from_iteration": at}
+    record.update(
+        config=new,
+        config_hash=ctx.config_hash,
+        versions=history,
+        changes=[*record.get("changes", []), change],
+    )
+    ctx.store.write_json(uri, record)
+    ctx.__dict__.pop("accepted_hashes", None)
     return "resumed"
+
+
+def config_for(store: Store, run_id: str, config_hash: str) -> Config:
+    """The config version of ``run_id`` whose stages carry ``config_hash``: what a committed stage ran with
+    (for a replay), the run's current config when no version matches."""
+    record = load_run(store, run_id)
+    for v in reversed(versions(record)):
+        if config_hash in {
+            v.get("config_hash"),
+            run_config_hash(v["config"]),
+            legacy_config_hash(v["config"]),
+        }:
+            return config_from_dict(v["config"], f"{run_id}/{RUN_RECORD} (version {v['from_iteration']})")
+    return config_from_dict(record["config"], f"{run_id}/{RUN_RECORD}")
 
 
 def load_run(store: Store, run_id: str) -> dict[str, Any]:

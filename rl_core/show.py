@@ -19,6 +19,7 @@ def _stage_view(m: Manifest | None) -> dict[str, Any]:
         return {"status": "pending"}
     return {
         "status": m.status,
+        "config_hash": m.config_hash,
         "seconds": m.timings.seconds,
         "metrics": m.metrics,
         "artifacts": {k: v.uri for k, v in m.outputs.items()},
@@ -26,7 +27,7 @@ def _stage_view(m: Manifest | None) -> dict[str, Any]:
 
 
 def collect(store: Store, run_id: str) -> dict[str, Any]:
-    from rl_core.runs import load_run
+    from rl_core.runs import load_run, versions
 
     record = load_run(store, run_id)
     base_id = record["base_id"]
@@ -50,8 +51,8 @@ def collect(store: Store, run_id: str) -> dict[str, Any]:
         stages = {s: _stage_view(store.read_manifest(store.stage_uri(run_id, k, s))) for s in used}
         if all(v["status"] == "pending" for v in stages.values()):
             break
-        for s in used:
-            if not STAGE_TABLE[s].due(config, k):
+        for s in used:  # (a stage committed under an earlier schedule is shown as committed)
+            if stages[s]["status"] == "pending" and not STAGE_TABLE[s].due(config, k):
                 stages[s] = {"status": "not scheduled"}
         row: dict[str, Any] = {"iteration": k, "stages": stages}
         tr = stages["train"]
@@ -63,6 +64,12 @@ def collect(store: Store, run_id: str) -> dict[str, Any]:
         "run_id": run_id,
         "store": store.root,
         "config_hash": record["config_hash"],
+        # every config the run's stages ran with, and from which iteration (rl_core.runs: resume --force)
+        "config_versions": [
+            {"from_iteration": v["from_iteration"], "config_hash": v.get("config_hash")}
+            for v in versions(record)
+        ],
+        "config_changes": record.get("changes", []),
         "iterations_planned": cfg["experiment"]["iterations"],
         "iterations_committed": done,
         "stages": used,

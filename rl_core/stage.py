@@ -15,14 +15,14 @@ from __future__ import annotations
 import functools
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
 from rl_core.faults import fault
 from rl_core.manifest import ArtifactRef, Manifest, Timings
 from rl_core.paths import PROJECT_ROOT
-from rl_core.store import Store
+from rl_core.store import ArtifactError, Store
 
 
 @dataclass(frozen=True)
@@ -72,12 +72,24 @@ def run_stage(
     config_hash: str,
     inputs: dict[str, ArtifactRef],
     body: Callable[[StageJob], StageResult],
+    accepted: Collection[str] = (),
 ) -> Manifest:
-    """Run ``body`` unless an identical committed run of this stage exists; return the manifest."""
+    """Run ``body`` unless this stage is committed with the same inputs, under ``config_hash`` or one of the
+    ``accepted`` hashes (the run's earlier config versions); return the manifest. What an uncommitted
+    attempt left in the stage's folder is cleared; a committed stage is never cleared: one that does not
+    match (other inputs, a config the run never recorded) is an error naming it."""
     uri = store.stage_uri(run_id, iteration, stage)
     existing = store.read_manifest(uri)
-    if existing is not None and existing.config_hash == config_hash and existing.same_inputs(inputs):
-        return existing.model_copy(update={"reused": True})
+    if existing is not None:
+        known = existing.config_hash == config_hash or existing.config_hash in accepted
+        if known and existing.same_inputs(inputs):
+            return existing.model_copy(update={"reused": True})
+        why = "other inputs than this run now gives it" if known else "a config this run does not record"
+        raise ArtifactError(
+            f"{uri} is committed with {why} (config hash {existing.config_hash[:12]}..., this run's "
+            f"{config_hash[:12]}...); committed work is never deleted: resume with the run's recorded "
+            "config, or start a new run"
+        )
     store.clear(uri)
     fault(f"{stage}:start", iteration)
     t0 = time.perf_counter()

@@ -102,8 +102,9 @@ def run_table_stage(cfg: Config, run_id: str, name: str, iteration: int, mlflow_
 
     inputs = resolve_inputs(spec, cfg, iteration, lambda s, k: committed(ctx.store, owner(s), k, s))
     chash = ctx.base_hash if spec.base else ctx.config_hash
+    accepted = () if spec.base else ctx.accepted_hashes  # the run's earlier config versions (rl_core.runs)
     manifest = run_stage(
-        ctx.store, owner(name), iteration, name, chash, inputs, lambda job: spec.body(ctx, job)
+        ctx.store, owner(name), iteration, name, chash, inputs, lambda job: spec.body(ctx, job), accepted
     )
     lin = lineage(cfg)
     if lin is not None and mlflow_run is not None:

@@ -84,7 +84,12 @@ def resume(
     run_id: RunIdArg,
     set_: SetOpt = None,
     force: Annotated[
-        bool, typer.Option("--force", help="Resume even though --set changes the config.")
+        bool,
+        typer.Option(
+            "--force",
+            help="Apply a --set that changes what stages compute, as a new config version from the first "
+            "iteration not yet committed (run.json keeps every version; nothing committed is recomputed).",
+        ),
     ] = False,
     store: StoreOpt = None,
 ) -> None:

@@ -60,11 +60,14 @@ def test_run_stage_commits_then_skips(tmp_path):
     m2 = run_stage(s, "r", 1, "generate", "h", {}, body)
     assert len(calls) == 1 and m2.reused and not m1.reused
     assert m2.outputs == m1.outputs
-    # different config or inputs: not done, runs again
-    run_stage(s, "r", 1, "generate", "h2", {}, body)
-    assert len(calls) == 2
-    run_stage(s, "r", 1, "generate", "h2", {"policy": m1.outputs["x"]}, body)
-    assert len(calls) == 3
+    # a committed stage is never cleared (issue 21 item 1): another config or other inputs are refused,
+    # naming the stage, unless the config is one the run records (accepted), and it is still there
+    with pytest.raises(ArtifactError, match=r"iter-0001/generate is committed with a config"):
+        run_stage(s, "r", 1, "generate", "h2", {}, body)
+    assert run_stage(s, "r", 1, "generate", "h2", {}, body, accepted={"h"}).reused
+    with pytest.raises(ArtifactError, match="other inputs"):
+        run_stage(s, "r", 1, "generate", "h", {"policy": m1.outputs["x"]}, body)
+    assert len(calls) == 1 and s.read_bytes(m1.outputs["x"]) == b"1"
 
 
 def test_crashed_stage_leftovers_are_cleared(tmp_path):
