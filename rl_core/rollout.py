@@ -177,7 +177,12 @@ class HFEngine:
 
         self.ckpt_dir = str(ckpt_dir)
         self.tokenizer = load_tokenizer(ckpt_dir)
-        self.model = load_model(ckpt_dir).eval()
+        import torch
+
+        # rollout.dtype, as vLLM applies it (bf16 sampling beside an fp32 trainer is the user's choice)
+        self.model = (
+            load_model(ckpt_dir).to({"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]).eval()
+        )
         self.eos = set(stop_ids(ckpt_dir, self.tokenizer))
         self.pad = pad_id(self.tokenizer)
         self.never = unsampleable_ids(self.model)

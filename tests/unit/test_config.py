@@ -125,3 +125,36 @@ def test_env_args_are_the_environments_and_filled_in():
         load_config(None, ["reward.weights.nope=1.0"])
     weights = load_config(None, ["reward.weights.partial=0.5"]).reward.weights
     assert weights == {"correct": 1.0, "format": 0.1, "partial": 0.5}
+
+
+@pytest.mark.parametrize(
+    "override, why",
+    [
+        ("rollout.top_p=0.9", r"rollout\.top_p: .*PPO ratio would compare two different distributions"),
+        ("rollout.top_p=0.999", r"rollout\.top_p: .*must be 1\.0"),
+        ("rollout.temperature=0", r"rollout\.temperature: .*greedy decoding is for evaluation"),
+        ("rollout.temperature=0.0", r"rollout\.temperature: .*NaN loss"),
+    ],
+)
+def test_sampling_the_trainer_cannot_match_is_refused_with_the_reason(override, why):
+    """Issue 21 item 6: a truncated sampler (top-p) or greedy decoding cannot be trained on as configured."""
+    with pytest.raises(ConfigError, match=why):
+        load_config(None, [override])
+    assert load_config(None, ["rollout.temperature=0.7", "eval.temperature=0"]).rollout.temperature == 0.7
+
+
+def test_the_hf_engine_samples_in_the_dtype_asked_for(tmp_path):
+    """Issue 21 item 6: rollout.dtype was ignored by the HF engine; bf16 sampling now runs in bf16."""
+    import torch
+
+    from rl_core.rollout import HFEngine, Request, SamplingSpec
+    from tests.conftest import two_policies
+
+    tok, a, _ = two_policies(tmp_path)
+    prompt = tok("1 2 3", add_special_tokens=False)["input_ids"]
+    spec = SamplingSpec(n=2, temperature=1.0, max_tokens=3)
+    for dtype, want in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
+        engine = HFEngine(a, dtype=dtype)
+        assert {p.dtype for p in engine.model.parameters()} == {want}
+        (done,) = engine.generate([Request(prompt, seed=3)], spec)
+        assert len(done) == 2 and all(len(c.token_ids) >= 1 for c in done)
