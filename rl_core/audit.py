@@ -38,6 +38,7 @@ from rl_core.audit_code import CODE_FLAGS, code_flags
 from rl_core.audit_text import (
     code_text,
     empty_answer,
+    judge_address,
     judge_injection,
     length_outliers,
     prompt_independent,
@@ -50,7 +51,7 @@ log = logging.getLogger("rlfoundry.audit")
 
 GRADER_FLAGS = ("exited_before_tests", "non_plain_return")
 EXPLOIT = (*CODE_FLAGS, *GRADER_FLAGS, "judge_injection")
-HEURISTIC = ("empty_answer", "prompt_independent", "length_outlier", "repetition")
+HEURISTIC = ("empty_answer", "prompt_independent", "length_outlier", "repetition", "judge_address")
 CATEGORIES = {"exploit": EXPLOIT, "heuristic": HEURISTIC, "all": EXPLOIT + HEURISTIC}
 
 
@@ -58,7 +59,7 @@ def zeroed_flags(names: list[str]) -> set[str]:
     """The flags ``reward.audit.zero`` names (flags and categories); an unknown name is an error.
 
     >>> sorted(zeroed_flags(["heuristic"]))
-    ['empty_answer', 'length_outlier', 'prompt_independent', 'repetition']
+    ['empty_answer', 'judge_address', 'length_outlier', 'prompt_independent', 'repetition']
     """
     out: set[str] = set()
     for n in names:
@@ -100,8 +101,12 @@ def row_flags(
             if src not in code_cache:
                 code_cache[src] = code_flags(src)
             flags |= set(code_cache[src])
-        if judged and judge_injection(code_text(t) if python is not None else t):
-            flags.add("judge_injection")
+        if judged:
+            prose = code_text(t) if python is not None else t
+            if judge_injection(prose):
+                flags.add("judge_injection")
+            elif judge_address(prose):
+                flags.add("judge_address")
         if empty_answer(t):
             flags.add("empty_answer")
         if repetition(t):
