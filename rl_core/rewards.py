@@ -23,6 +23,7 @@ Batch components score a whole iteration at once (``batch_builtin``): ``judge``,
 from __future__ import annotations
 
 import inspect
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,6 +35,8 @@ from envs.base import Outcome, resolve
 from rl_core.algorithms import drgrpo, given_advantages, grpo, score
 from rl_core.context import RunContext
 from rl_core.stage import StageJob, StageResult
+
+log = logging.getLogger("rlfoundry.rewards")
 
 RewardFn = Callable[[str, str, Outcome], "float | None"]
 ENTRY_POINT_GROUP = "rlfoundry.rewards"
@@ -238,6 +241,20 @@ def audit_zeroed(ctx: RunContext, job: StageJob, df: pd.DataFrame) -> np.ndarray
     return audit["zeroed"].to_numpy(dtype=bool)
 
 
+def replay_mismatches(env: pd.DataFrame) -> np.ndarray:
+    """Which episodes' environments gave another observation when replayed (``replay_mismatch``, set by
+    ``rl_core.outcomes``); none for single-turn results, which have no such column.
+
+    >>> replay_mismatches(pd.DataFrame({"replay_mismatch": [False, True, None]})).tolist()
+    [False, True, False]
+    >>> replay_mismatches(pd.DataFrame({"correct": [1.0]})).tolist()
+    [False]
+    """
+    if "replay_mismatch" not in env.columns:
+        return np.zeros(len(env), dtype=bool)
+    return env["replay_mismatch"].fillna(False).astype(bool).to_numpy()
+
+
 def score_rewards_body(ctx: RunContext, job: StageJob) -> StageResult:
     rc = ctx.cfg.reward
     rollouts, env_results = job.inputs["rollouts"], job.inputs["env_results"]
@@ -255,6 +272,19 @@ def score_rewards_body(ctx: RunContext, job: StageJob) -> StageResult:
     combined = combine(rc.weights, parts)
     zeroed = audit_zeroed(ctx, job, df)
     combined[zeroed] = 0.0
+    # A multi-turn episode whose environment answered differently when replayed (non-hermetic: time,
+    # randomness, state outside the task) earned an outcome nobody can reproduce: counted, alarmed, scored 0,
+    # so that provoking such an environment never pays.
+    mismatched = replay_mismatches(env)
+    combined[mismatched] = 0.0
+    if mismatched.any():
+        log.warning(
+            "iteration %d: %d of %d episodes gave another outcome when replayed (a non-hermetic "
+            "environment): scored 0",
+            job.iteration,
+            int(mismatched.sum()),
+            len(df),
+        )
     combined[[e is not None for e in infra]] = np.nan  # no reward, out of its group's advantage
     scored, algo_metrics = score(ctx.cfg, combined, groups, lengths)
     reward = scored["reward"]
@@ -285,6 +315,7 @@ def score_rewards_body(ctx: RunContext, job: StageJob) -> StageResult:
             "abstained": int(np.isnan(reward).sum() - sum(e is not None for e in infra)),
             "infra_failures": int(sum(e is not None for e in infra)),
             "zeroed": int(zeroed.sum()),
+            "replay_mismatches": int(mismatched.sum()),
             "zero_std_groups": float((given.std(ddof=0) == 0).mean()) if len(given) else 1.0,
             **summary,
             **extra.metrics,

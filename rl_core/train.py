@@ -58,12 +58,28 @@ def _reference(ctx: RunContext, ref_ckpt: ArtifactRef) -> Any:
 
 
 def _off_policy(cfg: Any, rollouts: Any, iteration: int, metrics: dict[str, float]) -> dict[str, float]:
-    """Which policy version sampled the rollouts, how stale they are, and the alarms (logged as warnings)."""
+    """Which policy version sampled the rollouts, how stale they are, and the alarms (logged as warnings).
+
+    The schedule fixes the lag: iteration k trains on rollouts of policy k-1-K (K = rollout.max_staleness; the
+    warm-up policy, version 0, while k-1-K < 0). ``staleness_alarm`` fires when the rollouts were sampled by
+    any other version — older or newer, or by several — i.e. when the rollouts this stage reads are not the
+    ones the schedule says (another iteration's artifact, a run resumed with another K), not by construction.
+
+    >>> from rl_core.config import Config
+    >>> import pandas as pd
+    >>> cfg = Config.model_validate({"rollout": {"max_staleness": 1}})
+    >>> def alarm(versions, k):
+    ...     return _off_policy(cfg, pd.DataFrame({"policy_version": versions}), k, {})["staleness_alarm"]
+    >>> [alarm(v, 3) for v in ([1], [0], [2], [1, 0])], alarm([0], 1)  # at 1: the warm-up policy
+    ([0.0, 1.0, 1.0, 1.0], 0.0)
+    """
     out: dict[str, float] = {}
     if "policy_version" in rollouts.columns:
-        version = int(rollouts["policy_version"].min())
+        versions = rollouts["policy_version"]
+        version = int(versions.min())
+        expected = max(0, iteration - 1 - cfg.rollout.max_staleness)
         out = {"rollout_policy_version": version, "staleness": iteration - 1 - version}
-        out["staleness_alarm"] = float(out["staleness"] > cfg.rollout.max_staleness)
+        out["staleness_alarm"] = float(version != expected or int(versions.max()) != version)
     if metrics.get("mismatch_alarm"):
         log.warning(
             "iteration %d: rollout/trainer logprob mismatch %.4g > train.mismatch_alarm %.4g",
@@ -73,9 +89,10 @@ def _off_policy(cfg: Any, rollouts: Any, iteration: int, metrics: dict[str, floa
         )
     if out.get("staleness_alarm"):
         log.warning(
-            "iteration %d: rollouts are %d policy versions old > rollout.max_staleness %d",
+            "iteration %d: rollouts of policy version %d, the schedule's is %d (rollout.max_staleness %d)",
             iteration,
-            out["staleness"],
+            out["rollout_policy_version"],
+            max(0, iteration - 1 - cfg.rollout.max_staleness),
             cfg.rollout.max_staleness,
         )
     return out

@@ -179,3 +179,17 @@ def test_honest_text_that_addresses_a_judge_is_a_heuristic_not_zeroed(ctx):
     default = zeroed_flags(load_config("configs/smoke.yaml").reward.audit.zero)
     assert "judge_injection" in default and "judge_address" not in default
     assert "judge_address" in CATEGORIES["heuristic"]
+
+
+def test_an_episode_that_replays_differently_is_counted_alarmed_and_scored_zero(ctx, caplog):
+    """Issue 21 item 8: ``replay_mismatch`` (a non-hermetic environment) was stored and never read."""
+    r, e = _iteration(ctx.store, 1, [HONEST, HONEST, HONEST, WRONG], [True, True, True, False])
+    env = ctx.store.read_table(e).assign(replay_mismatch=[False, True, False, False])
+    e = ctx.store.write_table(e.uri, env)
+    with caplog.at_level("WARNING", logger="rlfoundry.rewards"):
+        _, scored, rew = _stages(ctx, 1, r, e)
+    assert rew["reward"].tolist() == [1.0, 0.0, 1.0, 0.0]
+    assert scored.metrics["replay_mismatches"] == 1
+    assert any("non-hermetic" in m for m in caplog.messages)
+    r2, e2 = _iteration(ctx.store, 2, [HONEST, HONEST, HONEST, WRONG], [True, True, True, False])
+    assert _stages(ctx, 2, r2, e2)[1].metrics["replay_mismatches"] == 0  # single-turn: no such column
