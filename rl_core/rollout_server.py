@@ -57,6 +57,7 @@ class ServerEngine:
         self.restart = restart
         self.on_close = on_close
         self.restarts = 0
+        self._counters: dict[str, dict[str, float]] = {}  # prefix-cache counters last seen, per URL
         self.in_flight = per_server_in_flight
         self.http = httpx.Client(timeout=timeout_s)
         self.model = self._served_model(0)
@@ -171,12 +172,22 @@ class ServerEngine:
             self._load(i, self.ckpt_dir)
 
     def stats(self) -> dict[str, float]:
-        """Prefix-cache queries, hits and hit rate summed over the servers (counters since each started)."""
+        """Prefix-cache queries, hits and hit rate summed over the servers since the previous call (the
+        generate stage calls it once per iteration: the figures are that iteration's). A server's counters
+        run from its start, so each call takes the difference from the last counters seen at that URL; a
+        server restarted since (a new URL, or counters that went down) counts from zero."""
         totals = {"queries": 0.0, "hits": 0.0}
         for url in self.urls:
             text = self.http.get(url + "/metrics", timeout=10).text
+            now = {"queries": 0.0, "hits": 0.0}
             for kind, value in _METRIC.findall(text):
-                totals[kind] += float(value)
+                now[kind] += float(value)
+            last = self._counters.get(url, {"queries": 0.0, "hits": 0.0})
+            if now["queries"] < last["queries"]:  # restarted at the same URL
+                last = {"queries": 0.0, "hits": 0.0}
+            for kind in totals:
+                totals[kind] += now[kind] - last[kind]
+            self._counters[url] = now
         rate = totals["hits"] / totals["queries"] if totals["queries"] else 0.0
         return {
             "prefix_cache_queries": totals["queries"],
