@@ -161,6 +161,7 @@ def sample_table(
     # evaluates), each with the weights it asked for.
     with ctx.held.engine_lock:
         engine = policy_engine(ctx, ckpt, iteration)
+        engine.stats()  # the engine's counters so far are its earlier users': this batch's start here
         reqs = [Request(ids, s, im) for ids, s, im in zip(prompt_ids, seeds, images, strict=True)]
         episodes = [
             Episode(i, k, list(c.token_ids), list(c.logprobs), [1] * len(c.token_ids), c)
@@ -172,6 +173,7 @@ def sample_table(
                 ep.env = make_env(ctx.cfg.task.env, ctx.cfg.task.env_args)
                 ep.env.reset(tasks[ep.prompt_index], seeds[ep.prompt_index])
             _more_turns(episodes, engine, tok, prompt_ids, seeds, spec, ctx.max_model_len(), max_turns)
+        stats = engine.stats()  # this batch's own (the rollout servers' prefix cache)
     rows = []
     for ep in episodes:
         i = ep.prompt_index
@@ -182,7 +184,9 @@ def sample_table(
             row["image"] = images[i][0]
         rows.append(row)
     extra = MULTI_TURN_COLUMNS if max_turns > 1 else (["image"] if any(images) else [])
-    return pd.DataFrame(rows, columns=ROLLOUT_COLUMNS + extra)
+    table = pd.DataFrame(rows, columns=ROLLOUT_COLUMNS + extra)
+    table.attrs["engine_stats"] = stats
+    return table
 
 
 def _more_turns(
@@ -256,7 +260,7 @@ def generate_body(ctx: RunContext, job: StageJob) -> StageResult:
     return StageResult(
         outputs={"rollouts": ref},
         metrics={
-            **ctx.held.rollout.stats(),
+            **df.attrs.get("engine_stats", {}),
             "policy_version": version,
             "staleness": iteration - 1 - version,
             "completions": len(df),
