@@ -4,10 +4,12 @@ s3:// store. A bad id is refused with the rule before anything is read or writte
 from __future__ import annotations
 
 import pytest
+from typer.testing import CliRunner
 
+from flows.cli import app
 from rl_core.config import load_config
 from rl_core.runs import RunIdError
-from tests.conftest import run_cli
+from tests.conftest import cli_env, run_cli
 
 # Each command that takes a run id, with the bad ids it is tried with (rotated so that every id is tried).
 COMMANDS = {
@@ -28,11 +30,17 @@ def test_cli_refuses_bad_run_ids_before_touching_the_store(command, tmp_path):
     (state / "store").mkdir()
     (state / "store" / "_base").mkdir()  # a reserved folder that must stay untouched
     ids = CLI_BAD if command == "run" else CLI_BAD[sorted(COMMANDS).index(command) % 4 :: 4]
-    for rid in ids:
-        r = run_cli(COMMANDS[command](rid), state, timeout=120)
-        assert r.returncode == 2, (command, rid, r.stdout, r.stderr)
-        assert f"invalid run id {rid!r}" in r.stderr, (command, rid, r.stderr)
-        assert "run id:" not in r.stdout  # nothing started
+    runner = CliRunner()
+    for i, rid in enumerate(ids):
+        if i == 0:  # the command as a program, once per command (exit code and stderr as a shell sees them)
+            r = run_cli(COMMANDS[command](rid), state, timeout=120)
+            code, out, err = r.returncode, r.stdout, r.stderr
+        else:  # the rest through typer in this process: the same code, without a process start each
+            res = runner.invoke(app, COMMANDS[command](rid), env=cli_env(state))
+            code, out, err = res.exit_code, res.stdout, res.stderr
+        assert code == 2, (command, rid, out, err)
+        assert f"invalid run id {rid!r}" in err, (command, rid, err)
+        assert "run id:" not in out  # nothing started
     written = sorted(p.relative_to(state / "store").as_posix() for p in (state / "store").rglob("*"))
     assert written == ["_base"], written
     assert not (tmp_path / "escape-x").exists() and not (state / "escape-x").exists()
