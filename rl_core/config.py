@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from rl_core.config_layout import TrainLayoutFields
 from rl_core.config_pg import PolicyGradientFields
 from rl_core.config_reward import AuditSettings, JudgeSettings, RewardModelSettings
+from rl_core.config_sampling import SamplingFields
 from rl_core.overrides import ConfigError, format_validation_error, parse_overrides, set_dotted
 
 
@@ -150,26 +151,12 @@ class WarmupSection(_Section):
     )
 
 
-class RolloutSection(_Section):
+class RolloutSection(_Section, SamplingFields):
     engine: Literal["vllm", "hf"] = Field(
         "vllm", description="Rollout engine: vLLM (default) or HF transformers fallback."
     )
     prompts_per_iteration: int = Field(64, ge=1, description="Prompts sampled per iteration.")
     n: int = Field(8, ge=1, le=256, description="Completions per prompt (the GRPO group size).")
-    temperature: float = Field(
-        1.0,
-        ge=0.0,
-        le=2.0,
-        description="Sampling temperature (> 0: the trainer's logprobs are the sampler's at this "
-        "temperature; greedy decoding is for evaluation, eval.temperature).",
-    )
-    top_p: float = Field(
-        1.0,
-        gt=0.0,
-        le=1.0,
-        description="Nucleus sampling threshold: only 1.0. The trainer's logprobs are of the whole "
-        "distribution, so a truncated sampler would make the PPO ratio compare two distributions.",
-    )
     max_tokens: int = Field(8, ge=1, description="Maximum completion tokens.")
     dtype: Literal["float32", "bfloat16"] = Field(
         "float32", description="Engine dtype (fp32 keeps logprobs close to the trainer's)."
@@ -225,28 +212,6 @@ class RolloutSection(_Section):
         description="frontier: task fields that define a task's kind for the prior (arithmetic: op, digits); "
         "empty = one kind, all tasks.",
     )
-
-    @field_validator("temperature")
-    @classmethod
-    def _sampled(cls, v: float) -> float:
-        if v == 0:
-            raise ValueError(
-                "0 is greedy decoding, which has no sampling distribution to train on (the trainer's "
-                "logprobs at temperature 0 are undefined: a NaN loss); greedy decoding is for evaluation "
-                "(eval.temperature)"
-            )
-        return v
-
-    @field_validator("top_p")
-    @classmethod
-    def _whole_distribution(cls, v: float) -> float:
-        if v < 1:
-            raise ValueError(
-                "must be 1.0: the sampler would draw from the nucleus, renormalised, while the trainer's "
-                "logprobs are of the whole distribution, so the PPO ratio would compare two different "
-                "distributions; sharpen sampling with rollout.temperature instead"
-            )
-        return v
 
 
 class RewardSection(_Section):

@@ -241,9 +241,11 @@ def audit_zeroed(ctx: RunContext, job: StageJob, df: pd.DataFrame) -> np.ndarray
     return audit["zeroed"].to_numpy(dtype=bool)
 
 
-def replay_mismatches(env: pd.DataFrame) -> np.ndarray:
+def replay_mismatches(env: pd.DataFrame, iteration: int = 0) -> np.ndarray:
     """Which episodes' environments gave another observation when replayed (``replay_mismatch``, set by
-    ``rl_core.outcomes``); none for single-turn results, which have no such column.
+    ``rl_core.outcomes``); none for single-turn results, which have no such column. Such an episode (a
+    non-hermetic environment: time, randomness, state outside the task) earned an outcome nobody can
+    reproduce: the score stage counts it, warns, and scores it 0, so that provoking one never pays.
 
     >>> replay_mismatches(pd.DataFrame({"replay_mismatch": [False, True, None]})).tolist()
     [False, True, False]
@@ -252,7 +254,16 @@ def replay_mismatches(env: pd.DataFrame) -> np.ndarray:
     """
     if "replay_mismatch" not in env.columns:
         return np.zeros(len(env), dtype=bool)
-    return env["replay_mismatch"].fillna(False).astype(bool).to_numpy()
+    found = env["replay_mismatch"].fillna(False).astype(bool).to_numpy()
+    if found.any():
+        log.warning(
+            "iteration %d: %d of %d episodes gave another outcome when replayed (a non-hermetic "
+            "environment): scored 0",
+            iteration,
+            int(found.sum()),
+            len(env),
+        )
+    return found
 
 
 def score_rewards_body(ctx: RunContext, job: StageJob) -> StageResult:
@@ -272,19 +283,8 @@ def score_rewards_body(ctx: RunContext, job: StageJob) -> StageResult:
     combined = combine(rc.weights, parts)
     zeroed = audit_zeroed(ctx, job, df)
     combined[zeroed] = 0.0
-    # A multi-turn episode whose environment answered differently when replayed (non-hermetic: time,
-    # randomness, state outside the task) earned an outcome nobody can reproduce: counted, alarmed, scored 0,
-    # so that provoking such an environment never pays.
-    mismatched = replay_mismatches(env)
+    mismatched = replay_mismatches(env, job.iteration)
     combined[mismatched] = 0.0
-    if mismatched.any():
-        log.warning(
-            "iteration %d: %d of %d episodes gave another outcome when replayed (a non-hermetic "
-            "environment): scored 0",
-            job.iteration,
-            int(mismatched.sum()),
-            len(df),
-        )
     combined[[e is not None for e in infra]] = np.nan  # no reward, out of its group's advantage
     scored, algo_metrics = score(ctx.cfg, combined, groups, lengths)
     reward = scored["reward"]

@@ -164,31 +164,42 @@ def create_or_resume(
     if not ctx.store.exists(uri):
         if mode == "resume":
             raise RunError(f"no run {ctx.run_id!r} in {ctx.store.root}")
-        if ctx.cfg.model.path:  # a bad or changed model.path folder (ModelFolderError) stops the run here
-            from rl_core.policy_folder import check_model_section, check_stored_base
-
-            check_model_section(ctx.cfg)
-            check_stored_base(ctx.cfg.model.path, ctx.store, ctx.base_id)
-        record = {
-            "run_id": ctx.run_id,
-            "config": ctx.cfg.model_dump(mode="json"),
-            "config_hash": ctx.config_hash,
-            "base_id": ctx.base_id,
-            "versions": [_version(ctx.cfg, 1)],
-            "changes": [],
-        }
-        ctx.store.write_json(uri, record)
-        ctx.__dict__.pop("accepted_hashes", None)
+        _create(ctx, uri)
         return "created"
     if mode == "new":
         raise RunError(
             f"run id {ctx.run_id!r} already exists in {ctx.store.root}; use `rlfoundry resume {ctx.run_id}`"
         )
+    _resume(ctx, uri, force)
+    return "resumed"
+
+
+def _create(ctx: RunContext, uri: str) -> None:
+    """A new run's record: its config as version 1 (``model.path`` checked first)."""
+    if ctx.cfg.model.path:  # a bad or changed model.path folder (ModelFolderError) stops the run here
+        from rl_core.policy_folder import check_model_section, check_stored_base
+
+        check_model_section(ctx.cfg)
+        check_stored_base(ctx.cfg.model.path, ctx.store, ctx.base_id)
+    record = {
+        "run_id": ctx.run_id,
+        "config": ctx.cfg.model_dump(mode="json"),
+        "config_hash": ctx.config_hash,
+        "base_id": ctx.base_id,
+        "versions": [_version(ctx.cfg, 1)],
+        "changes": [],
+    }
+    ctx.store.write_json(uri, record)
+    ctx.__dict__.pop("accepted_hashes", None)
+
+
+def _resume(ctx: RunContext, uri: str, force: bool) -> None:
+    """Accept ``ctx``'s config for the recorded run, recording what changed (``create_or_resume``)."""
     record = ctx.store.read_json(uri)
     new = ctx.cfg.model_dump(mode="json")
     every = config_diff(record["config"], new)
     if not every:
-        return "resumed"
+        return
     changed = config_diff(stage_config(record["config"]), stage_config(new))
     if changed and record.get("base_id", ctx.base_id) != ctx.base_id:
         raise RunError(
@@ -219,7 +230,6 @@ def create_or_resume(
     )
     ctx.store.write_json(uri, record)
     ctx.__dict__.pop("accepted_hashes", None)
-    return "resumed"
 
 
 def config_for(store: Store, run_id: str, config_hash: str) -> Config:

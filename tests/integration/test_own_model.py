@@ -123,6 +123,7 @@ def test_killed_run_resumes_to_the_same_weights(own_run):
     assert [it["policy_sha256"] for it in _show(state, "k")["iterations"]] == want
 
 
+@pytest.mark.slow  # an rlfoundry process
 def test_a_bad_folder_stops_run_before_any_work(tmp_path):
     folder = write_llama_folder(tmp_path / "llama")
     (folder / "tokenizer.json").unlink()

@@ -23,6 +23,7 @@ COMMANDS = {
 CLI_BAD = ["../escape-x", "a/b", " spaced", "x;rm -rf y", "_base", "_replay", "_prefect", "_mlflow"]
 
 
+@pytest.mark.slow  # rlfoundry processes; an S3 server
 @pytest.mark.parametrize("command", sorted(COMMANDS))
 def test_cli_refuses_bad_run_ids_before_touching_the_store(command, tmp_path):
     state = tmp_path / "state"
@@ -51,6 +52,7 @@ def _objects(fs, bucket="rlf-test") -> list[str]:
     return sorted(fs.find(bucket))
 
 
+@pytest.mark.slow  # rlfoundry processes; an S3 server
 def test_bad_run_ids_never_touch_an_s3_store(s3, tmp_path):
     """Through the CLI (run, show, replay) and the deployments' flow functions, against a real S3 server."""
     import s3fs

@@ -21,6 +21,7 @@ from tests.conftest import cli, cli_env
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow  # an S3 server
 def test_store_roundtrip_and_corruption_on_s3(s3):
     store = Store("s3://rlf-test/unit")
     df = pd.DataFrame({"a": [1, 2, 3], "ids": [[1], [2, 3], []]})
@@ -44,6 +45,7 @@ def test_store_roundtrip_and_corruption_on_s3(s3):
         store.read_table(ref)
 
 
+@pytest.mark.slow  # an S3 server
 def test_wrong_credentials_fail_clearly(s3, monkeypatch):
     import s3fs
 

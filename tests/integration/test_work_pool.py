@@ -82,6 +82,7 @@ BAD_INPUT = [
 ]
 
 
+@pytest.mark.slow  # rlfoundry deploy processes
 @pytest.mark.parametrize("call, message", BAD_INPUT)
 def test_deploy_refuses_bad_input(tmp_path, call, message):
     r = call(tmp_path / "state")
