@@ -84,7 +84,8 @@ def test_two_ranks_match_one_process(state: Path, layout: str, monkeypatch: pyte
     ctx = RunContext(config_from_dict(data), "one", store)
     one = _manifest(state, "one", 1)
     inputs = {k: ArtifactRef.model_validate(v) for k, v in one["inputs"].items()}
-    got = launch_train(ctx, StageJob(1, inputs, f"file://{state}/scratch/{layout}"))
+    # into the store's scratch area (the store refuses any URI outside its root), as a replay writes
+    got = launch_train(ctx, StageJob(1, inputs, f"{store.root}/_replay/one/{layout}/iter-0001/train"))
 
     want = one["metrics"]["step_losses"]
     assert len(want) == 4 and len(got.metrics["step_losses"]) == 4
