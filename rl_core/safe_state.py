@@ -4,8 +4,8 @@ An optimizer's or a critic's state is a tree (dicts, lists, numbers, strings, te
 it as a pickle, and reading a pickle runs whatever the file names: anyone who can write the store (and the
 manifest that holds its sha256, which lives in the same bucket) could run code in the trainer. Here the tree
 is written as one safetensors file: the tensors under generated names, the rest of the tree as JSON in the
-file's metadata (``rlfoundry.tree``), a tensor's place holding ``{"$tensor": NAME}``. Reading it parses a JSON
-header and copies bytes into tensors; nothing is imported, nothing is called. A file that is not of this form
+file's metadata (``rlfoundry.tree``: one key, so that the bytes are the same in every process), a tensor's
+place holding ``{"$tensor": NAME}``. Reading it parses a JSON header and copies bytes into tensors; nothing is imported, nothing is called. A file that is not of this form
 (a pickle planted in the store, a truncated upload) is refused with an error that names it.
 
     data = dumps({"step": 3, "exp_avg": {"w": torch.zeros(2)}})
@@ -68,8 +68,12 @@ def dumps(tree: Any) -> bytes:
     the first value that is neither plain data nor a tensor."""
     tensors: dict[str, torch.Tensor] = {}
     encoded = _encode(tree, tensors, "$")
-    meta = {"format": FORMAT, TREE_KEY: json.dumps(encoded, allow_nan=False, separators=(",", ":"))}
-    return save_tensors(tensors, metadata=meta)
+    # One metadata key: safetensors writes its metadata map in no fixed order, and a state file must be the
+    # same bytes every time (a replayed train stage is compared byte for byte).
+    body = {"format": FORMAT, "tree": encoded}
+    return save_tensors(
+        tensors, metadata={TREE_KEY: json.dumps(body, allow_nan=False, separators=(",", ":"))}
+    )
 
 
 def _header(data: bytes, what: str) -> dict[str, Any]:
@@ -88,9 +92,13 @@ def _header(data: bytes, what: str) -> dict[str, Any]:
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise StateFileError(f"{what}: not a safetensors state file (header: {e})") from None
     meta = header.get("__metadata__") if isinstance(header, dict) else None
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT or TREE_KEY not in meta:
+    try:
+        body = json.loads(meta[TREE_KEY]) if isinstance(meta, dict) and TREE_KEY in meta else None
+    except (TypeError, json.JSONDecodeError):
+        body = None
+    if not isinstance(body, dict) or body.get("format") != FORMAT or "tree" not in body:
         raise StateFileError(f"{what}: a safetensors file, but not an rlfoundry state file ({FORMAT})")
-    return meta
+    return body
 
 
 def _decode(obj: Any, tensors: dict[str, torch.Tensor], what: str) -> Any:
@@ -118,11 +126,9 @@ def _decode(obj: Any, tensors: dict[str, torch.Tensor], what: str) -> Any:
 def loads(data: bytes, what: str = "state file") -> Any:
     """The tree ``dumps`` wrote; ``what`` (the file's URI) names it in errors. Refuses anything else — a
     pickle above all — with ``StateFileError``; never imports or calls anything the file names."""
-    meta = _header(data, what)
+    body = _header(data, what)
     try:
-        tensors = load_tensors(data)
-        tree = json.loads(meta[TREE_KEY])
-        return _decode(tree, tensors, what)
+        return _decode(body["tree"], load_tensors(data), what)
     except StateFileError:
         raise
     except Exception as e:  # noqa: BLE001 (a corrupt file, said as such)

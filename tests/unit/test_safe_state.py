@@ -74,8 +74,12 @@ def test_a_planted_pickle_is_refused_and_its_payload_never_runs(tmp_path: Path) 
         (struct.pack("<Q", 5) + b"nojson", "header"),
         (save_tensors({"w": torch.zeros(2)}), "not an rlfoundry state file"),
         (save_tensors({"w": torch.zeros(2)}, metadata={"format": "other"}), "not an rlfoundry state file"),
+        (
+            save_tensors({"w": torch.zeros(2)}, metadata={"rlfoundry.tree": "{}"}),
+            "not an rlfoundry state file",
+        ),
     ],
-    ids=["empty", "short", "huge-header", "bad-json", "no-metadata", "other-format"],
+    ids=["empty", "short", "huge-header", "bad-json", "no-metadata", "other-format", "no-format"],
 )
 def test_what_is_not_a_state_file_is_refused_by_name(data: bytes, says: str) -> None:
     with pytest.raises(StateFileError, match=says) as err:
@@ -90,7 +94,8 @@ def test_a_truncated_or_tampered_state_file_is_refused() -> None:
     # the tree names a tensor the file does not hold
     (size,) = struct.unpack("<Q", good[:8])
     header = json.loads(good[8 : 8 + size])
-    header["__metadata__"][safe_state.TREE_KEY] = json.dumps({"x": {"$tensor": "t9"}})
+    forged_tree = {"format": safe_state.FORMAT, "tree": {"x": {"$tensor": "t9"}}}
+    header["__metadata__"][safe_state.TREE_KEY] = json.dumps(forged_tree)
     forged = json.dumps(header).encode()
     forged += b" " * (-len(forged) % 8)
     with pytest.raises(StateFileError, match="t9"):
@@ -123,6 +128,23 @@ def test_optimizer_and_critic_trees_round_trip_bit_for_bit() -> None:
     odd = back["odd"]
     assert odd["$x"] == 1 and odd[None] == (True, "s")
     assert odd[2.5][0] != odd[2.5][0] and odd[2.5][1] == float("-inf")
+
+
+def test_the_same_state_is_the_same_bytes_in_any_process() -> None:
+    """A replayed train stage is compared byte for byte with the stored one: the file must not depend on the
+    process (safetensors writes a metadata map in no fixed order; there is one key)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, torch, hashlib; from rl_core import safe_state; "
+        "t = {'format': 'x', 'step': 3, 'exp_avg': {'a': torch.arange(4.0), 'b': torch.ones(2, 2)}}; "
+        "sys.stdout.write(hashlib.sha256(safe_state.dumps(t)).hexdigest())"
+    )
+    digests = {
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout for _ in range(4)
+    }
+    assert len(digests) == 1 and len(next(iter(digests))) == 64, digests
 
 
 def test_objects_that_would_need_a_pickle_are_not_written() -> None:
