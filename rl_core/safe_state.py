@@ -5,8 +5,9 @@ it as a pickle, and reading a pickle runs whatever the file names: anyone who ca
 manifest that holds its sha256, which lives in the same bucket) could run code in the trainer. Here the tree
 is written as one safetensors file: the tensors under generated names, the rest of the tree as JSON in the
 file's metadata (``rlfoundry.tree``: one key, so that the bytes are the same in every process), a tensor's
-place holding ``{"$tensor": NAME}``. Reading it parses a JSON header and copies bytes into tensors; nothing is imported, nothing is called. A file that is not of this form
-(a pickle planted in the store, a truncated upload) is refused with an error that names it.
+place holding ``{"$tensor": NAME}``. Reading it parses a JSON header and copies bytes into tensors; nothing
+is imported, nothing is called. A file that is not of this form (a pickle planted in the store, a truncated
+upload) is refused with an error that names it.
 
     data = dumps({"step": 3, "exp_avg": {"w": torch.zeros(2)}})
     tree = loads(data, "s3://bucket/run/iter-0002/train/optimizer.safetensors")
