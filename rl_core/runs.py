@@ -118,28 +118,28 @@ def versions(record: dict[str, Any]) -> list[dict[str, Any]]:
     return [{"from_iteration": 1, "config_hash": record.get("config_hash"), "config": record["config"]}]
 
 
+def _hashes_of(version: dict[str, Any]) -> set[str]:
+    """The hashes a version's stages may carry: its recorded one and its config's in either hash scheme."""
+    out = {run_config_hash(version["config"]), legacy_config_hash(version["config"])}
+    return out | ({version["config_hash"]} if version.get("config_hash") else set())
+
+
 def version_hashes(store: Store, run_id: str) -> frozenset[str]:
-    """Every hash the committed stages of ``run_id`` may carry (each version's, in either hash scheme); empty
-    for a run without a record (the shared base model, a replay's scratch)."""
+    """Every hash the committed stages of ``run_id`` may carry (each version's); empty for a run without a
+    record (the shared base model, a replay's scratch)."""
     uri = f"{store.run_uri(run_id)}/{RUN_RECORD}"
     if not store.exists(uri):
         return frozenset()
-    out: set[str] = set()
-    for v in versions(store.read_json(uri)):
-        out |= {run_config_hash(v["config"]), legacy_config_hash(v["config"])}
-        if v.get("config_hash"):
-            out.add(v["config_hash"])
-    return frozenset(out)
+    return frozenset().union(*(_hashes_of(v) for v in versions(store.read_json(uri))))
 
 
-def first_open_iteration(store: Store, run_id: str, stages: list[str]) -> int:
-    """The first iteration (from 1) of which some stage in ``stages`` is not committed: where a new config
-    version starts (``["train"]``, the stage that ends an iteration), every committed stage before it staying
-    as it was computed."""
+def first_open_iteration(store: Store, run_id: str) -> int:
+    """The first iteration (from 1) whose train stage, the one that ends an iteration, is not committed:
+    where a new config version starts, every committed stage before it staying as it was computed."""
     from rl_core.stage import committed
 
     k = 1
-    while all(committed(store, run_id, k, s) is not None for s in stages):
+    while committed(store, run_id, k, "train") is not None:
         k += 1
     return k
 
@@ -214,7 +214,7 @@ def _resume(ctx: RunContext, uri: str, force: bool) -> None:
             "iteration not yet committed; nothing committed is recomputed or deleted):\n  "
             + "\n  ".join(changed)
         )
-    at = first_open_iteration(ctx.store, ctx.run_id, ["train"]) if changed else None
+    at = first_open_iteration(ctx.store, ctx.run_id) if changed else None
     history = versions(record)
     if changed:
         history = [*history, _version(ctx.cfg, at)]
@@ -237,11 +237,7 @@ def config_for(store: Store, run_id: str, config_hash: str) -> Config:
     (for a replay), the run's current config when no version matches."""
     record = load_run(store, run_id)
     for v in reversed(versions(record)):
-        if config_hash in {
-            v.get("config_hash"),
-            run_config_hash(v["config"]),
-            legacy_config_hash(v["config"]),
-        }:
+        if config_hash in _hashes_of(v):
             return config_from_dict(v["config"], f"{run_id}/{RUN_RECORD} (version {v['from_iteration']})")
     return config_from_dict(record["config"], f"{run_id}/{RUN_RECORD}")
 
