@@ -91,13 +91,17 @@ def _tp_local(ds: Any, name: str, p: torch.nn.Parameter, full: torch.Tensor) -> 
 
 def _ensure_state(ds: Any) -> None:
     """Create AdamW's state (zeros, as its first step would) on the ZeRO partitions not stepped yet, and
-    link the parameters to it, so that it can be overwritten before the first step."""
+    link the parameters to it, so that it can be overwritten before the first step. ZeRO-1/2 keep their flat
+    fp32 partitions in the optimizer's param groups; ZeRO-3 puts them there only around its own step
+    (``fp32_partitioned_groups_flat`` the rest of the time), and keys its state by them."""
     base = ds.optimizer.optimizer
-    for group in base.param_groups:
-        for p in group["params"]:
-            if not base.state.get(p):
-                zero = torch.zeros((), dtype=torch.float32)
-                base.state[p] = {"step": zero, **{k: torch.zeros_like(p) for k in KEYS}}
+    flats = getattr(ds.optimizer, "fp32_partitioned_groups_flat", None)  # ZeRO-3
+    if flats is None:
+        flats = [p for group in base.param_groups for p in group["params"]]
+    for p in flats:
+        if not base.state.get(p):
+            zero = torch.zeros((), dtype=torch.float32)
+            base.state[p] = {"step": zero, **{k: torch.zeros_like(p) for k in KEYS}}
     link = getattr(ds.optimizer, "_lazy_init_hp_params_optimizer_state", None)  # ZeRO-1/2
     if link is not None:
         link()
