@@ -17,7 +17,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from rl_core.config_layout import TrainLayoutFields
+from rl_core.config_layout import StoreLockFields, TrainLayoutFields
 from rl_core.config_pg import PolicyGradientFields
 from rl_core.config_reward import AuditSettings, JudgeSettings, RewardModelSettings
 from rl_core.config_sampling import SamplingFields
@@ -309,7 +309,7 @@ class EvalSection(_Section):
     every: int = Field(5, ge=1, description="Evaluate every this many iterations (and always the last).")
 
 
-class StoreSection(_Section):
+class StoreSection(_Section, StoreLockFields):
     uri: str = Field(
         "", description="Artifact store root: a path, file:// or s3:// URL. Empty = <state dir>/store."
     )

@@ -1,6 +1,6 @@
 """How the train stage lays out its work: processes (world size, tensor parallel) and sequence packing, the
 ``train`` section's layout fields (``rl_core.config.TrainSection`` inherits them; part of the one schema, kept
-apart so that ``config.py`` stays readable).
+apart so that ``config.py`` stays readable); and the timing of the store's locks (``store`` section).
 
     cfg = load_config("configs/smoke.yaml", ["train.world_size=2", "train.zero_stage=3"])
     cfg.train.launched   # True: each train stage is a torchrun job (rl_core/train_launch.py)
@@ -81,3 +81,27 @@ class TrainLayoutFields(BaseModel):
     def launched(self) -> bool:
         """Whether each train stage runs as its own torchrun job (world_size or tp_size above 1)."""
         return self.world_size > 1 or self.tp_size > 1
+
+
+class StoreLockFields(BaseModel):
+    """The lock runs take on a shared base model's stage (``rl_core.store_lock``): placement, not what any
+    stage computes (left out of the config hash)."""
+
+    lock_stale_after_s: float = Field(
+        60.0,
+        gt=0,
+        description="A shared base-model stage's lock is abandoned when its heartbeat stops this long "
+        "(or, on the same host, at once when its holder's process is gone).",
+    )
+    lock_heartbeat_s: float = Field(
+        10.0, gt=0, description="How often a lock's holder writes its heartbeat (<= a third of the above)."
+    )
+
+    @model_validator(mode="after")
+    def _lock_timing(self) -> StoreLockFields:
+        if self.lock_heartbeat_s * 3 > self.lock_stale_after_s:
+            raise ValueError(
+                f"store.lock_heartbeat_s ({self.lock_heartbeat_s}) must be at most a third of "
+                f"store.lock_stale_after_s ({self.lock_stale_after_s})"
+            )
+        return self

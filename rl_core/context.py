@@ -44,7 +44,12 @@ def base_id(cfg: Config) -> str:
 
 # Where the stages run, not what they compute: a run may resume with other values (rl_core.runs), and the
 # hash its stages are committed under leaves them out.
-PLACEMENT = (("train", "world_size"), ("train", "tp_size"))
+PLACEMENT = (
+    ("train", "world_size"),
+    ("train", "tp_size"),
+    ("store", "lock_stale_after_s"),
+    ("store", "lock_heartbeat_s"),
+)
 # How far a run goes and where it evaluates, not what any stage computes: extending a run (more iterations,
 # other evaluation points) needs no --force and keeps every committed stage.
 SCHEDULE = (("experiment", "iterations"), ("eval", "every"))

@@ -73,11 +73,13 @@ def run_stage(
     inputs: dict[str, ArtifactRef],
     body: Callable[[StageJob], StageResult],
     accepted: Collection[str] = (),
+    guard: Callable[[], None] | None = None,
 ) -> Manifest:
     """Run ``body`` unless this stage is committed with the same inputs, under ``config_hash`` or one of the
     ``accepted`` hashes (the run's earlier config versions); return the manifest. What an uncommitted
     attempt left in the stage's folder is cleared; a committed stage is never cleared: one that does not
-    match (other inputs, a config the run never recorded) is an error naming it."""
+    match (other inputs, a config the run never recorded) is an error naming it. ``guard`` is called right
+    before the commit and may refuse it by raising (a lock this process must still hold)."""
     uri = store.stage_uri(run_id, iteration, stage)
     existing = store.read_manifest(uri)
     if existing is not None:
@@ -96,6 +98,8 @@ def run_stage(
     started = time.time()
     result = body(StageJob(iteration, inputs, uri))
     fault(f"{stage}:outputs", iteration)
+    if guard is not None:
+        guard()
     manifest = Manifest(
         run_id=run_id,
         iteration=iteration,

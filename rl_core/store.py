@@ -15,6 +15,7 @@ corrupt or half-written artifact is reported with its path and never consumed.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -190,6 +191,60 @@ class Store:
         else:
             self._io(f"write {uri}", lambda: self.fs.pipe_file(path, data))  # a single S3 PUT is atomic
         return ArtifactRef(uri=uri, sha256=sha256_bytes(data))
+
+    def create_exclusive(self, uri: str, data: bytes) -> bool:
+        """Write ``uri`` only if nothing is there (True), else leave it alone (False): a conditional create
+        (``If-None-Match: *`` on S3; a hard link of a written file on a local or NFS folder, so a reader never
+        sees it half-written). What locks (``rl_core.store_lock``) are built on."""
+        path = self._path(uri)
+        if self.is_local:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-")
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            try:
+                os.link(tmp, path)
+                return True
+            except FileExistsError:
+                return False
+            finally:
+                os.unlink(tmp)
+
+        def put() -> bool:
+            try:
+                self.fs.pipe_file(path, data, mode="create")
+                return True
+            except OSError as e:  # 412 Precondition Failed: the object exists (s3fs reports it as EINVAL)
+                self.fs.invalidate_cache(path)
+                if "pre-condition" in str(e).lower() or "precondition" in str(e).lower():
+                    return False
+                raise
+
+        return self._io(f"create {uri}", put)
+
+    def remove(self, uri: str) -> None:
+        """Delete one object (nothing when it is already gone)."""
+        path = self._path(uri)
+
+        def rm() -> None:
+            with contextlib.suppress(FileNotFoundError):
+                self.fs.rm_file(path)
+            if not self.is_local:
+                self.fs.invalidate_cache(path)
+
+        self._io(f"remove {uri}", rm)
+
+    def read_bytes_if_any(self, uri: str) -> bytes | None:
+        """The bytes at ``uri``, or None when nothing is there (no listing cache involved)."""
+        path = self._path(uri)
+
+        def cat() -> bytes | None:
+            try:
+                return self.fs.cat_file(path)
+            except FileNotFoundError:
+                return None
+
+        return self._io(f"read {uri}", cat)
 
     def read_bytes(self, ref: ArtifactRef | str) -> bytes:
         uri = ref.uri if isinstance(ref, ArtifactRef) else ref

@@ -19,6 +19,7 @@ from rl_core.manifest import Manifest
 from rl_core.stage import committed, run_stage
 from rl_core.stages import STAGES
 from rl_core.store import with_retries
+from rl_core.store_lock import run_shared_stage
 
 _CONTEXTS: dict[tuple[str, str], RunContext] = {}
 
@@ -102,10 +103,26 @@ def run_table_stage(cfg: Config, run_id: str, name: str, iteration: int, mlflow_
 
     inputs = resolve_inputs(spec, cfg, iteration, lambda s, k: committed(ctx.store, owner(s), k, s))
     chash = ctx.base_hash if spec.base else ctx.config_hash
-    accepted = () if spec.base else ctx.accepted_hashes  # the run's earlier config versions (rl_core.runs)
-    manifest = run_stage(
-        ctx.store, owner(name), iteration, name, chash, inputs, lambda job: spec.body(ctx, job), accepted
-    )
+
+    def body(job: Any) -> Any:
+        return spec.body(ctx, job)
+
+    if spec.base:  # built once by the runs that share it, under its lock in the store
+        sc = ctx.cfg.store
+        manifest = run_shared_stage(
+            ctx.store,
+            ctx.base_id,
+            iteration,
+            name,
+            chash,
+            inputs,
+            body,
+            holder=run_id,
+            stale_after_s=sc.lock_stale_after_s,
+            heartbeat_s=sc.lock_heartbeat_s,
+        )
+    else:
+        manifest = run_stage(ctx.store, run_id, iteration, name, chash, inputs, body, ctx.accepted_hashes)
     lin = lineage(cfg)
     if lin is not None and mlflow_run is not None:
         run = mlflow_run

@@ -46,6 +46,31 @@ def test_store_roundtrip_and_corruption_on_s3(s3):
 
 
 @pytest.mark.slow  # an S3 server
+def test_shared_stage_lock_on_s3(s3):
+    """The store lock on S3's conditional create: four runs at once build a shared stage once; a lock from
+    another host whose heartbeat stopped is taken over after the stale time, not before."""
+    from rl_core.store_lock import StageLock
+    from tests.unit.test_store_lock import PREFIX, _plant, race
+
+    store = Store("s3://rlf-test/locks")
+    uri = f"{store.root}/x.lock"
+    assert store.create_exclusive(uri, b"first") and not store.create_exclusive(uri, b"second")
+    assert store.read_bytes(uri) == b"first"
+    built, results = race(store, 4, stale_after_s=30, heartbeat_s=1)
+    assert len(built) == 1 and sum(m.reused for m in results) == 3
+    assert store.fs.ls(f"rlf-test/locks/{PREFIX}/iter-0000", refresh=True) == [
+        f"rlf-test/locks/{PREFIX}/iter-0000/warmup"
+    ]  # no lock, heartbeat or marker left
+
+    other = Store("s3://rlf-test/locks2")
+    _plant(other, {"token": "eeee", "owner": "gone", "host": "another-pod", "pid": 1})
+    t0 = time.monotonic()
+    with StageLock(other, other.stage_uri(PREFIX, 0, "warmup"), owner="me", stale_after_s=2, heartbeat_s=0.5):
+        waited = time.monotonic() - t0
+    assert 2 <= waited < 15, waited
+
+
+@pytest.mark.slow  # an S3 server
 def test_wrong_credentials_fail_clearly(s3, monkeypatch):
     import s3fs
 

@@ -142,6 +142,6 @@ def test_a_run_started_on_two_ranks_resumes_on_one(state: Path):
     assert _manifest(state, "shrink", 1) == first  # iteration 1 kept, not re-run
     second = _manifest(state, "shrink", 2)
     assert second["metrics"]["world_size"] == 1
-    # The one process (ZeRO-3 in the flow) continued from the 2-rank state (ZeRO-3 shards gathered when stored).
+    # The one process (ZeRO-3 in the flow) went on from the 2-rank state (ZeRO-3 shards gathered when stored).
     assert second["inputs"]["optimizer"]["uri"].endswith("iter-0001/train/optimizer.safetensors")
     assert os.path.getsize(Path(second["inputs"]["optimizer"]["uri"].removeprefix("file://"))) > 0
