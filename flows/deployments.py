@@ -25,6 +25,7 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 from pydantic import Field
 
+from flows.form_policy import FormPolicy
 from rl_core.config import Config
 from rl_core.runs import OptionalRunId, RunId, check_run_id
 from rl_core.stages import STAGES
@@ -32,7 +33,9 @@ from rl_core.stages import STAGES
 StageName = Literal[tuple(STAGES)]  # type: ignore[valid-type]  (the stage table's names: the form's choices)
 
 
-@flow(name="experiment", validate_parameters=True)
+# validate_parameters=False: the form's config arrives as JSON and is checked against the deployment's policy
+# (flows.form_policy) before it is validated, because validating a config imports the code it names.
+@flow(name="experiment", validate_parameters=False)
 def experiment(config: Config, run_id: OptionalRunId = "") -> dict[str, Any]:
     """Run an RL experiment end to end (init, warm-up, RL iterations, evaluation).
 
@@ -40,8 +43,17 @@ def experiment(config: Config, run_id: OptionalRunId = "") -> dict[str, Any]:
         config: The experiment; every field is described and defaults to the served config file.
         run_id: Run id; empty starts a new run. An existing id with the same config resumes it.
     """
+    if not isinstance(run_id, str):
+        raise ValueError(f"run_id: expected a string, got {type(run_id).__name__}")
     if run_id:
         check_run_id(run_id)  # also when called as a plain function, before anything is read or written
+    if not isinstance(config, Config):
+        from flows.form_policy import deployment_policy
+
+        policy = deployment_policy()
+        if policy is not None:
+            policy.check(config)
+        config = Config.model_validate(config)
     from flows.experiment import experiment_flow, with_result_storage
     from rl_core.context import RunContext
     from rl_core.runs import create_or_resume, new_run_id
@@ -69,6 +81,15 @@ def _is_run_id(name: str) -> bool:
     return True
 
 
+def _check_store(store: str) -> None:
+    """The sweep's and replay's ``store`` against the deployment's policy (flows.form_policy)."""
+    from flows.form_policy import deployment_policy
+
+    policy = deployment_policy()
+    if policy is not None:
+        policy.check_store(store)
+
+
 def _store(store: str) -> Any:
     from rl_core.config import load_config
     from rl_core.context import open_store
@@ -88,6 +109,7 @@ def evaluation_sweep(
     """
     for rid in run_ids or []:
         check_run_id(rid)
+    _check_store(store)
     st = _store(store)
     runs = run_ids or [r for r in st.list_runs() if _is_run_id(r)]
     out = {rid: _sweep_run(st, rid) for rid in runs}
@@ -158,6 +180,7 @@ def replay_stage(
     from tasks.common import replay_hooks
 
     check_run_id(run_id)
+    _check_store(store)
     report = replay(_store(store), run_id, iteration, stage, prepare=replay_hooks)
     create_markdown_artifact(
         f"replay of `{run_id}` iteration {iteration} `{stage}`: "
@@ -177,20 +200,26 @@ def deployments(
     sweep_cron: str,
     store: str,
     source: Path | None = None,
+    policy: FormPolicy | None = None,
 ) -> list[Any]:
-    """The three deployments, with the experiment form defaulting to ``config``.
+    """The three deployments, with the experiment form defaulting to ``config`` and held to ``policy``
+    (default: ``FormPolicy.served(config, store=store)``: the served store, paths and servers, the
+    registered environment and reward names).
 
     ``source``: the project folder a work pool's process worker loads the flows from (its absolute path is
     the deployments' working directory; entrypoints are relative to it); None for a runner in this process
     or an image.
     """
+    from prefect.utilities.callables import ParameterSchema
+
+    policy = policy or FormPolicy.served(config, store=store)
     flows = (experiment, evaluation_sweep, replay_stage)
     if source is not None:
         from prefect import Flow
 
         flows = tuple(Flow.from_source(str(source), f"flows/deployments.py:{f.fn.__name__}") for f in flows)
     exp, sweep, rep = flows
-    return [
+    made = [
         exp.to_deployment(
             name="experiment",
             parameters={"config": config.model_dump(mode="json"), "run_id": ""},
@@ -208,6 +237,11 @@ def deployments(
             description="Replays one stage and diffs it with the stored outputs.",
         ),
     ]
+    for d in made:  # the policy in the schema the Prefect server enforces and the form renders
+        schema = d._parameter_openapi_schema.model_dump()
+        d._parameter_openapi_schema = ParameterSchema(**policy.constrain(schema))
+        d.enforce_parameter_schema = True
+    return made
 
 
 # -- work pools ----------------------------------------------------------------------------------------------
@@ -229,8 +263,8 @@ def worker_command(pool: str, pool_type: str) -> list[str]:
 def kubernetes_template(template: dict[str, Any]) -> dict[str, Any]:
     """Prefect's Kubernetes job template adapted to infra/k8s: Jobs in the ``rlfoundry`` namespace, pods
     labelled as flow runs (the rollout servers admit only flow-run and trainer pods), the environment of
-    the ``rlfoundry-config`` ConfigMap and the ``rlfoundry-s3`` Secret (optional: workload identity needs
-    none)."""
+    the ``rlfoundry-config`` ConfigMap, the ``rlfoundry-s3`` Secret (optional: workload identity needs
+    none) and the rollout servers' token (``rlfoundry-rollout-token``, optional)."""
     variables = template["variables"]["properties"]
     variables["namespace"]["default"] = K8S_NAMESPACE
     variables["image"]["default"] = K8S_IMAGE
@@ -242,6 +276,7 @@ def kubernetes_template(template: dict[str, Any]) -> dict[str, Any]:
     pod["spec"]["containers"][0]["envFrom"] = [
         {"configMapRef": {"name": "rlfoundry-config"}},
         {"secretRef": {"name": "rlfoundry-s3", "optional": True}},
+        {"secretRef": {"name": "rlfoundry-rollout-token", "optional": True}},  # RLFOUNDRY_ROLLOUT_TOKEN
     ]
     return template
 
@@ -283,6 +318,7 @@ def deploy_to_pool(
     sweep_cron: str,
     store: str,
     image: str = K8S_IMAGE,
+    policy: FormPolicy | None = None,
 ) -> bool:
     """Register the three deployments to work pool ``pool`` (created when missing; True then).
 
@@ -300,6 +336,9 @@ def deploy_to_pool(
     with get_client(sync_client=True) as client:
         created = ensure_work_pool(client, pool, pool_type)
     source = PROJECT_ROOT if pool_type == "process" else None
-    for d in deployments(config, sweep_runs=sweep_runs, sweep_cron=sweep_cron, store=store, source=source):
+    made = deployments(
+        config, sweep_runs=sweep_runs, sweep_cron=sweep_cron, store=store, source=source, policy=policy
+    )
+    for d in made:
         d.apply(work_pool_name=pool, image=None if source else image)
     return created

@@ -4,24 +4,30 @@ policy's checkpoint folder, tied to the process that started them, on 127.0.0.1;
 
 Each is ``vllm serve``'s OpenAI-compatible API server with the settings the in-process engine uses (fp32,
 eager, processed logprobs, prefix caching, no chunked prefill) plus ``VLLM_SERVER_DEV_MODE=1`` for the
-``/collective_rpc`` weight reload: a development endpoint, so these servers listen on 127.0.0.1 only (on a
-cluster: a private network, ``infra/k8s/rollout-servers.yaml``).
+``/collective_rpc`` weight sync — a development endpoint that calls any worker method — so every route but
+``/health`` needs the servers' token (``infra/rollout_auth.py``: ``TokenAuth``, a random one per
+``RolloutServers`` unless given), and the servers listen on 127.0.0.1 (on a cluster: a private network and the
+token from a Secret, ``infra/k8s/rollout-servers.yaml``). The sync sends the committed checkpoint's store
+reference; each server fetches and verifies it itself (``StoreCheckpointLoader``).
 
     servers = RolloutServers(ckpt_dir, rollout_cfg, max_model_len=64, logs=state / "logs")
-    urls = servers.start(2)          # waits until each answers /health
+    urls = servers.start(2)          # waits until each answers /health; servers.token authorises the run
     url = servers.restart(0)         # a dead server comes back on a new port
     servers.stop()
 """
 
 from __future__ import annotations
 
+import os
+import secrets
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from infra.localstack.process import Server, clean_env, spawn
-from rl_core.paths import free_port, state_dir, vllm_cache_root
+from infra.rollout_auth import TOKEN_ENV
+from rl_core.paths import PROJECT_ROOT, free_port, state_dir, vllm_cache_root
 
 
 def vllm_server_env(**extra: str) -> dict[str, str]:
@@ -47,8 +53,12 @@ class RolloutServers:
         max_model_len: int,
         logs: Path | None = None,
         tie_to_parent: bool = True,
+        token: str | None = None,
+        env: dict[str, str] | None = None,
     ):
         self.ckpt_dir = str(ckpt_dir)
+        self.token = token or secrets.token_urlsafe(32)
+        self.extra_env = env or {}  # e.g. XDG_CACHE_HOME: where the servers keep the checkpoints they fetch
         self.tie_to_parent = tie_to_parent  # False: outlive the starting process (``rlfoundry up``)
         self.cfg = rollout_cfg
         self.max_model_len = max_model_len
@@ -86,11 +96,18 @@ class RolloutServers:
             "256",
             "--max-num-batched-tokens",
             str(max(8192, 256 * self.max_model_len)),
+            *("--middleware", "infra.rollout_auth.TokenAuth"),
+            *("--worker-extension-cls", "infra.rollout_auth.StoreCheckpointLoader"),
         ]
 
     def _start_one(self, i: int) -> tuple[Server, str]:
         port = free_port()
-        env = vllm_server_env(VLLM_SERVER_DEV_MODE="1")
+        # The store's endpoint and credentials: the servers fetch each new checkpoint from it themselves.
+        store_env = {k: v for k, v in os.environ.items() if k.startswith("AWS_")}
+        env = vllm_server_env(
+            VLLM_SERVER_DEV_MODE="1", **{TOKEN_ENV: self.token}, **store_env, **self.extra_env
+        )
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH", "")) if p)
         self.logs.mkdir(parents=True, exist_ok=True)
         log = self.logs / f"rollout-server-{i}-{port}.log"
         name, tie = f"rollout server {i}", self.tie_to_parent

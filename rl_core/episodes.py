@@ -9,6 +9,7 @@ is the ``max_turns == 1`` case of the multi-turn loop over ``Episode`` records.
 
 from __future__ import annotations
 
+import os
 import random
 from dataclasses import dataclass, field
 from typing import Any
@@ -53,7 +54,7 @@ def policy_engine(ctx: RunContext, ckpt: ArtifactRef, iteration: int | None = No
         )
     digest = ckpt.files["model.safetensors"]
     weights = ctx.held.fresh.get(digest)  # the trainer's output, still in memory: no reload from disk
-    sync_weights(ctx.held.rollout, local, digest, iteration, weights)
+    sync_weights(ctx.held.rollout, local, digest, iteration, weights, ref=ckpt)
     return ctx.held.rollout
 
 
@@ -66,16 +67,27 @@ def _servers(ctx: RunContext, local: Any) -> Any:
         return None
     if r.engine != "vllm":
         raise ValueError(f"rollout.servers / server_urls serve vLLM: set rollout.engine=vllm (is {r.engine})")
-    from rl_core.rollout_server import ServerEngine
+    from rl_core.rollout_server import ROLLOUT_TOKEN_ENV, ServerEngine
     from rl_core.vision import allowed_token_ids
 
     allowed = allowed_token_ids(local)
-    if r.server_urls:
-        return ServerEngine(r.server_urls, local, allowed_token_ids=allowed)
+    if r.server_urls:  # the servers' token comes from the flow's environment (a Secret), never the config
+        token = os.environ.get(ROLLOUT_TOKEN_ENV, "")
+        return ServerEngine(
+            r.server_urls, local, allowed_token_ids=allowed, token=token, store_root=ctx.store.root
+        )
     if ctx.server_launcher is None:
         return None
-    urls, restart, stop = ctx.server_launcher(str(local))
-    return ServerEngine(urls, local, allowed_token_ids=allowed, restart=restart, on_close=stop)
+    urls, restart, stop, token = ctx.server_launcher(str(local))
+    return ServerEngine(
+        urls,
+        local,
+        allowed_token_ids=allowed,
+        restart=restart,
+        on_close=stop,
+        token=token,
+        store_root=ctx.store.root,
+    )
 
 
 @dataclass

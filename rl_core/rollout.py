@@ -113,7 +113,10 @@ class VLLMEngine:
                 enable_chunked_prefill=False,
                 max_num_seqs=256,
                 max_num_batched_tokens=max(8192, 256 * max_model_len),
+                disable_log_stats=False,  # the prefix-cache counters ``stats`` reads
             )
+        self.model_name = str(ckpt_dir)  # the label of this engine's counters (another engine's differ)
+        self._counters = {"queries": 0.0, "hits": 0.0}
 
     def generate(self, requests: list[Request], spec: SamplingSpec) -> list[list[Completion]]:
         from vllm import SamplingParams
@@ -163,7 +166,16 @@ class VLLMEngine:
         self.llm.reset_prefix_cache()
 
     def stats(self) -> dict[str, float]:
-        return {}
+        """Prefix-cache queries and hit rate since the previous call (the generate stage calls it before
+        and after its batch: the figures are that batch's), from vLLM's own counters of this engine."""
+        now = {"queries": 0.0, "hits": 0.0}
+        for m in self.llm.get_metrics():
+            kind = m.name.removeprefix("vllm:prefix_cache_")
+            if kind in now and m.labels.get("model_name") == self.model_name:
+                now[kind] += float(getattr(m, "value", 0.0))
+        queries, hits = (now[k] - self._counters[k] for k in ("queries", "hits"))
+        self._counters = now
+        return {"prefix_cache_queries": queries, "prefix_cache_hit_rate": hits / queries if queries else 0.0}
 
     def close(self) -> None:
         del self.llm
@@ -316,12 +328,16 @@ def sync_weights(
     digest: str,
     iteration: int | None = None,
     weights: dict[str, Any] | None = None,
+    ref: Any = None,
 ) -> bool:
-    """Load ``ckpt_dir`` (whose weights hash to ``digest``; ``weights``: the same, already in memory) unless
-    the engine holds it; True if it synced."""
+    """Load ``ckpt_dir`` (whose weights hash to ``digest``; ``weights``: the same, already in memory; ``ref``:
+    its store reference, what rollout servers load) unless the engine holds it; True if it synced."""
     if getattr(engine, "loaded", None) == digest:
         return False
     fault("sync", iteration)
-    engine.load_weights(ckpt_dir, weights)
+    if ref is not None and getattr(engine, "store_root", None) is not None:
+        engine.load_weights(ckpt_dir, weights, ref=ref)
+    else:
+        engine.load_weights(ckpt_dir, weights)
     engine.loaded = digest
     return True

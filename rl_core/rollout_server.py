@@ -4,13 +4,18 @@ with ``rollout.servers: N``, see ``infra/rollout_servers.py``, or pods named by 
 Token-in, token-out like the in-process engine: each request sends its prompt token ids with its own seed and
 comes back with the sampled token ids (``return_tokens_as_token_ids``) and their processed logprobs, so the
 outputs are the in-process engine's bit for bit, whichever server a request lands on. Requests are spread over
-the healthy servers (request i to server i mod n, several in flight per server). Weights are synced with
-vLLM's ``/collective_rpc`` ``reload_weights`` (a development endpoint: keep these servers on a private
-network) followed by ``/reset_prefix_cache``. A server that stops answering is restarted by whoever started
+the healthy servers (request i to server i mod n, several in flight per server). Every request carries the
+servers' token (``Authorization: Bearer``; ``infra/rollout_auth.py`` refuses any other). Weights are synced
+through vLLM's ``/collective_rpc``: the committed checkpoint's store reference goes to the worker method
+``load_checkpoint``, and each server fetches it from the store itself, every file's sha256 checked — so a
+server that shares nothing with the flow but the store takes it — then ``/reset_prefix_cache``. A checkpoint
+the train stage did not store (``train.checkpoint_every`` > 1) goes by path, which only servers on the flow's
+machine can read. A server that stops answering is restarted by whoever started
 it (the ``restart`` callable), reloaded with the engine's current weights, and rejoins; external servers are
 waited for. ``stats()`` reports the servers' prefix-cache hit rate from their ``/metrics``.
 
-    engine = ServerEngine(["http://127.0.0.1:8001"], ckpt_dir, allowed_token_ids=None)
+    engine = ServerEngine(["http://127.0.0.1:8001"], ckpt_dir, allowed_token_ids=None, token=token,
+                          store_root=store.root)
     outs = engine.generate([Request([5, 6, 2], seed=1)], SamplingSpec(n=8, max_tokens=8))
 """
 
@@ -26,9 +31,13 @@ from typing import Any
 import httpx
 import tenacity
 
+from rl_core.manifest import ArtifactRef
 from rl_core.model import load_tokenizer, stop_ids
 from rl_core.rollout import Completion, Request, SamplingSpec
 
+# The flow's environment variable holding the token of the rollout servers it did not start
+# (rollout.server_urls: pods, ``rlfoundry up --rollout-servers``); never a config field, so never stored.
+ROLLOUT_TOKEN_ENV = "RLFOUNDRY_ROLLOUT_TOKEN"
 _METRIC = re.compile(r"^vllm:prefix_cache_(queries|hits)_total\{[^}]*\}\s+([0-9.eE+-]+)$", re.M)
 
 
@@ -47,9 +56,18 @@ class ServerEngine:
         on_close: Callable[[], None] | None = None,
         per_server_in_flight: int = 4,
         timeout_s: float = 600.0,
+        token: str = "",
+        store_root: str = "",
     ):
         if not urls:
             raise ValueError("rollout servers: no server URL given")
+        if not token:
+            raise RolloutServerError(
+                f"rollout servers {', '.join(urls)}: no token (set {ROLLOUT_TOKEN_ENV} to the servers' "
+                "token; they refuse every request without it)"
+            )
+        self.store_root = store_root
+        self.ref: ArtifactRef | None = None  # the checkpoint the servers hold, when it came from the store
         self.urls = list(urls)
         self.ckpt_dir = str(ckpt_dir)
         self.allowed = allowed_token_ids
@@ -59,7 +77,7 @@ class ServerEngine:
         self.restarts = 0
         self._counters: dict[str, dict[str, float]] = {}  # prefix-cache counters last seen, per URL
         self.in_flight = per_server_in_flight
-        self.http = httpx.Client(timeout=timeout_s)
+        self.http = httpx.Client(timeout=timeout_s, headers={"Authorization": f"Bearer {token}"})
         self.model = self._served_model(0)
 
     def _served_model(self, i: int) -> str:
@@ -92,7 +110,7 @@ class ServerEngine:
             if self.restart is not None:
                 self.urls[i] = self.restart(i)
                 self.restarts += 1
-                self._load(i, self.ckpt_dir)
+                self._load(i)
                 continue
             deadline = time.monotonic() + 60
             while not self.healthy(i):
@@ -160,16 +178,29 @@ class ServerEngine:
             futures = [pool.submit(self._request, i % n, r, spec) for i, r in enumerate(requests)]
             return [f.result() for f in futures]
 
-    def _load(self, i: int, ckpt_dir: str) -> None:
-        body = {"method": "reload_weights", "kwargs": {"weights_path": ckpt_dir}}
-        self._call(i, "POST", "/collective_rpc", body)
+    def _load(self, i: int) -> None:
+        if self.ref is not None:
+            ref = self.ref.model_dump(mode="json")
+            body = {"method": "load_checkpoint", "kwargs": {"store_root": self.store_root, "ref": ref}}
+            got = self._call(i, "POST", "/collective_rpc", body)
+            if not got or any(r != self.ref.sha256 for r in got.get("results", [])):
+                raise RolloutServerError(
+                    f"rollout server {self.urls[i]}: loaded {got}, not {self.ref.sha256}"
+                )
+        else:
+            body = {"method": "reload_weights", "kwargs": {"weights_path": self.ckpt_dir}}
+            self._call(i, "POST", "/collective_rpc", body)
         self._call(i, "POST", "/reset_prefix_cache")  # cached prompt KV from the old weights
 
-    def load_weights(self, ckpt_dir: str | Path, weights: dict[str, Any] | None = None) -> None:
-        """Every server reloads ``ckpt_dir`` (a folder they can read; ``weights`` in memory cannot cross)."""
+    def load_weights(
+        self, ckpt_dir: str | Path, weights: dict[str, Any] | None = None, ref: ArtifactRef | None = None
+    ) -> None:
+        """Every server loads the checkpoint: the stored ``ref`` from the store (each fetches and verifies
+        it), else the folder ``ckpt_dir`` (``weights`` in memory cannot cross)."""
         self.ckpt_dir = str(ckpt_dir)
+        self.ref = ref if ref is not None and ref.stored is not False and self.store_root else None
         for i in range(len(self.urls)):
-            self._load(i, self.ckpt_dir)
+            self._load(i)
 
     def stats(self) -> dict[str, float]:
         """Prefix-cache queries, hits and hit rate summed over the servers since the previous call (the

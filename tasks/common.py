@@ -38,11 +38,11 @@ def context(cfg: Config, run_id: str) -> RunContext:
 def _server_launcher(ctx: RunContext) -> Any:
     """Starts the run's ``rollout.servers`` vLLM servers on a checkpoint folder (infra/rollout_servers.py)."""
 
-    def launch(ckpt_dir: str) -> tuple[list[str], Any, Any]:
+    def launch(ckpt_dir: str) -> tuple[list[str], Any, Any, str]:
         from infra.rollout_servers import RolloutServers
 
         servers = RolloutServers(ckpt_dir, ctx.cfg.rollout, max_model_len=ctx.max_model_len())
-        return servers.start(ctx.cfg.rollout.servers), servers.restart, servers.stop
+        return servers.start(ctx.cfg.rollout.servers), servers.restart, servers.stop, servers.token
 
     return launch
 

@@ -25,6 +25,7 @@ import typer
 from flows.cli.common import SetOpt, fail
 
 if TYPE_CHECKING:
+    from flows.form_policy import FormPolicy
     from rl_core.config import Config
 
 
@@ -44,6 +45,23 @@ SweepCronOpt = Annotated[str, typer.Option(help="Cron schedule of the evaluation
 StoreRootOpt = Annotated[
     str, typer.Option(help="Store root for the sweep and replay (default: the configured one).")
 ]
+
+
+def _allow(flag: str, what: str) -> object:
+    return typer.Option(
+        flag, help=f"The Prefect form may also use {what} (repeatable; flows/form_policy.py)."
+    )
+
+
+AllowStoreOpt = Annotated[
+    list[str] | None, _allow("--allow-store", "this store.uri (default: the served one)")
+]
+AllowRootOpt = Annotated[
+    list[str] | None, _allow("--allow-root", "model / reward / judge paths under this folder or URL prefix")
+]
+AllowUrlOpt = Annotated[list[str] | None, _allow("--allow-url", "this rollout / reward / MLflow server URL")]
+AllowEnvOpt = Annotated[list[str] | None, _allow("--allow-env", "this task.env (e.g. a module:Class)")]
+AllowRewardOpt = Annotated[list[str] | None, _allow("--allow-reward", "this reward.weights key")]
 DEFAULT_CONFIG = Path("configs/default.yaml")
 DEFAULT_CRON = "*/30 * * * *"
 
@@ -158,6 +176,15 @@ def _prepare(config: Path, overrides: list[str] | None = None) -> tuple[Config, 
     return cfg, api
 
 
+def _policy(cfg: Config, store: str, *allowed: list[str] | None) -> FormPolicy:
+    from flows.form_policy import FormPolicy
+
+    stores, roots, urls, envs, rewards = allowed
+    return FormPolicy.served(
+        cfg, store=store, stores=stores, roots=roots, urls=urls, envs=envs, rewards=rewards
+    )
+
+
 def _names(sweep_cron: str) -> str:
     return f"experiment/experiment, evaluation-sweep/evaluation-sweep ({sweep_cron}), replay/replay"
 
@@ -168,15 +195,23 @@ def serve(
     sweep_cron: SweepCronOpt = DEFAULT_CRON,
     store: StoreRootOpt = "",
     limit: Annotated[int, typer.Option(help="Flow runs executed at once (2 cores here: 1).")] = 1,
+    allow_store: AllowStoreOpt = None,
+    allow_root: AllowRootOpt = None,
+    allow_url: AllowUrlOpt = None,
+    allow_env: AllowEnvOpt = None,
+    allow_reward: AllowRewardOpt = None,
 ) -> None:
-    """Register the experiment, evaluation-sweep and replay deployments and run them (Ctrl-C stops)."""
+    """Register the experiment, evaluation-sweep and replay deployments and run them (Ctrl-C stops). The
+    form may set the served store, paths and servers and the registered environments and rewards; the
+    --allow-* options add to that."""
     cfg, api = _prepare(config)
     from prefect import serve as prefect_serve
 
     from flows.deployments import deployments
 
+    policy = _policy(cfg, store, allow_store, allow_root, allow_url, allow_env, allow_reward)
     typer.echo(f"Prefect API {api}: deployments {_names(sweep_cron)}")
-    deps = deployments(cfg, sweep_runs=sweep_run or [], sweep_cron=sweep_cron, store=store)
+    deps = deployments(cfg, sweep_runs=sweep_run or [], sweep_cron=sweep_cron, store=store, policy=policy)
     prefect_serve(*deps, limit=limit, print_starting_message=False)
 
 
@@ -222,10 +257,16 @@ def deploy(
     sweep_run: SweepRunOpt = None,
     sweep_cron: SweepCronOpt = DEFAULT_CRON,
     store: StoreRootOpt = "",
+    allow_store: AllowStoreOpt = None,
+    allow_root: AllowRootOpt = None,
+    allow_url: AllowUrlOpt = None,
+    allow_env: AllowEnvOpt = None,
+    allow_reward: AllowRewardOpt = None,
 ) -> None:
     """Register the experiment, evaluation-sweep and replay deployments to a Prefect work pool, whose
-    workers execute their runs; prints the worker to start."""
+    workers execute their runs; prints the worker to start. The form's policy as for serve."""
     cfg, api = _prepare(config, set_)
+    policy = _policy(cfg, store, allow_store, allow_root, allow_url, allow_env, allow_reward)
     _check_server(api)
     from flows.deployments import K8S_IMAGE, WorkPoolError, deploy_to_pool
 
@@ -238,6 +279,7 @@ def deploy(
             sweep_cron=sweep_cron,
             store=store,
             image=image or K8S_IMAGE,
+            policy=policy,
         )
     except WorkPoolError as e:
         fail(str(e))

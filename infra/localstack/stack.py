@@ -38,6 +38,9 @@ def stack_dir() -> Path:
     return d
 
 
+ROLLOUT_TOKEN_FILE = "rollout_token.json"  # 0600: the bearer token of up's rollout servers
+
+
 def _read(name: str) -> dict[str, Any]:
     p = stack_dir() / name
     return json.loads(p.read_text()) if p.exists() else {}
@@ -184,6 +187,18 @@ def check_model_folder(model_dir: Path) -> None:
         raise ServerError(f"rollout servers: {model_dir} {what} (a Hugging Face checkpoint folder)")
 
 
+def _s3_env() -> dict[str, str]:
+    """The stack's S3 endpoint and key pair (nothing when the stack is not up)."""
+    data = status()
+    if not is_up(data):
+        return {}
+    return {
+        "AWS_ENDPOINT_URL": data["services"]["s3"]["url"],
+        "AWS_DEFAULT_REGION": "us-east-1",
+        **credentials(),
+    }
+
+
 def start_rollout_servers(model_dir: Path, n: int, cfg: Any) -> list[str]:
     """Start ``n`` vLLM rollout servers (``infra.rollout_servers``, the settings of ``cfg.rollout``) on the
     checkpoint folder ``model_dir``; they outlive ``up`` and are recorded for ``down``. Their URLs: a run uses
@@ -191,16 +206,20 @@ def start_rollout_servers(model_dir: Path, n: int, cfg: Any) -> list[str]:
     from infra.rollout_servers import RolloutServers
 
     check_model_folder(model_dir)
+    kept = [r for r in _read("rollout.json").get("servers", []) if Server.from_record(r).alive()]
+    token = _read(ROLLOUT_TOKEN_FILE).get("token") if kept else None  # one token for all of up's servers
     servers = RolloutServers(
         model_dir,
         cfg.rollout,
         max_model_len=cfg.model.max_position,
         logs=stack_dir() / "logs",
         tie_to_parent=False,
+        token=token,
+        env=_s3_env(),  # the servers fetch each new checkpoint from the store themselves
     )
+    _write(ROLLOUT_TOKEN_FILE, {"token": servers.token}, mode=0o600)
     urls = servers.start(n)
     records = [srv.record(url=url) for srv, url in zip(servers.servers, urls, strict=True)]
-    kept = [r for r in _read("rollout.json").get("servers", []) if Server.from_record(r).alive()]
     _write("rollout.json", {"model": str(model_dir), "servers": kept + records})
     return urls
 
@@ -258,11 +277,15 @@ def apply_env() -> dict[str, str]:
     }
     if not (os.environ.get("AWS_ACCESS_KEY_ID") and os.environ.get("AWS_SECRET_ACCESS_KEY")):
         want.update(credentials())
+    if rollout_server_urls():  # the token of up's rollout servers, for runs that use them
+        from rl_core.rollout_server import ROLLOUT_TOKEN_ENV
+
+        want[ROLLOUT_TOKEN_ENV] = _read(ROLLOUT_TOKEN_FILE).get("token", "")
     applied = {}
     for k, v in want.items():
         if not os.environ.get(k):
             os.environ[k] = v
-            applied[k] = "***" if "SECRET" in k or "KEY_ID" in k else v
+            applied[k] = "***" if any(w in k for w in ("SECRET", "KEY_ID", "TOKEN")) else v
     return applied
 
 

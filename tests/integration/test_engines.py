@@ -66,6 +66,22 @@ def test_vllm_logprobs_match_trainer_and_weight_sync(checkpoints, vllm_engine):
 
 
 @pytest.mark.slow
+def test_vllm_reports_its_prefix_cache_per_batch(checkpoints, vllm_engine):
+    """The in-process engine's prefix-cache figures are the batch's own (the difference of vLLM's counters of
+    this engine since the previous call), not a running total (issue 21 item 8)."""
+    tok, _, _ = checkpoints
+    reqs = _requests(tok)
+    spec = SamplingSpec(n=2, temperature=1.0, max_tokens=4)
+    vllm_engine.stats()  # what earlier tests left on the counters
+    vllm_engine.generate(reqs, spec)
+    first = vllm_engine.stats()
+    assert first["prefix_cache_queries"] > 0 and 0 <= first["prefix_cache_hit_rate"] <= 1
+    vllm_engine.generate(reqs, spec)
+    again = vllm_engine.stats()
+    assert again["prefix_cache_queries"] == first["prefix_cache_queries"]  # the same batch, not the sum
+    assert vllm_engine.stats()["prefix_cache_queries"] == 0  # nothing generated since
+
+
 def test_vllm_per_request_seeds_are_order_independent(checkpoints, vllm_engine):
     tok, a, _ = checkpoints
     vllm_engine.load_weights(a)

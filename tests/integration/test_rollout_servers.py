@@ -57,23 +57,65 @@ def _same(got, want) -> bool:
     return all(x[0] == y[0] and x[2] == y[2] for x, y in pairs)
 
 
+def _refused_without_the_token(url: str) -> None:
+    """Every route but /health refuses a caller without the servers' token, or with another one."""
+    import httpx
+
+    assert httpx.get(url + "/health").status_code == 200
+    rpc = {"method": "reload_weights", "kwargs": {"weights_path": "/etc"}}
+    for headers in ({}, {"Authorization": "Bearer not-the-token"}, {"Authorization": "Basic x"}):
+        for method, path, body in (
+            ("POST", "/collective_rpc", rpc),
+            ("POST", "/reset_prefix_cache", None),
+            ("POST", "/v1/completions", {"model": "policy", "prompt": [5, 6], "max_tokens": 2}),
+            ("GET", "/v1/models", None),
+            ("GET", "/metrics", None),
+        ):
+            r = httpx.request(method, url + path, json=body, headers=headers)
+            assert r.status_code == 401, (path, headers, r.status_code, r.text[:200])
+
+
 @pytest.mark.slow
-def test_servers_match_the_in_process_engine_take_weights_and_survive_a_kill(checkpoints, tmp_path):
+def test_servers_match_the_in_process_engine_take_weights_and_survive_a_kill(checkpoints, tmp_path, s3):
+    """... and the weights come from the store: the servers keep a cache of their own (empty at the start),
+    the sync names the checkpoint's S3 reference, never a path of this process."""
+    from rl_core.store import Store
+
     tok, a, b = checkpoints
+    store = Store("s3://rlf-test/ckpts")
+    ref_b = store.put_dir(b, f"{store.root}/b")
+    own_cache = tmp_path / "server-cache"
     # prompts of 200 tokens: vLLM on CPU caches whole blocks of 128 tokens, so a repeated prompt hits
     reqs = [
         Request((tok(p, add_special_tokens=False)["input_ids"] * 60)[:200], seed=7 + i)
         for i, p in enumerate(ENGINE_PROMPTS)
     ]
     spec = SamplingSpec(n=4, temperature=1.0, max_tokens=8)
-    servers = RolloutServers(a, RolloutSection(kv_cache_mb=64), max_model_len=256, logs=tmp_path / "logs")
+    servers = RolloutServers(
+        a,
+        RolloutSection(kv_cache_mb=64),
+        max_model_len=256,
+        logs=tmp_path / "logs",
+        env={"XDG_CACHE_HOME": str(own_cache)},
+    )
     urls = servers.start(2)
     try:
         assert all(u.startswith("http://127.0.0.1:") for u in urls)
-        remote = ServerEngine(urls, a, allowed_token_ids=None, restart=servers.restart)
+        _refused_without_the_token(urls[0])
+        remote = ServerEngine(
+            urls,
+            a,
+            allowed_token_ids=None,
+            restart=servers.restart,
+            token=servers.token,
+            store_root=store.root,
+        )
         first = _in_process(a, reqs, spec)
         assert _same(remote.generate(reqs, spec), first)
-        remote.load_weights(b)
+        remote.load_weights(tmp_path / "not-a-folder-the-servers-see", ref=ref_b)
+        fetched = own_cache / "rlfoundry" / "server-checkpoints" / ref_b.sha256
+        got = {p.relative_to(fetched).as_posix() for p in fetched.rglob("*") if p.is_file()} - {".complete"}
+        assert got == set(ref_b.files)
         second = _in_process(b, reqs, spec)
         assert [x[0] for g in second for x in g] != [x[0] for g in first for x in g]
         assert _same(remote.generate(reqs, spec), second)

@@ -111,7 +111,7 @@ BAD_IDS = [
     ("experiment", {"run_id": "_base"}, True),
     ("experiment", {"run_id": "a..b"}, False),  # the pattern allows it; the flow's check does not
     ("replay", {"run_id": "a/b", "iteration": 1, "stage": "train"}, True),
-    ("replay", {"run_id": "../../x", "iteration": 1, "stage": "train", "store": "s3://rlf-none/runs"}, True),
+    ("replay", {"run_id": "../../x", "iteration": 1, "stage": "train"}, True),
     ("evaluation-sweep", {"run_ids": ["ok", "x;rm -rf y"]}, True),
 ]
 
@@ -141,6 +141,60 @@ def test_deployments_refuse_bad_run_ids(served):
     after = sorted(p.relative_to(state) for p in state.rglob("*") if "prefect" not in p.parts)
     assert after == before
     assert not any(state.parent.glob("escape-x*")) and not (state / "escape-x").exists()
+
+
+# (a change of the served config the form might send, the field its refusal names)
+OFF_POLICY = [
+    ({"store": {"uri": "file:///tmp/rlf-elsewhere"}}, "config.store.uri"),
+    ({"model": {"path": "/etc"}}, "config.model.path"),
+    ({"task": {"env": "os:system"}}, "config.task.env"),
+    ({"reward": {"weights": {"correct": 1.0, "subprocess:call": 1.0}}}, "config.reward.weights"),
+    ({"tracking": {"mlflow_uri": "http://127.0.0.1:1/x"}}, "config.tracking.mlflow_uri"),
+]
+
+
+def _with(change: dict) -> dict:
+    cfg = load_config("configs/smoke.yaml").model_dump(mode="json")
+    for section, fields in change.items():
+        cfg[section] |= fields
+    return cfg
+
+
+@pytest.mark.slow
+def test_the_form_is_held_to_the_served_policy(served):
+    """The served deployments' policy (flows/form_policy.py) through the REST API: every off-policy value is
+    refused when the flow run is created, naming the field; a run created with the schema check turned off
+    (``enforce_parameter_schema: false``, which the API lets any caller ask for) fails in the flow, naming
+    the field and the rule, before it imports, reads or writes anything."""
+    import urllib.error
+
+    state, dep = served["state"], served["deps"]["experiment"]
+    url = f"{served['api']}/deployments/{dep['id']}/create_flow_run"
+    before = sorted(p.relative_to(state) for p in state.rglob("*") if "prefect" not in p.parts)
+    for change, field in OFF_POLICY:
+        with pytest.raises(urllib.error.HTTPError) as e:
+            prefect_api_call(url, {"parameters": {"config": _with(change), "run_id": ""}})
+        body = e.value.read().decode()
+        assert e.value.code == 409 and field in body, (change, e.value.code, body[:500])
+    for change, field in (OFF_POLICY[1], OFF_POLICY[3]):
+        fr = prefect_api_call(
+            url, {"parameters": {"config": _with(change), "run_id": ""}, "enforce_parameter_schema": False}
+        )
+        fr = _wait(served["api"], fr["id"])
+        message = fr["state"]["message"]
+        assert fr["state"]["type"] == "FAILED" and field in message and "allowed" in message, (
+            change,
+            message,
+        )
+    sweep = served["deps"]["evaluation-sweep"]
+    fr = prefect_api_call(
+        f"{served['api']}/deployments/{sweep['id']}/create_flow_run",
+        {"parameters": {"store": "file:///tmp/rlf-elsewhere"}, "enforce_parameter_schema": False},
+    )
+    fr = _wait(served["api"], fr["id"])
+    assert fr["state"]["type"] == "FAILED" and "not a store this deployment may use" in fr["state"]["message"]
+    after = sorted(p.relative_to(state) for p in state.rglob("*") if "prefect" not in p.parts)
+    assert after == before and not Path("/tmp/rlf-elsewhere").exists()
 
 
 @pytest.mark.slow

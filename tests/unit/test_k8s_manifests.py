@@ -201,6 +201,12 @@ def test_rollout_servers_are_probed_and_stay_internal():
         assert c["readinessProbe"]["httpGet"]["path"] == "/health"
         assert c["livenessProbe"]["httpGet"]["path"] == "/health"
     assert not _by_kind("Ingress"), "/collective_rpc must not be exposed"
+    for c in vllm:  # behind the run's token, new weights fetched from the store (infra/rollout_auth.py)
+        command = c["command"]
+        assert command[command.index("--middleware") + 1] == "infra.rollout_auth.TokenAuth"
+        assert "infra.rollout_auth.StoreCheckpointLoader" in command
+        token = {e["name"]: e for e in c["env"]}["RLFOUNDRY_SERVER_TOKEN"]["valueFrom"]["secretKeyRef"]
+        assert token == {"name": "rlfoundry-rollout-token", "key": "RLFOUNDRY_ROLLOUT_TOKEN"}
     for svc in _by_kind("Service"):
         assert svc["spec"].get("type", "ClusterIP") == "ClusterIP", svc["metadata"]["name"]
 
