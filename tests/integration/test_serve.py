@@ -150,6 +150,8 @@ OFF_POLICY = [
     ({"task": {"env": "os:system"}}, "config.task.env"),
     ({"reward": {"weights": {"correct": 1.0, "subprocess:call": 1.0}}}, "config.reward.weights"),
     ({"tracking": {"mlflow_uri": "http://127.0.0.1:1/x"}}, "config.tracking.mlflow_uri"),
+    ({"rollout": {"server_urls": ["http://169.254.169.254/latest"]}}, "config.rollout.server_urls"),
+    ({"reward": {"weights": {"correct": 1.0}, "model": {"path": "/root"}}}, "config.reward.model.path"),
 ]
 
 
@@ -186,6 +188,13 @@ def test_the_form_is_held_to_the_served_policy(served):
             change,
             message,
         )
+    replay = served["deps"]["replay"]
+    with pytest.raises(urllib.error.HTTPError) as e:
+        prefect_api_call(
+            f"{served['api']}/deployments/{replay['id']}/create_flow_run",
+            {"parameters": {"run_id": "x", "iteration": 1, "stage": "train", "store": "s3://other/runs"}},
+        )
+    assert e.value.code == 409 and "store" in e.value.read().decode()
     sweep = served["deps"]["evaluation-sweep"]
     fr = prefect_api_call(
         f"{served['api']}/deployments/{sweep['id']}/create_flow_run",
