@@ -105,7 +105,7 @@ class RolloutServers:
         # The store's endpoint and credentials: the servers fetch each new checkpoint from it themselves.
         store_env = {k: v for k, v in os.environ.items() if k.startswith("AWS_")}
         env = vllm_server_env(
-            VLLM_SERVER_DEV_MODE="1", **{TOKEN_ENV: self.token}, **store_env, **self.extra_env
+            VLLM_SERVER_DEV_MODE="1", **{TOKEN_ENV: self.token, **store_env, **self.extra_env}
         )
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH", "")) if p)
         self.logs.mkdir(parents=True, exist_ok=True)
