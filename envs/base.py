@@ -155,6 +155,22 @@ class Corpus(Protocol):
     def corpus(self, tasks: list[dict[str, Any]]) -> list[str]: ...
 
 
+@runtime_checkable
+class Epochs(Protocol):
+    """A fixed set of training tasks (a dataset): with ``order == "epochs"`` the generate stage draws each
+    once per epoch, in a seeded order (``envs.dataset.epoch_order``), instead of sampling anew."""
+
+    order: str
+
+
+@runtime_checkable
+class DataFiles(Protocol):
+    """Tasks read from files: their sha256 are part of the base model's identity and recorded with the run,
+    so a file changed under a run is refused on resume."""
+
+    def data_files(self) -> dict[str, str]: ...
+
+
 class NoOptions(BaseModel):
     """The options of an environment that has none (``task.env_args`` must be empty)."""
 
@@ -214,7 +230,7 @@ def register(name: str) -> Callable[[type], type]:
 
 
 def _builtins() -> None:
-    from envs import arithmetic, code, computer, countup, humaneval, shapes, tools  # noqa: F401  (register)
+    from envs import arithmetic, code, computer, countup, dataset, humaneval, shapes, tools  # noqa: F401
 
 
 def installed(group: str = ENTRY_POINT_GROUP) -> dict[str, str]:

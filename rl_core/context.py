@@ -35,10 +35,21 @@ def open_store(cfg: Config, root: str | None = None) -> Store:
     )
 
 
+def data_files(cfg: Config) -> dict[str, str]:
+    """{file: sha256} of the data the environment reads its tasks from (``envs.base.DataFiles``), else {}."""
+    from envs.base import DataFiles, make_env
+
+    env = make_env(cfg.task.env, cfg.task.env_args)
+    return env.data_files() if isinstance(env, DataFiles) else {}
+
+
 def base_id(cfg: Config) -> str:
-    """Runs whose model, task, warm-up and seed agree share one warmed-up base model."""
+    """Runs whose model, task, warm-up and seed agree share one warmed-up base model (a dataset's files by
+    their content: an edited file is another base)."""
     part = {k: cfg.model_dump(mode="json")[k] for k in ("model", "task", "warmup")}
     part["seed"] = cfg.experiment.seed
+    if data := data_files(cfg):
+        part["data"] = data
     return f"_base/{config_hash(part)[:16]}"
 
 

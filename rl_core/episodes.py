@@ -16,7 +16,7 @@ from typing import Any
 
 import pandas as pd
 
-from envs.base import Multimodal, make_env, turns
+from envs.base import Epochs, Multimodal, make_env, turns
 from rl_core.context import RunContext
 from rl_core.curriculum import choose
 from rl_core.faults import iteration_of
@@ -254,7 +254,14 @@ def generate_body(ctx: RunContext, job: StageJob) -> StageResult:
     cfg, iteration = ctx.cfg, job.iteration
     pick_seed = derive_seed(cfg.experiment.seed, iteration, "generate", "prompts")
     pool: dict[str, Any] = {}
-    if cfg.rollout.curriculum == "none":
+    if cfg.rollout.curriculum == "none" and isinstance(ctx.env, Epochs) and ctx.env.order == "epochs":
+        # a dataset: every training prompt once per epoch, the order a function of (seed, iteration) alone
+        from envs.dataset import epoch_order
+
+        n, per = len(ctx.train_tasks), cfg.rollout.prompts_per_iteration
+        chosen = epoch_order(n, per, iteration, cfg.experiment.seed)
+        pool = {"epoch": iteration * per / n}
+    elif cfg.rollout.curriculum == "none":
         chosen = random.Random(pick_seed).sample(
             range(len(ctx.train_tasks)), cfg.rollout.prompts_per_iteration
         )

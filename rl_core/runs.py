@@ -32,7 +32,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, WithJsonSchema
 
 from rl_core.config import Config, config_from_dict
-from rl_core.context import RunContext, legacy_config_hash, run_config_hash, stage_config
+from rl_core.context import RunContext, data_files, legacy_config_hash, run_config_hash, stage_config
 from rl_core.store import Store
 
 RUN_RECORD = "run.json"
@@ -186,6 +186,7 @@ def _create(ctx: RunContext, uri: str) -> None:
         "config": ctx.cfg.model_dump(mode="json"),
         "config_hash": ctx.config_hash,
         "base_id": ctx.base_id,
+        "data": data_files(ctx.cfg),
         "versions": [_version(ctx.cfg, 1)],
         "changes": [],
     }
@@ -193,9 +194,22 @@ def _create(ctx: RunContext, uri: str) -> None:
     ctx.__dict__.pop("accepted_hashes", None)
 
 
+def _check_data(ctx: RunContext, record: dict[str, Any]) -> None:
+    """Refuse to resume on data files that changed since the run started (or that it never read)."""
+    then, now = record.get("data", {}), data_files(ctx.cfg)
+    for uri in sorted(set(then) | set(now)):
+        if then.get(uri) != now.get(uri):
+            was, got = (then.get(uri, "not read")[:12], now.get(uri, "not read")[:12])
+            raise RunError(
+                f"run {ctx.run_id!r}: data file {uri} changed since the run started (sha256 {was}... -> "
+                f"{got}...); its stages were computed from the old rows: restore the file or start a new run"
+            )
+
+
 def _resume(ctx: RunContext, uri: str, force: bool) -> None:
     """Accept ``ctx``'s config for the recorded run, recording what changed (``create_or_resume``)."""
     record = ctx.store.read_json(uri)
+    _check_data(ctx, record)
     new = ctx.cfg.model_dump(mode="json")
     every = config_diff(record["config"], new)
     if not every:

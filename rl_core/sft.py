@@ -109,7 +109,7 @@ def _sft_batch(
                 f"warmup.teacher_error_rate > 0 but environment {env.name!r} has no flawed teacher "
                 "(a flawed(task) method): set warmup.teacher_error_rate=0"
             )
-        ans = env.flawed(t) if bad else t["answer"]
+        ans = env.flawed(t) if bad else t.get("solution", t["answer"])  # a dataset's worked solution
         a = tok(ans, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
         seqs.append(p + a)
         labs.append([-100] * len(p) + a)

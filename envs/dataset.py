@@ -1,0 +1,364 @@
+"""Your own dataset as the environment (``task.env: dataset``): a file of prompts with ground truth and a
+verifier — GSM8K/MATH-style JSONL or Parquet, verl's ``prompt`` + ``reward_model.ground_truth`` layout, a
+``datasets`` ``save_to_disk`` folder; local or any fsspec URL (``s3://``).
+
+    task:
+      env: dataset
+      env_args:
+        train: data/train.jsonl            # .jsonl / .json / .parquet, or a save_to_disk folder
+        heldout: data/test.jsonl           # or heldout_fraction: 0.1 (rows split by a hash of the prompt)
+        prompt_field: problem              # a text, or chat messages [{role, content}, ...]
+        answer_field: answer               # dotted for nested fields: reward_model.ground_truth
+        solution_field: solution           # optional: what the warm-up imitates (else the answer)
+        verifier: math                     # math (math-verify), numeric, exact
+
+Single-turn. The verifier sees what follows the completion's reasoning block (the text after the last
+``</think>``; a completion whose ``<think>`` never closes is not well formed); the whole completion is what is
+trained. ``math`` parses both sides with math-verify (LaTeX, ``\\boxed{}``, fractions, equivalent forms);
+``numeric`` compares the last number of each (commas, fractions, relative tolerance 1e-6); ``exact`` the
+stripped texts. The user's own reward functions see the same outcome as usual.
+
+Every training prompt is used once per epoch (``order: epochs``, the default): iteration k draws positions
+``[(k-1)P, kP)`` of a sequence of seeded permutations, one per epoch, so the order is a function of the seed
+and the iteration alone — the same across a crash and resume, and under asynchronous RL. The files' sha256 are
+part of the base model's identity (``rl_core.context.base_id``) and recorded with the run (``run.json``): a
+file changed since the run started is refused on resume, naming it. A bad file — unreadable, a row without
+its field, an empty split, a held-out row that is also a training row — fails when the config is loaded,
+naming the file, the row and the field.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import io
+import json
+import math
+import random
+import re
+import threading
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from envs.base import StepResult, register
+
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?|-?\.\d+")
+MAX_VERIFIED_CHARS = 4000  # what the verifier reads of an answer (math-verify's sympy is not linear)
+
+
+class DatasetOptions(BaseModel):
+    """The dataset environment's options (``task.env_args``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    train: str = Field(description="Training rows: a .jsonl/.json/.parquet file or a save_to_disk folder.")
+    heldout: str = Field("", description="Held-out rows (same formats); or set heldout_fraction.")
+    heldout_fraction: float = Field(
+        0.0, ge=0.0, lt=1.0, description="Without a held-out file: this share of train (by a prompt hash)."
+    )
+    prompt_field: str = Field("prompt", description="The prompt: a text or chat messages (dotted path).")
+    answer_field: str = Field("answer", description="The ground truth the verifier compares with.")
+    solution_field: str = Field("", description="A worked solution the warm-up imitates (else the answer).")
+    verifier: Literal["math", "numeric", "exact"] = Field("math", description="How an answer is checked.")
+    order: Literal["epochs", "sample"] = Field(
+        "epochs", description="epochs: every training prompt once per epoch; sample: drawn each iteration."
+    )
+
+    @model_validator(mode="after")
+    def _splits(self) -> DatasetOptions:
+        if bool(self.heldout) == (self.heldout_fraction > 0):
+            raise ValueError("task.env_args: set exactly one of heldout (a file) and heldout_fraction")
+        load_splits(self)  # a bad file fails here, when the config is loaded
+        return self
+
+
+# -- reading ---------------------------------------------------------------------------------------------
+def _open(uri: str) -> tuple[Any, str]:
+    import fsspec
+
+    fs, path = fsspec.core.url_to_fs(uri)
+    return fs, path
+
+
+def _digest(uri: str) -> str:
+    """sha256 of a file, or of a folder's files (sorted relative names and contents)."""
+    fs, path = _open(uri)
+    if not fs.exists(path):
+        raise ValueError(f"task.env_args: {uri}: no such file or folder")
+    h = hashlib.sha256()
+    if fs.isdir(path):
+        for f in sorted(fs.find(path)):
+            h.update(f[len(path) :].encode() + b"\0" + fs.cat_file(f))
+        return h.hexdigest()
+    return hashlib.sha256(fs.cat_file(path)).hexdigest()
+
+
+def _rows(uri: str) -> list[dict[str, Any]]:
+    """The rows of one file or folder, as dicts; an error names the file and the row."""
+    fs, path = _open(uri)
+    if not fs.exists(path):
+        raise ValueError(f"task.env_args: {uri}: no such file or folder")
+    if fs.isdir(path):  # a save_to_disk folder (its .arrow shards), or a folder of .parquet / .jsonl files
+        every = sorted(fs.find(path))
+        files = next(
+            (
+                fs_
+                for ext in (".arrow", ".parquet", ".jsonl")
+                if (fs_ := [f for f in every if f.endswith(ext)])
+            ),
+            [],
+        )
+        if not files:
+            raise ValueError(f"task.env_args: {uri}: a folder without .arrow, .parquet or .jsonl files")
+        return [row for f in files for row in _file_rows(fs, f, f"{uri}/{f[len(path) :].lstrip('/')}")]
+    return _file_rows(fs, path, uri)
+
+
+def _file_rows(fs: Any, path: str, name: str) -> list[dict[str, Any]]:
+    data = fs.cat_file(path)
+    if path.endswith(".jsonl"):
+        rows = []
+        for i, line in enumerate(data.decode("utf-8", errors="strict").splitlines(), 1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"task.env_args: {name}: line {i} is not JSON ({e.msg})") from None
+        return rows
+    if path.endswith(".json"):
+        try:
+            rows = json.loads(data)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"task.env_args: {name}: not JSON ({e.msg})") from None
+        if not isinstance(rows, list):
+            raise ValueError(f"task.env_args: {name}: expected a JSON list of rows")
+        return rows
+    if path.endswith((".parquet", ".arrow")):
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        try:
+            if path.endswith(".parquet"):
+                table = pq.read_table(io.BytesIO(data))
+            else:  # a save_to_disk shard: an Arrow IPC stream
+                table = pa.ipc.open_stream(io.BytesIO(data)).read_all()
+        except (pa.ArrowInvalid, OSError) as e:
+            raise ValueError(f"task.env_args: {name}: unreadable ({e})") from None
+        return table.to_pylist()
+    raise ValueError(f"task.env_args: {name}: not a .jsonl, .json, .parquet file or save_to_disk folder")
+
+
+def _field(row: dict[str, Any], dotted: str, name: str, i: int) -> Any:
+    value: Any = row
+    for part in dotted.split("."):
+        if not isinstance(value, dict) or part not in value or value[part] is None:
+            raise ValueError(f"task.env_args: {name}: row {i} has no field {dotted!r}")
+        value = value[part]
+    return value
+
+
+def _prompt(value: Any, name: str, i: int, field: str) -> str | list[dict[str, str]]:
+    if isinstance(value, str) and value.strip():
+        return value
+    if (
+        isinstance(value, list)
+        and value
+        and all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+            for m in value
+        )
+    ):
+        return [{"role": m["role"], "content": m["content"]} for m in value]
+    raise ValueError(
+        f"task.env_args: {name}: row {i} field {field!r} is neither a text nor chat messages "
+        "[{role, content}]"
+    )
+
+
+def _key(prompt: str | list[dict[str, str]]) -> str:
+    return prompt if isinstance(prompt, str) else json.dumps(prompt, sort_keys=True)
+
+
+def _tasks(opts: DatasetOptions, uri: str, split: str) -> list[dict[str, Any]]:
+    out = []
+    for i, row in enumerate(_rows(uri)):
+        if not isinstance(row, dict):
+            raise ValueError(f"task.env_args: {uri}: row {i} is not an object")
+        task: dict[str, Any] = {
+            "task_id": f"{split}-{i:06d}",
+            "prompt": _prompt(_field(row, opts.prompt_field, uri, i), uri, i, opts.prompt_field),
+            "answer": str(_field(row, opts.answer_field, uri, i)).strip(),
+            "row": i,
+        }
+        if not task["answer"]:
+            raise ValueError(f"task.env_args: {uri}: row {i} field {opts.answer_field!r} is empty")
+        if opts.solution_field:
+            task["solution"] = str(_field(row, opts.solution_field, uri, i))
+        out.append(task)
+    if not out:
+        raise ValueError(f"task.env_args: {uri}: the {split} split has no rows")
+    return out
+
+
+@functools.lru_cache(maxsize=8)
+def _splits_of(opts_json: str, digests: tuple[str, ...]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    opts = DatasetOptions.model_construct(**json.loads(opts_json))
+    train = _tasks(opts, opts.train, "train")
+    if opts.heldout:
+        heldout = _tasks(opts, opts.heldout, "heldout")
+        seen = {_key(t["prompt"]): t["row"] for t in train}
+        for t in heldout:
+            if _key(t["prompt"]) in seen:
+                raise ValueError(
+                    f"task.env_args: {opts.heldout}: row {t['row']} is also row {seen[_key(t['prompt'])]} of "
+                    f"{opts.train} (held-out rows must not be trained on)"
+                )
+    else:  # by a hash of the prompt: stable whatever the file's order, disjoint by construction
+        cut = opts.heldout_fraction * 2**32
+        held = [int(hashlib.sha256(_key(t["prompt"]).encode()).hexdigest()[:8], 16) < cut for t in train]
+        heldout = [{**t, "task_id": f"heldout-{t['row']:06d}"} for t, h in zip(train, held, strict=True) if h]
+        train = [t for t, h in zip(train, held, strict=True) if not h]
+        if not train or not heldout:
+            raise ValueError(
+                f"task.env_args: heldout_fraction={opts.heldout_fraction} of {opts.train} leaves a split "
+                "empty"
+            )
+    return train, heldout
+
+
+def data_files(opts: DatasetOptions) -> dict[str, str]:
+    """{file or folder: sha256} of the data the options name."""
+    return {uri: _digest(uri) for uri in (opts.train, opts.heldout) if uri}
+
+
+def load_splits(opts: DatasetOptions) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(train, held-out) tasks of the options' files (read once per content)."""
+    digests = tuple(data_files(opts).values())
+    return _splits_of(opts.model_dump_json(), digests)
+
+
+# -- verifying -------------------------------------------------------------------------------------------
+def final_answer(completion: str) -> str | None:
+    """What the verifier reads: the text after the last ``</think>``; None when a ``<think>`` never closes.
+
+    >>> final_answer("<think>2+2 is 4</think> The answer is 4"), final_answer("<think>hmm"), final_answer("5")
+    (' The answer is 4', None, '5')
+    """
+    if "</think>" in completion:
+        return completion.rsplit("</think>", 1)[1]
+    if "<think>" in completion:
+        return None
+    return completion
+
+
+def last_number(text: str) -> float | None:
+    """The last number in ``text`` (``1,234``, ``-3.5``, ``7/8``), or None.
+
+    >>> last_number("so x = 1,234."), last_number("3/4 of it"), last_number("none")
+    (1234.0, 0.75, None)
+    """
+    found = _NUMBER.findall(text)
+    if not found:
+        return None
+    s = found[-1].replace(",", "")
+    if "/" in s:
+        num, den = s.split("/")
+        return float(num) / float(den) if float(den) else None
+    return float(s)
+
+
+def _math(answer: str, text: str) -> tuple[bool, bool, str]:
+    from math_verify import parse, verify
+
+    # math-verify bounds its work with SIGALRM, which only the main thread may set: elsewhere no timeout
+    # (the answer read is bounded instead).
+    main = threading.current_thread() is threading.main_thread()
+    limit = 5 if main else None
+    gold = parse(answer if "$" in answer or "\\boxed" in answer else f"${answer}$", parsing_timeout=limit)
+    pred = parse(text[-MAX_VERIFIED_CHARS:], parsing_timeout=limit)
+    if not pred:
+        return False, False, ""
+    ok = bool(gold) and verify(gold, pred, timeout_seconds=limit)
+    return ok, True, str(pred[-1])
+
+
+def check(verifier: str, answer: str, text: str) -> tuple[bool, bool, str]:
+    """(correct, well formed, what was parsed) of an answer text against the ground truth."""
+    if verifier == "math":
+        return _math(answer, text)
+    if verifier == "numeric":
+        got, want = last_number(text[-MAX_VERIFIED_CHARS:]), last_number(answer)
+        if got is None:
+            return False, False, ""
+        ok = want is not None and math.isclose(got, want, rel_tol=1e-6, abs_tol=1e-9)
+        return ok, True, repr(got)
+    got_text, want_text = " ".join(text.split()), " ".join(answer.split())
+    return bool(got_text) and got_text == want_text, bool(got_text), got_text[:200]
+
+
+# -- the environment -------------------------------------------------------------------------------------
+def epoch_order(n_tasks: int, per_iteration: int, iteration: int, seed: int) -> list[int]:
+    """The training-task indexes of ``iteration`` (1-based): positions ``[(k-1)P, kP)`` of one seeded
+    permutation of all tasks per epoch.
+
+    >>> sorted(epoch_order(6, 3, 1, 0) + epoch_order(6, 3, 2, 0)) == list(range(6))
+    True
+    """
+    from rl_core.seeding import derive_seed
+
+    out = []
+    for pos in range((iteration - 1) * per_iteration, iteration * per_iteration):
+        epoch, j = divmod(pos, n_tasks)
+        perm = list(range(n_tasks))
+        random.Random(derive_seed(seed, epoch, "epoch-order")).shuffle(perm)
+        out.append(perm[j])
+    return out
+
+
+@register("dataset")
+class DatasetEnv:
+    name = "dataset"
+    config_model: type[BaseModel] = DatasetOptions
+
+    def __init__(self, options: BaseModel | None = None) -> None:
+        if options is None:
+            raise ValueError("task.env=dataset needs task.env_args with at least train and a held-out split")
+        assert isinstance(options, DatasetOptions)
+        self.options = options
+        self.order = options.order
+        self._task: dict[str, Any] | None = None
+
+    def tasks(self, split: str, task_cfg: Any, seed: int) -> list[dict[str, Any]]:
+        """Every row of the split, in file order, up to ``task.train_size`` / ``task.heldout_size``."""
+        if split not in ("train", "heldout"):
+            raise ValueError(f"split must be 'train' or 'heldout', got {split!r}")
+        train, heldout = load_splits(self.options)
+        rows, cap = (train, task_cfg.train_size) if split == "train" else (heldout, task_cfg.heldout_size)
+        return rows[:cap]
+
+    def data_files(self) -> dict[str, str]:
+        return data_files(self.options)
+
+    def corpus(self, tasks: list[dict[str, Any]]) -> list[str]:
+        out = []
+        for t in tasks:
+            p = t["prompt"]
+            out += [p] if isinstance(p, str) else [m["content"] for m in p]
+            out += [t["answer"], t.get("solution", "")]
+        return [x for x in out if x]
+
+    def reset(self, task: dict[str, Any], seed: int) -> str | list[dict[str, str]]:
+        self._task = task
+        return task["prompt"]
+
+    def step(self, action: str) -> StepResult:
+        if self._task is None:
+            raise RuntimeError("step() before reset()")
+        text = final_answer(action)
+        if text is None:
+            outcome = {"correct": False, "well_formed": False, "parsed": "", "unclosed_reasoning": True}
+        else:
+            ok, formed, parsed = check(self.options.verifier, self._task["answer"], text)
+            outcome = {"correct": ok, "well_formed": formed, "parsed": parsed, "unclosed_reasoning": False}
+        return StepResult(observation=None, done=True, outcome=outcome)

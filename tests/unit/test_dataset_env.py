@@ -1,0 +1,180 @@
+"""The dataset environment (envs/dataset.py): the file formats users bring (JSONL, JSON, Parquet, a `datasets`
+save_to_disk folder, verl's nested layout), the verifiers (math-verify's equivalences, numeric, exact; the
+answer read after the reasoning block), one permutation per epoch, and bad input named by file, row and
+field before any work. A whole run on a dataset: tests/integration/test_dataset_run.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from envs.base import make_env
+from envs.dataset import DatasetEnv, check, epoch_order, final_answer
+from rl_core.config import ConfigError, load_config
+from rl_core.context import RunContext, base_id
+from rl_core.runs import RunError, create_or_resume
+from rl_core.store import Store
+
+ROWS = [
+    {"problem": f"What is {i} + {i}?", "answer": str(2 * i), "solution": f"{i}+{i}={2 * i}"}
+    for i in range(40)
+]
+
+
+def _jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _cfg(tmp_path: Path, **args):
+    if "train" not in args:
+        args["train"] = str(_jsonl(tmp_path / "train.jsonl", ROWS[:30]))
+    if "heldout_fraction" not in args and "heldout" not in args:
+        args["heldout"] = str(_jsonl(tmp_path / "test.jsonl", ROWS[30:]))
+    args.setdefault("prompt_field", "problem")
+    overrides = ["task.env=dataset", f"task.env_args={json.dumps(args)}", "task.heldout_size=10"]
+    return load_config(None, overrides)
+
+
+def _env(cfg) -> DatasetEnv:
+    env = make_env(cfg.task.env, cfg.task.env_args)
+    assert isinstance(env, DatasetEnv)
+    return env
+
+
+def test_jsonl_rows_become_tasks_in_file_order(tmp_path):
+    cfg = _cfg(tmp_path, solution_field="solution")
+    env = _env(cfg)
+    train, held = env.tasks("train", cfg.task, 0), env.tasks("heldout", cfg.task, 0)
+    assert [t["prompt"] for t in train] == [r["problem"] for r in ROWS[:30]]
+    assert [t["answer"] for t in held] == [r["answer"] for r in ROWS[30:]]
+    assert train[3]["solution"] == "3+3=6" and len({t["task_id"] for t in train + held}) == 40
+    assert env.reset(train[5], 0) == "What is 5 + 5?" and env.step("10").outcome["correct"]
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "json", "save_to_disk"])
+def test_other_formats_read_the_same_rows(tmp_path, fmt):
+    if fmt == "parquet":
+        src = tmp_path / "train.parquet"
+        pd.DataFrame(ROWS[:30]).to_parquet(src)
+    elif fmt == "json":
+        src = tmp_path / "train.json"
+        src.write_text(json.dumps(ROWS[:30]))
+    else:
+        import datasets
+
+        src = tmp_path / "train_ds"
+        datasets.Dataset.from_list(ROWS[:30]).save_to_disk(str(src))
+    cfg = _cfg(tmp_path, train=str(src))
+    assert [t["answer"] for t in _env(cfg).tasks("train", cfg.task, 0)] == [r["answer"] for r in ROWS[:30]]
+
+
+def test_verl_layout_chat_messages_and_nested_answers(tmp_path):
+    rows = [
+        {
+            "prompt": [
+                {"role": "system", "content": "Reason, then box."},
+                {"role": "user", "content": f"{i}*3?"},
+            ],
+            "reward_model": {"style": "rule", "ground_truth": str(3 * i)},
+        }
+        for i in range(20)
+    ]
+    src = tmp_path / "verl.parquet"
+    pd.DataFrame(rows).to_parquet(src)
+    cfg = _cfg(
+        tmp_path,
+        train=str(src),
+        prompt_field="prompt",
+        answer_field="reward_model.ground_truth",
+        heldout_fraction=0.3,
+    )
+    env = _env(cfg)
+    train, held = env.tasks("train", cfg.task, 0), env.tasks("heldout", cfg.task, 0)
+    assert train[0]["prompt"][0] == {"role": "system", "content": "Reason, then box."}
+    assert len(train) + len(held) == 20 and held  # split by a hash of the prompt: disjoint, stable
+    assert not {json.dumps(t["prompt"]) for t in train} & {json.dumps(t["prompt"]) for t in held}
+    assert [t["task_id"] for t in env.tasks("heldout", cfg.task, 0)] == [t["task_id"] for t in held]
+
+
+@pytest.mark.parametrize(
+    "verifier,answer,completion,correct,formed",
+    [
+        ("math", "\\frac{1}{2}", "so the answer is \\boxed{0.5}", True, True),
+        ("math", "0.5", "The answer is $\\frac{2}{4}$.", True, True),
+        ("math", "x^2+2x+1", "\\boxed{(x+1)^2}", True, True),
+        ("math", "\\frac{1}{2}", "\\boxed{\\frac{1}{3}}", False, True),
+        ("math", "7", "I do not know", False, False),
+        ("numeric", "1234", "... so in total 1,234 apples", True, True),
+        ("numeric", "0.75", "3/4", True, True),
+        ("numeric", "12", "maybe 13", False, True),
+        ("exact", "Paris", "  Paris ", True, True),
+        ("exact", "Paris", "paris", False, True),
+    ],
+)
+def test_verifiers(verifier, answer, completion, correct, formed):
+    ok, well, _ = check(verifier, answer, completion)
+    assert (ok, well) == (correct, formed)
+
+
+def test_the_verifier_reads_what_follows_the_reasoning(tmp_path):
+    env = _env(_cfg(tmp_path, verifier="math"))
+    env.reset({"prompt": "2+2?", "answer": "4"}, 0)
+    assert env.step("<think>maybe 5? no, 2+2 is 4</think> \\boxed{4}").outcome["correct"]
+    assert not env.step("<think>the answer is 4</think> \\boxed{5}").outcome["correct"]  # the think block's 4
+    unclosed = env.step("<think>4 4 4 4").outcome
+    assert not unclosed["well_formed"] and unclosed["unclosed_reasoning"]
+    assert final_answer("no reasoning: 4") == "no reasoning: 4"
+
+
+def test_each_epoch_is_one_permutation_of_the_training_prompts():
+    n, per = 10, 4
+    drawn = [i for k in range(1, 11) for i in epoch_order(n, per, k, seed=3)]  # 4 epochs
+    epochs = [drawn[e * n : (e + 1) * n] for e in range(4)]
+    assert all(sorted(e) == list(range(n)) for e in epochs)
+    assert epochs[0] != epochs[1]  # a new order each epoch
+    assert epoch_order(n, per, 7, seed=3) == epoch_order(n, per, 7, seed=3)  # a function of (seed, k)
+    assert epoch_order(n, per, 1, seed=3) != epoch_order(n, per, 1, seed=4)
+
+
+@pytest.mark.parametrize(
+    "rows,args,message",
+    [
+        ([{"problem": "1+1?"}], {}, r"train\.jsonl: row 0 has no field 'answer'"),
+        ([{"problem": "1+1?", "answer": ""}], {}, r"train\.jsonl: row 0 field 'answer' is empty"),
+        ([{"problem": 17, "answer": "1"}], {}, r"row 0 field 'problem' is neither a text nor chat messages"),
+        ([], {}, r"train\.jsonl: the train split has no rows"),
+        (None, {}, r"train\.jsonl: line 2 is not JSON"),
+        ([{"problem": "What is 30 + 30?", "answer": "60"}], {}, r"test\.jsonl: row 0 is also row 0 of"),
+        (ROWS[:5], {"verifier": "sympy"}, r"verifier"),
+        (ROWS[:5], {"heldout_fraction": 0.2}, r"exactly one of heldout"),
+        (ROWS[:5], {"train": "/nonexistent/train.jsonl"}, r"/nonexistent/train\.jsonl: no such file"),
+    ],
+)
+def test_bad_data_is_named_by_file_row_and_field(tmp_path, rows, args, message):
+    src = tmp_path / "train.jsonl"
+    if rows is None:
+        src.write_text(json.dumps(ROWS[0]) + "\n{not json\n")
+    else:
+        _jsonl(src, rows)
+    args = {"train": str(src), **args}
+    if "heldout_fraction" in args:
+        args["heldout"] = str(_jsonl(tmp_path / "test.jsonl", ROWS[30:]))
+    with pytest.raises(ConfigError, match=message):
+        _cfg(tmp_path, **args)
+
+
+def test_a_changed_file_is_another_base_and_is_refused_on_resume(tmp_path):
+    cfg = _cfg(tmp_path)
+    store = Store(str(tmp_path / "store"))
+    assert create_or_resume(RunContext(cfg, "d1", store), "new") == "created"
+    record = store.read_json(f"{store.root}/d1/run.json")
+    assert set(record["data"]) == {cfg.task.env_args["train"], cfg.task.env_args["heldout"]}
+    before = base_id(cfg)
+    _jsonl(Path(cfg.task.env_args["train"]), [*ROWS[:29], {"problem": "What is 99 + 1?", "answer": "100"}])
+    assert base_id(cfg) != before  # the rows are part of the base model's identity
+    with pytest.raises(RunError, match=r"data file .*train\.jsonl changed since the run started"):
+        create_or_resume(RunContext(cfg, "d1", store), "resume")
