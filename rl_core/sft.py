@@ -54,9 +54,17 @@ def init_body(ctx: RunContext, job: StageJob) -> StageResult:
     params = sum(p.numel() for p in model.parameters())
     return StageResult(
         outputs={"checkpoint": ref},
-        metrics={"parameters": params, "vocab_size": len(tok)},
+        metrics={"parameters": params, "vocab_size": len(tok), **data_metrics(ctx)},
         seeds={"init": seed},
     )
+
+
+def data_metrics(ctx: RunContext) -> dict[str, Any]:
+    """The data files the tasks were read from, with their sha256 (a dataset environment), for the base's
+    init manifest."""
+    from envs.base import DataFiles
+
+    return {"data_sha256": ctx.env.data_files()} if isinstance(ctx.env, DataFiles) else {}
 
 
 def _init_from_folder(ctx: RunContext, job: StageJob) -> StageResult:
@@ -70,7 +78,7 @@ def _init_from_folder(ctx: RunContext, job: StageJob) -> StageResult:
         ref = ctx.store.put_dir(local, f"{job.out_uri}/checkpoint")
     return StageResult(
         outputs={"checkpoint": ref},
-        metrics={"parameters": info["parameters"], "vocab_size": info["vocab_size"]},
+        metrics={"parameters": info["parameters"], "vocab_size": info["vocab_size"], **data_metrics(ctx)},
         seeds={"init": f"model.path {ctx.cfg.model.path} ({info['architecture']})"},
     )
 
