@@ -31,15 +31,18 @@ ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "results" / "code_curve.json"
 
 
-def run(sets: list[str], run_id: str) -> tuple[Any, list[dict[str, Any]]]:
-    """Run the experiment; the iteration events as they came, each with its wall time since the start."""
+def run(
+    sets: list[str], run_id: str, config: Path = ROOT / "configs" / "code.yaml"
+) -> tuple[Any, list[dict[str, Any]]]:
+    """Run the experiment of ``config``; the iteration events as they came, each with its wall time since the
+    start (benchmarks/reasoning_gym_curve.py runs its own config through this too)."""
     from flows.experiment import experiment_flow
     from rl_core.config import load_config
     from rl_core.context import RunContext
     from rl_core.report import subscribe
     from rl_core.runs import create_or_resume
 
-    cfg = load_config(ROOT / "configs" / "code.yaml", sets)
+    cfg = load_config(config, sets)
     create_or_resume(RunContext(cfg, run_id), "new")
     events: list[dict[str, Any]] = []
     t0 = time.perf_counter()

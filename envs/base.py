@@ -230,7 +230,7 @@ def register(name: str) -> Callable[[type], type]:
 
 
 def _builtins() -> None:
-    from envs import arithmetic, code, computer, countup, dataset, humaneval, shapes, tools  # noqa: F401
+    from envs import arithmetic, code, computer, countup, dataset, humaneval, reasoning_gym, shapes, tools  # noqa: F401
 
 
 def installed(group: str = ENTRY_POINT_GROUP) -> dict[str, str]:

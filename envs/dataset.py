@@ -320,6 +320,7 @@ def epoch_order(n_tasks: int, per_iteration: int, iteration: int, seed: int) -> 
 class DatasetEnv:
     name = "dataset"
     config_model: type[BaseModel] = DatasetOptions
+    path_options = ("train", "heldout")  # files it reads: the Prefect form's policy holds them to its roots
 
     def __init__(self, options: BaseModel | None = None) -> None:
         if options is None:

@@ -6,9 +6,9 @@ code is the worker's authority, so each is held to what the operator allowed:
 
 - **where runs write** — ``store.uri`` (and the sweep's and replay's ``store``): one of ``stores`` (default:
   the served store);
-- **what the worker reads** — ``model.path``, ``reward.model.path``, ``reward.judge.model``: empty (the
-  built-in model), the served value, or a path / URL under one of ``roots`` (resolved: no ``..``, no symlink
-  out of the root);
+- **what the worker reads** — ``model.path``, ``reward.model.path``, ``reward.judge.model`` and the files an
+  environment reads (its ``path_options``: a dataset's ``train`` / ``heldout``): empty (the built-in model),
+  the served value, or a path / URL under one of ``roots`` (resolved: no ``..``, no symlink out of the root);
 - **whom the worker talks to** — ``rollout.server_urls``, ``reward.model.url``, ``tracking.mlflow_uri``: the
   served value or one of ``urls``;
 - **what code the worker imports** — ``task.env`` and the ``reward.weights`` keys: the built-in and installed
@@ -135,6 +135,7 @@ class FormPolicy(BaseModel):
                 f"{', '.join(self.envs)}; module:attr targets only when rlfoundry serve --allow-env names "
                 "them)"
             )
+        self._check_env_paths(env, _section(config, "task").get("env_args") or {})
         weights = _section(config, "reward").get("weights") or {}
         for key in weights if isinstance(weights, dict) else []:
             if key not in self.rewards:
@@ -142,6 +143,23 @@ class FormPolicy(BaseModel):
                     f"config.reward.weights[{key!r}]: not a reward function this deployment may load "
                     f"(allowed: {', '.join(self.rewards)}; module:attr targets only when rlfoundry serve "
                     "--allow-reward names them)"
+                )
+
+    def _check_env_paths(self, env: str, args: dict[str, Any]) -> None:
+        """The files an allowed environment reads (its ``path_options``, e.g. a dataset's train and held-out
+        files) are held to the same roots as the model's path."""
+        from envs.base import env_class
+
+        try:
+            cls = env_class(env)  # an allowed name: built-in, entry point or a target the operator listed
+        except ValueError:
+            return  # cannot be imported: validating the config reports it
+        for name in getattr(cls, "path_options", ()):
+            value = args.get(name, "") if isinstance(args, dict) else ""
+            if value and not self._path_allowed(str(value)):
+                raise PolicyError(
+                    f"config.task.env_args.{name}={value!r}: not a path this deployment may read (allowed: "
+                    f"under {self.roots or 'no root'}; rlfoundry serve --allow-root)"
                 )
 
     def check_store(self, store: str, field: str = "store") -> None:

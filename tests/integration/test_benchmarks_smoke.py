@@ -36,6 +36,7 @@ SMOKES: tuple[str, ...] = (
     "packing",
     "pg_family",
     "plot_curve",
+    "reasoning_gym_curve",
     "reward_audit",
     "reward_server",
     "rollout",
@@ -51,6 +52,7 @@ SMOKES: tuple[str, ...] = (
 # definition makes the ratio null. For these, the figures of every arm must be there instead.
 GAIN_RATIOS: dict[str, list[str]] = {
     "code_curve": ["curve", "base_pass_rate", "final_pass_rate"],
+    "reasoning_gym_curve": ["curve", "base_accuracy", "final_accuracy"],
     "curriculum": ["workloads.default.none.curve", "workloads.default.frontier.curve"],
     "pg_family": ["curves.grpo.heldout", "curves.ppo.heldout"],
     "vs_trl": ["workloads.default.rlfoundry.clock_s", "workloads.default.base_accuracy"]

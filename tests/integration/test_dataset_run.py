@@ -72,7 +72,8 @@ def test_every_epoch_draws_each_prompt_once_across_two_crashes(tmp_path: Path):
     assert drawn == want
     record = json.loads((store / "run.json").read_text())
     assert set(record["data"]) == {args["train"], args["heldout"]}
-    init = json.loads(next((tmp_path / "store" / "_base").glob("*/iter-0000/init/_manifest.json")).read_text())
+    init_manifest = next((tmp_path / "store" / "_base").glob("*/iter-0000/init/_manifest.json"))
+    init = json.loads(init_manifest.read_text())
     assert init["metrics"]["data_sha256"] == record["data"]  # the base names the files it was built from
 
     _write(tmp_path / "train.jsonl", [*TRAIN[:-1], {"q": "9+9=", "a": "18"}])

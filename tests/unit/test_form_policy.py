@@ -128,6 +128,16 @@ def test_the_sweep_and_replay_store_is_held_too():
     assert FormPolicy.of_schema(deps[0]._parameter_openapi_schema.model_dump()) == policy
 
 
+def test_a_datasets_files_are_held_to_the_roots(tmp_path):
+    (tmp_path / "models").mkdir()
+    policy = _policy(tmp_path)
+    args = {"train": "/etc/passwd", "heldout_fraction": 0.1}
+    with pytest.raises(PolicyError, match=r"^config\.task\.env_args\.train='/etc/passwd': not a path"):
+        policy.check(_raw(task__env="dataset", task__env_args=args))
+    inside = {"train": str(tmp_path / "models" / "train.jsonl"), "heldout_fraction": 0.1}
+    policy.check(_raw(task__env="dataset", task__env_args=inside))
+
+
 def test_a_config_that_is_not_an_object_is_refused():
     with pytest.raises(PolicyError, match="^config: expected"):
         FormPolicy.served(SERVED).check(["not", "a", "config"])  # type: ignore[arg-type]

@@ -1,0 +1,129 @@
+"""reasoning-gym's procedural tasks as environments (``task.env: reasoning_gym``): any of its 100+ datasets,
+its own generator options and its own scorer.
+
+    task:
+      env: reasoning_gym
+      env_args:
+        dataset: basic_arithmetic          # a reasoning_gym.factory name
+        config: {min_terms: 2, max_terms: 2, min_digits: 1, max_digits: 1}   # the generator's options
+        prompt: plain                      # plain: the question as the prompt; chat: one user message
+
+Train and held-out come from the generator with seeds derived from the run's (``derive_seed(seed, split)``),
+``task.train_size`` / ``task.heldout_size`` items each; a training item whose question is also a held-out
+question is dropped, so nothing held out is trained on. The verifier is the dataset's own ``score_answer`` on
+the text after the completion's reasoning block (``envs.dataset.final_answer``), stripped: ``correct`` when it
+scores 1, its score kept as ``score`` (partial credit for the user's reward functions). The warm-up imitates
+the generator's answers.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from envs.base import StepResult, register
+from envs.dataset import final_answer
+
+
+def dataset_names() -> list[str]:
+    from reasoning_gym.factory import DATASETS
+
+    return sorted(DATASETS)
+
+
+class ReasoningGymOptions(BaseModel):
+    """The reasoning_gym environment's options (``task.env_args``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    dataset: str = Field(description="A reasoning_gym dataset name (reasoning_gym.factory.DATASETS).")
+    config: dict[str, Any] = Field({}, description="The generator's own options, passed to it as they are.")
+    prompt: Literal["plain", "chat"] = Field(
+        "plain", description="The question as text, or as a user message."
+    )
+
+    @field_validator("dataset")
+    @classmethod
+    def _known(cls, name: str) -> str:
+        if name not in dataset_names():
+            close = [n for n in dataset_names() if name.split("_")[0] in n][:8]
+            raise ValueError(
+                f"unknown reasoning_gym dataset {name!r} (e.g. {', '.join(close or dataset_names()[:8])})"
+            )
+        return name
+
+    def model_post_init(self, _: Any) -> None:
+        _generator(self.dataset, json.dumps(self.config, sort_keys=True), 1, 0)  # bad options fail at load
+
+
+@functools.lru_cache(maxsize=16)
+def _generator(name: str, config_json: str, size: int, seed: int) -> Any:
+    import reasoning_gym
+
+    try:
+        return reasoning_gym.create_dataset(name, size=size, seed=seed, **json.loads(config_json))
+    except (TypeError, ValueError, AssertionError) as e:
+        raise ValueError(f"task.env_args.config for reasoning_gym dataset {name!r}: {e}") from None
+
+
+@register("reasoning_gym")
+class ReasoningGymEnv:
+    name = "reasoning_gym"
+    config_model: type[BaseModel] = ReasoningGymOptions
+
+    def __init__(self, options: BaseModel | None = None) -> None:
+        if options is None:
+            raise ValueError(
+                "task.env=reasoning_gym needs task.env_args.dataset (a reasoning_gym dataset name)"
+            )
+        assert isinstance(options, ReasoningGymOptions)
+        self.options = options
+        self._task: dict[str, Any] | None = None
+
+    def _items(self, split: str, size: int, seed: int) -> list[dict[str, Any]]:
+        from rl_core.seeding import derive_seed
+
+        o = self.options
+        ds = _generator(
+            o.dataset, json.dumps(o.config, sort_keys=True), size, derive_seed(seed, split, o.dataset)
+        )
+        return [ds[i] for i in range(size)]
+
+    def tasks(self, split: str, task_cfg: Any, seed: int) -> list[dict[str, Any]]:
+        if split not in ("train", "heldout"):
+            raise ValueError(f"split must be 'train' or 'heldout', got {split!r}")
+        items = self._items(split, task_cfg.train_size if split == "train" else task_cfg.heldout_size, seed)
+        if split == "train":
+            held = {x["question"] for x in self._items("heldout", task_cfg.heldout_size, seed)}
+            items = [x for x in items if x["question"] not in held]
+        if not items:
+            raise ValueError(f"reasoning_gym {self.options.dataset}: the {split} split is empty")
+        out = []
+        for i, x in enumerate(items):
+            q = x["question"]
+            prompt: Any = q if self.options.prompt == "plain" else [{"role": "user", "content": q}]
+            out.append({"task_id": f"{split}-{i}", "prompt": prompt, "answer": str(x["answer"]), "entry": x})
+        return out
+
+    def corpus(self, tasks: list[dict[str, Any]]) -> list[str]:
+        return [t["entry"]["question"] for t in tasks] + [t["answer"] for t in tasks]
+
+    def reset(self, task: dict[str, Any], seed: int) -> str | list[dict[str, str]]:
+        self._task = task
+        return task["prompt"]
+
+    def step(self, action: str) -> StepResult:
+        if self._task is None:
+            raise RuntimeError("step() before reset()")
+        text = final_answer(action)
+        if text is None or not text.strip():
+            outcome = {"correct": False, "well_formed": False, "score": 0.0}
+        else:
+            o = self.options
+            scorer = _generator(o.dataset, json.dumps(o.config, sort_keys=True), 1, 0)
+            score = float(scorer.score_answer(text.strip(), self._task["entry"]))
+            outcome = {"correct": score >= 1.0, "well_formed": True, "score": score}
+        return StepResult(observation=None, done=True, outcome=outcome)
