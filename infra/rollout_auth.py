@@ -68,11 +68,13 @@ class StoreCheckpointLoader:
     def load_checkpoint(self, store_root: str, ref: dict[str, Any]) -> str:
         """Fetch checkpoint ``ref`` (an ``ArtifactRef`` as JSON) from the store at ``store_root``, verified,
         and load it; returns the digest of the weights now served."""
+        from rl_core.engine_view import engine_folder
         from rl_core.manifest import ArtifactRef
         from rl_core.paths import cache_dir
         from rl_core.store import Store
 
         checkpoint = ArtifactRef.model_validate(ref)
         local = Store(store_root).local_dir(checkpoint, cache_dir("server-checkpoints"))
-        self.reload_weights(weights_path=str(local))  # type: ignore[attr-defined]  (the vLLM worker's)
+        # a tied model as its untied view: vLLM's reload does not re-tie (rl_core.engine_view)
+        self.reload_weights(weights_path=str(engine_folder(local)))  # type: ignore[attr-defined]
         return checkpoint.sha256

@@ -27,6 +27,7 @@ from typing import Any
 
 from infra.localstack.process import Server, clean_env, spawn
 from infra.rollout_auth import TOKEN_ENV
+from rl_core.engine_view import engine_folder
 from rl_core.paths import PROJECT_ROOT, free_port, state_dir, vllm_cache_root
 
 
@@ -72,7 +73,7 @@ class RolloutServers:
             "-m",
             "vllm.entrypoints.openai.api_server",
             "--model",
-            self.ckpt_dir,
+            str(engine_folder(self.ckpt_dir)),  # a tied model's untied view (rl_core.engine_view)
             "--served-model-name",
             "policy",
             "--host",

@@ -86,19 +86,40 @@ def save_checkpoint(model: Any, tokenizer: Any, out_dir: str | Path) -> Path:
     return out
 
 
-def weights_bytes(state_dict: dict[str, Any]) -> bytes:
-    """The safetensors file of a state dict, in memory (exactly the bytes ``save_weights`` writes)."""
+# The output embedding of a causal LM whose config ties it to the input embedding: one tensor in the trainer,
+# not stored (save_pretrained leaves it out too; transformers re-ties it on load).
+TIED_HEAD, EMBEDDINGS = "lm_head.weight", "model.embed_tokens.weight"
+
+
+def is_tied(ckpt_dir: str | Path) -> bool:
+    """Whether the folder's config ties the output embedding (``lm_head``) to the input embedding."""
+    import json
+
+    cfg_file = Path(ckpt_dir) / "config.json"
+    if not cfg_file.exists():
+        return False
+    data = json.loads(cfg_file.read_text())
+    text = data.get("text_config") or {}
+    return bool(data.get("tie_word_embeddings", text.get("tie_word_embeddings", False)))
+
+
+def weights_bytes(state_dict: dict[str, Any], tied: bool = False) -> bytes:
+    """The safetensors file of a state dict, in memory (exactly the bytes ``save_weights`` writes); a tied
+    model's output embedding left out, as ``save_pretrained`` does."""
     from safetensors.torch import save
 
-    tensors = {k: v.detach().to("cpu").contiguous() for k, v in state_dict.items()}
+    tensors = {
+        k: v.detach().to("cpu").contiguous() for k, v in state_dict.items() if not (tied and k == TIED_HEAD)
+    }
     return save(tensors, metadata={"format": "pt"})
 
 
 def save_weights(state_dict: dict[str, Any], out_dir: str | Path) -> Path:
-    """Write only the weights (the rest of the checkpoint folder is copied from the parent)."""
+    """Write only the weights (the rest of the checkpoint folder is copied from the parent first: its config
+    says whether the embeddings are tied)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / WEIGHTS).write_bytes(weights_bytes(state_dict))
+    (out / WEIGHTS).write_bytes(weights_bytes(state_dict, tied=is_tied(out)))
     return out / WEIGHTS
 
 

@@ -6,15 +6,15 @@ into the store unchanged as the run's base checkpoint, which vLLM, the HF engine
 is. What a policy folder must hold:
 
 - ``config.json`` with ``architectures``: a causal LM or a LLaVA-style VLM that transformers builds and, with
-  ``rollout.engine=vllm``, that vLLM's model registry lists; untied embeddings (below);
+  ``rollout.engine=vllm``, that vLLM's model registry lists; tied or untied embeddings (below);
 - ``model.safetensors`` (one file; a sharded folder is refused: re-save it with a larger ``max_shard_size``);
 - ``tokenizer.json`` (+ ``tokenizer_config.json``), with an EOS token here or in ``generation_config.json``;
   a chat template that renders a user message, when one is used (``model.chat_template``);
 - for a VLM, the image processor (``preprocessor_config.json``, or ``processor_config.json`` holding it).
 
-Tied input/output embeddings are refused: vLLM's in-place weight reload (how every new policy reaches the
-running engine) never re-ties a shared LM head, so the engine would sample from a stale head after the first
-update. Untie them before (``lm_head.weight`` a copy of the embeddings, ``tie_word_embeddings: false``).
+Tied input/output embeddings (Qwen2.5/Qwen3 small models, Llama-3.2, Gemma) are trained tied and saved
+tied; vLLM, whose in-place reload never re-ties them, loads an untied view (``rl_core.engine_view``). A
+vision-language model with tied embeddings is refused for now.
 
     info = check_policy_folder("/models/my-llama", chat_template="auto", max_model_len=512, vllm=True)
     local = fetch_policy_folder("s3://bucket/my-llama", "/tmp/x")   # its files in a local folder
@@ -124,10 +124,11 @@ def _architecture(path: str, local: Path, vllm: bool, max_model_len: int) -> tup
     if not hasattr(transformers, arch):
         raise ModelFolderError(f"model.path {path}: architecture {arch} is not a transformers model class")
     text = config.get_text_config()
-    if getattr(text, "tie_word_embeddings", False) or getattr(config, "tie_word_embeddings", False):
+    tied = getattr(text, "tie_word_embeddings", False) or getattr(config, "tie_word_embeddings", False)
+    if tied and text is not config:
         raise ModelFolderError(
-            f"model.path {path}: tie_word_embeddings is true; tied embeddings are not supported (vLLM's "
-            "in-place weight reload never re-ties a shared LM head): save the model untied"
+            f"model.path {path}: a vision-language model with tied embeddings is not supported yet (causal "
+            "LMs are): save it untied"
         )
     longest = getattr(text, "max_position_embeddings", None)
     if longest is not None and max_model_len > longest:

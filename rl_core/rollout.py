@@ -96,9 +96,13 @@ class VLLMEngine:
         self.allowed = allowed_token_ids(ckpt_dir)
         # The model's own EOS ids (generation config and tokenizer), whatever vLLM's tokenizer would say.
         self.stop = stop_ids(ckpt_dir, load_tokenizer(ckpt_dir))
+        from rl_core.engine_view import engine_folder
+        from rl_core.model import is_tied
+
+        self.tied = is_tied(ckpt_dir)  # the engine loads an untied view of a tied model (rl_core.engine_view)
         with _captured_stderr():
             self.llm = LLM(
-                model=str(ckpt_dir),
+                model=str(engine_folder(ckpt_dir)),
                 dtype=dtype,
                 max_model_len=max_model_len,
                 kv_cache_memory_bytes=kv_cache_mb << 20,
@@ -115,7 +119,7 @@ class VLLMEngine:
                 max_num_batched_tokens=max(8192, 256 * max_model_len),
                 disable_log_stats=False,  # the prefix-cache counters ``stats`` reads
             )
-        self.model_name = str(ckpt_dir)  # the label of this engine's counters (another engine's differ)
+        self.model_name = str(engine_folder(ckpt_dir))  # the label of this engine's counters
         self._counters = {"queries": 0.0, "hits": 0.0}
 
     def generate(self, requests: list[Request], spec: SamplingSpec) -> list[list[Completion]]:
@@ -155,11 +159,13 @@ class VLLMEngine:
         return result
 
     def load_weights(self, ckpt_dir: str | Path, weights: dict[str, Any] | None = None) -> None:
+        from rl_core.engine_view import engine_folder, engine_weights
+
         # In memory when the engine core runs in this process (a generator cannot cross to another process).
         if weights is not None and not self.multiprocess:
-            kwargs: dict[str, Any] = {"weights_iterator": iter(weights.items())}
+            kwargs: dict[str, Any] = {"weights_iterator": iter(engine_weights(weights, self.tied).items())}
         else:
-            kwargs = {"weights_path": str(ckpt_dir)}
+            kwargs = {"weights_path": str(engine_folder(ckpt_dir))}
         with _captured_stderr():
             self.llm.collective_rpc("reload_weights", kwargs=kwargs)
         # Prompt KV cached under the old weights would otherwise be served.

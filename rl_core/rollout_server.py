@@ -188,7 +188,10 @@ class ServerEngine:
                     f"rollout server {self.urls[i]}: loaded {got}, not {self.ref.sha256}"
                 )
         else:
-            body = {"method": "reload_weights", "kwargs": {"weights_path": self.ckpt_dir}}
+            from rl_core.engine_view import engine_folder
+
+            view = str(engine_folder(self.ckpt_dir))  # a tied model as its untied view
+            body = {"method": "reload_weights", "kwargs": {"weights_path": view}}
             self._call(i, "POST", "/collective_rpc", body)
         self._call(i, "POST", "/reset_prefix_cache")  # cached prompt KV from the old weights
 

@@ -24,7 +24,7 @@ from typing import Any
 from rl_core.algorithms import train_advantages, train_rows
 from rl_core.context import RunContext, unstored_dir
 from rl_core.manifest import ArtifactRef, Manifest
-from rl_core.model import WEIGHTS, load_model, load_tokenizer, pad_id, save_weights, weights_bytes
+from rl_core.model import WEIGHTS, is_tied, load_model, load_tokenizer, pad_id, save_weights, weights_bytes
 from rl_core.packing import pack_budget
 from rl_core.ppo import make_batch, sequence_logprobs
 from rl_core.seeding import derive_seed
@@ -175,8 +175,9 @@ def _hold(ctx: RunContext, job: StageJob, weights: dict[str, Any]) -> tuple[Arti
     digest is the one its folder would have had; a local copy of the folder is written for this machine's
     readers (the rollout engine's tokenizer, evaluation)."""
     policy = job.inputs["policy"]
-    carried = _carried(ctx.local_checkpoint(policy))
-    data = weights_bytes(weights)
+    src = ctx.local_checkpoint(policy)
+    carried = _carried(src)
+    data = weights_bytes(weights, tied=is_tied(src))
     files = {f.name: (policy.files or {})[f.name] for f in carried} | {WEIGHTS: sha256_bytes(data)}
     ref = ArtifactRef(uri=f"{job.out_uri}/checkpoint", sha256=dir_digest(files), files=files, stored=False)
     dest = unstored_dir(ref)

@@ -147,3 +147,28 @@ def test_no_warmup_on_the_hf_engine(own_run, tmp_path):
     assert base["policy_sha256"] == _sha(folder / "model.safetensors")
     (it,) = data["iterations"]
     assert it["stages"]["train"]["metrics"]["logprob_mismatch_max"] < 1e-3
+
+
+@pytest.mark.slow
+def test_a_tied_model_trains_tied_and_the_engine_follows_every_update(tmp_path):
+    """Tied input/output embeddings (as Qwen2.5/Qwen3's small models and Llama-3.2 ship): trained as one
+    tensor, saved tied (no lm_head.weight, the config's tie kept), and vLLM — whose reload never re-ties —
+    samples from the new head after every sync: the trainer/engine logprob gap stays at float rounding."""
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM
+
+    folder = write_llama_folder(tmp_path / "tied", tie=True)
+    state = tmp_path / "state"
+    r = run_cli([*_args(folder, "tied"), "--set", f"experiment.iterations={ITERATIONS + 1}"], state)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    shown = _show(state, "tied")
+    gaps = [it["stages"]["train"]["metrics"]["logprob_mismatch_max"] for it in shown["iterations"]]
+    assert len(gaps) == ITERATIONS + 1 and max(gaps) < 1e-3, gaps  # iterations 2 and 3 sample after a sync
+    last = state / "store" / "tied" / f"iter-{ITERATIONS + 1:04d}" / "train" / "checkpoint"
+    assert json.loads((last / "config.json").read_text())["tie_word_embeddings"] is True
+    with safe_open(str(last / "model.safetensors"), "pt") as f:
+        assert "lm_head.weight" not in list(f.keys())
+    model = AutoModelForCausalLM.from_pretrained(str(last))
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()  # one shared tensor
+    base = AutoModelForCausalLM.from_pretrained(str(folder))
+    assert not (model.model.embed_tokens.weight == base.model.embed_tokens.weight).all()  # and it was trained

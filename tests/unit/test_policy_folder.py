@@ -108,9 +108,24 @@ def test_chat_template_true_needs_one(tmp_path):
     assert check_policy_folder(str(plain), vllm=False)  # auto: plain text prompts
 
 
-def test_tied_embeddings_are_refused(tmp_path):
+def test_tied_embeddings_are_accepted_and_get_an_untied_engine_view(tmp_path):
+    """A tied causal LM is a policy as it is; the engine loads an untied view of it (rl_core.engine_view):
+    the same files, a config without the tie, and the output embedding as a copy of the input one."""
+    from safetensors import safe_open
+
+    from rl_core.engine_view import HEAD_FILE, engine_folder
+
     tied = write_llama_folder(tmp_path / "t", tie=True)
-    _refused(tied, "tie_word_embeddings is true")
+    assert check_policy_folder(str(tied), vllm=True)
+    view = engine_folder(tied)
+    assert view != tied and engine_folder(write_llama_folder(tmp_path / "u")) == tmp_path / "u"
+    assert json.loads((view / "config.json").read_text())["tie_word_embeddings"] is False
+    assert json.loads((tied / "config.json").read_text())["tie_word_embeddings"] is True  # folder untouched
+    weights = str(tied / "model.safetensors")
+    with safe_open(str(view / HEAD_FILE), "pt") as head, safe_open(weights, "pt") as w:
+        assert "lm_head.weight" not in list(w.keys())
+        assert (head.get_tensor("lm_head.weight") == w.get_tensor("model.embed_tokens.weight")).all()
+    assert engine_folder(tied) == view  # made once per set of weights
 
 
 def test_longer_context_than_the_model_is_refused(folder):
