@@ -17,7 +17,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from rl_core.config_layout import StoreLockFields, TrainLayoutFields
+from rl_core.config_layout import CheckpointLayoutFields, StoreLockFields, TrainLayoutFields
 from rl_core.config_pg import PolicyGradientFields
 from rl_core.config_reward import AuditSettings, JudgeSettings, RewardModelSettings
 from rl_core.config_sampling import SamplingFields
@@ -34,7 +34,7 @@ class ExperimentSection(_Section):
     iterations: int = Field(50, ge=1, le=100_000, description="Number of RL iterations (one flow run each).")
 
 
-class ModelSection(_Section):
+class ModelSection(_Section, CheckpointLayoutFields):
     path: str = Field(
         "",
         description="Your own policy: a Hugging Face save_pretrained folder (a local path, file:// or an "

@@ -11,9 +11,10 @@ hash, so a run resumes at another world size. Packing is not: it changes the flo
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 
 class TrainLayoutFields(BaseModel):
@@ -105,3 +106,32 @@ class StoreLockFields(BaseModel):
                 f"store.lock_stale_after_s ({self.lock_stale_after_s})"
             )
         return self
+
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(B|KB|MB|GB|TB)?\s*$", re.I)
+_UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
+
+
+class CheckpointLayoutFields(BaseModel):
+    """How the checkpoints a run writes are laid out (``model`` section): storage, not what any stage
+    computes (left out of the config hash and of the base model's identity)."""
+
+    max_shard_size: str = Field(
+        "5GB",
+        description="Checkpoints above this size are written as safetensors shards with an index, as "
+        "save_pretrained(max_shard_size=...) writes them (e.g. 500MB, 5GB).",
+    )
+
+    @field_validator("max_shard_size")
+    @classmethod
+    def _size(cls, v: str) -> str:
+        m = _SIZE.match(str(v))
+        if not m or float(m.group(1)) <= 0:
+            raise ValueError(f"model.max_shard_size {v!r}: a size such as 500MB or 5GB")
+        return str(v)
+
+    @property
+    def max_shard_bytes(self) -> int:
+        m = _SIZE.match(self.max_shard_size)
+        assert m is not None
+        return int(float(m.group(1)) * _UNITS[(m.group(2) or "B").upper()])

@@ -46,7 +46,7 @@ def data_files(cfg: Config) -> dict[str, str]:
 def base_id(cfg: Config) -> str:
     """Runs whose model, task, warm-up and seed agree share one warmed-up base model (a dataset's files by
     their content: an edited file is another base)."""
-    part = {k: cfg.model_dump(mode="json")[k] for k in ("model", "task", "warmup")}
+    part = without_placement({k: cfg.model_dump(mode="json")[k] for k in ("model", "task", "warmup")})
     part["seed"] = cfg.experiment.seed
     if data := data_files(cfg):
         part["data"] = data
@@ -58,6 +58,7 @@ def base_id(cfg: Config) -> str:
 PLACEMENT = (
     ("train", "world_size"),
     ("train", "tp_size"),
+    ("model", "max_shard_size"),
     ("store", "lock_stale_after_s"),
     ("store", "lock_heartbeat_s"),
 )

@@ -21,7 +21,7 @@ from rl_core.context import RunContext
 from rl_core.curriculum import choose
 from rl_core.faults import iteration_of
 from rl_core.manifest import ArtifactRef
-from rl_core.model import load_tokenizer, prompt_text
+from rl_core.model import load_tokenizer, prompt_text, weights_digest
 from rl_core.model import prompt_ids as tokenize_prompt
 from rl_core.rollout import Completion, Request, SamplingSpec, start_engine, sync_weights
 from rl_core.seeding import derive_seed
@@ -52,7 +52,7 @@ def policy_engine(ctx: RunContext, ckpt: ArtifactRef, iteration: int | None = No
         ctx.held.rollout = _servers(ctx, local) or start_engine(
             ctx.cfg.rollout.engine, local, ctx.cfg.rollout, max_model_len=ctx.max_model_len()
         )
-    digest = ckpt.files["model.safetensors"]
+    digest = weights_digest(ckpt.files)
     weights = ctx.held.fresh.get(digest)  # the trainer's output, still in memory: no reload from disk
     sync_weights(ctx.held.rollout, local, digest, iteration, weights, ref=ckpt)
     return ctx.held.rollout

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from rl_core.manifest import Manifest
+from rl_core.model import weights_digest
 from rl_core.store import Store
 
 
@@ -101,7 +102,7 @@ def lineage(store: Store, run_id: str, iteration: int) -> list[dict[str, Any]]:
         {
             "iteration": 0,
             "checkpoint": wu.outputs["checkpoint"].uri,
-            "policy_sha256": wu.outputs["checkpoint"].files["model.safetensors"],
+            "policy_sha256": weights_digest(wu.outputs["checkpoint"].files),
             "parent_checkpoint": wu.inputs["checkpoint"].uri,
             "note": "warmed-up base model (supervised warm-up of the init checkpoint)",
         }

@@ -103,37 +103,95 @@ def is_tied(ckpt_dir: str | Path) -> bool:
     return bool(data.get("tie_word_embeddings", text.get("tie_word_embeddings", False)))
 
 
-def weights_bytes(state_dict: dict[str, Any], tied: bool = False) -> bytes:
-    """The safetensors file of a state dict, in memory (exactly the bytes ``save_weights`` writes); a tied
-    model's output embedding left out, as ``save_pretrained`` does."""
+INDEX = "model.safetensors.index.json"  # a sharded folder's map from tensor name to shard file
+NO_SHARDS = 1 << 62  # a shard size no model reaches: one file
+
+
+def is_weight_file(name: str) -> bool:
+    """A file that holds (or maps) the weights: ``model.safetensors``, a shard, or the shard index.
+
+    >>> names = ("model.safetensors", "model-00001-of-00002.safetensors", INDEX, "a.json")
+    >>> [is_weight_file(n) for n in names]
+    [True, True, True, False]
+    """
+    return name == INDEX or (name.startswith("model") and name.endswith(".safetensors"))
+
+
+def weights_digest(files: dict[str, str]) -> str:
+    """The policy's identity from a checkpoint's file hashes: the sha256 of ``model.safetensors``, or, for a
+    sharded folder, of its index and shards (name and sha256 of each, sorted)."""
+    import hashlib
+    import json
+
+    if WEIGHTS in files:
+        return files[WEIGHTS]
+    names = sorted(n for n in files if is_weight_file(n))
+    if not names:
+        raise KeyError(f"no weight files among {sorted(files)[:8]}")
+    return hashlib.sha256(json.dumps([[n, files[n]] for n in names]).encode()).hexdigest()
+
+
+def weight_files(
+    state_dict: dict[str, Any], tied: bool = False, max_shard_bytes: int = NO_SHARDS
+) -> dict[str, bytes]:
+    """The weights as the files of a checkpoint folder: one ``model.safetensors`` (exactly the bytes it always
+    had) up to ``max_shard_bytes``, else shards filled in the state dict's order plus their index, as
+    ``save_pretrained(max_shard_size=...)`` writes them. A tied model's output embedding is left out."""
+    import json
+
     from safetensors.torch import save
 
     tensors = {
         k: v.detach().to("cpu").contiguous() for k, v in state_dict.items() if not (tied and k == TIED_HEAD)
     }
-    return save(tensors, metadata={"format": "pt"})
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    if total <= max_shard_bytes:
+        return {WEIGHTS: save(tensors, metadata={"format": "pt"})}
+    groups: list[dict[str, Any]] = [{}]
+    size = 0
+    for k, t in tensors.items():
+        n = t.numel() * t.element_size()
+        if groups[-1] and size + n > max_shard_bytes:
+            groups.append({})
+            size = 0
+        groups[-1][k] = t
+        size += n
+    names = [f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors" for i in range(len(groups))]
+    out = {name: save(g, metadata={"format": "pt"}) for name, g in zip(names, groups, strict=True)}
+    weight_map = {k: name for name, g in zip(names, groups, strict=True) for k in g}
+    out[INDEX] = json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2).encode()
+    return out
 
 
-def save_weights(state_dict: dict[str, Any], out_dir: str | Path) -> Path:
+def weights_bytes(state_dict: dict[str, Any], tied: bool = False) -> bytes:
+    """The one-file safetensors of a state dict, in memory; a tied model's output embedding left out, as
+    ``save_pretrained`` does."""
+    return weight_files(state_dict, tied)[WEIGHTS]
+
+
+def save_weights(state_dict: dict[str, Any], out_dir: str | Path, max_shard_bytes: int = NO_SHARDS) -> Path:
     """Write only the weights (the rest of the checkpoint folder is copied from the parent first: its config
-    says whether the embeddings are tied)."""
+    says whether the embeddings are tied); sharded above ``max_shard_bytes``."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / WEIGHTS).write_bytes(weights_bytes(state_dict, tied=is_tied(out)))
-    return out / WEIGHTS
+    for name, data in weight_files(state_dict, is_tied(out), max_shard_bytes).items():
+        (out / name).write_bytes(data)
+    return out
 
 
-def save_with_weights(src: str | Path, state_dict: dict[str, Any], out_dir: str | Path) -> Path:
-    """A copy of the checkpoint folder ``src`` (config, tokenizer, processor: every top-level file but hidden
-    ones) whose weights are ``state_dict``."""
+def save_with_weights(
+    src: str | Path, state_dict: dict[str, Any], out_dir: str | Path, max_shard_bytes: int = NO_SHARDS
+) -> Path:
+    """A copy of the checkpoint folder ``src`` (config, tokenizer, processor: every top-level file but the
+    weights and hidden ones) whose weights are ``state_dict``."""
     import shutil
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     for f in sorted(Path(src).iterdir()):
-        if f.is_file() and f.name != WEIGHTS and not f.name.startswith("."):
+        if f.is_file() and not is_weight_file(f.name) and not f.name.startswith("."):
             shutil.copy(f, out / f.name)
-    save_weights(state_dict, out)
+    save_weights(state_dict, out, max_shard_bytes)
     return out
 
 

@@ -7,7 +7,8 @@ is. What a policy folder must hold:
 
 - ``config.json`` with ``architectures``: a causal LM or a LLaVA-style VLM that transformers builds and, with
   ``rollout.engine=vllm``, that vLLM's model registry lists; tied or untied embeddings (below);
-- ``model.safetensors`` (one file; a sharded folder is refused: re-save it with a larger ``max_shard_size``);
+- ``model.safetensors``, or the shards ``model.safetensors.index.json`` names (as ``save_pretrained`` writes
+  a model above its ``max_shard_size``; the run's own checkpoints are sharded above ``model.max_shard_size``);
 - ``tokenizer.json`` (+ ``tokenizer_config.json``), with an EOS token here or in ``generation_config.json``;
   a chat template that renders a user message, when one is used (``model.chat_template``);
 - for a VLM, the image processor (``preprocessor_config.json``, or ``processor_config.json`` holding it).
@@ -75,24 +76,43 @@ def fetch_policy_folder(path: str, dest: str | Path, *, large: bool = True) -> P
     return out
 
 
+def _header(path: str, fs: Any, root: str, name: str) -> dict[str, Any]:
+    try:
+        with fs.open(f"{root}/{name}", "rb") as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            return json.loads(f.read(n))
+    except (struct.error, ValueError, MemoryError, OSError) as e:
+        raise ModelFolderError(f"model.path {path}: {name} is not a safetensors file ({e})") from None
+
+
 def _weights(path: str, fs: Any, root: str, files: dict[str, int]) -> int:
-    """The parameter count from model.safetensors' header; the folder's weights problem otherwise."""
+    """The parameter count from the safetensors headers (one ``model.safetensors``, or the shards its index
+    names, every tensor of the index in the shard it names); the folder's weights problem otherwise."""
     if SHARD_INDEX in files:
-        raise ModelFolderError(
-            f"model.path {path}: sharded weights ({SHARD_INDEX}) are not supported yet; re-save the model "
-            "into one model.safetensors (save_pretrained(..., max_shard_size='100GB'))"
-        )
+        try:
+            with fs.open(f"{root}/{SHARD_INDEX}", "rb") as f:
+                weight_map = json.loads(f.read())["weight_map"]
+        except (ValueError, KeyError, TypeError, OSError) as e:
+            raise ModelFolderError(f"model.path {path}: {SHARD_INDEX} is not a shard index ({e})") from None
+        shards = sorted(set(weight_map.values()))
+        missing = [s for s in shards if s not in files]
+        if missing:
+            raise ModelFolderError(
+                f"model.path {path}: {SHARD_INDEX} names shards that are not there: {missing[:3]}"
+            )
+        headers = {s: _header(path, fs, root, s) for s in shards}
+        for tensor, shard in weight_map.items():
+            if tensor not in headers[shard]:
+                raise ModelFolderError(
+                    f"model.path {path}: {SHARD_INDEX} puts {tensor} in {shard}, which does not hold it"
+                )
+        shapes = [v["shape"] for h in headers.values() for k, v in h.items() if k != "__metadata__"]
+        return sum(math.prod(s) for s in shapes)
     if WEIGHTS not in files:
         found = [n for n in files if n.endswith(_LARGE)]
         hint = f" (found {', '.join(sorted(found))}: re-save with safe_serialization=True)" if found else ""
         raise ModelFolderError(f"model.path {path}: no weights ({WEIGHTS}){hint}")
-    try:
-        with fs.open(f"{root}/{WEIGHTS}", "rb") as f:
-            (n,) = struct.unpack("<Q", f.read(8))
-            header = json.loads(f.read(n))
-    except (struct.error, ValueError, MemoryError, OSError) as e:
-        raise ModelFolderError(f"model.path {path}: {WEIGHTS} is not a safetensors file ({e})") from None
-    shapes = [v["shape"] for k, v in header.items() if k != "__metadata__"]
+    shapes = [v["shape"] for k, v in _header(path, fs, root, WEIGHTS).items() if k != "__metadata__"]
     if not shapes:
         raise ModelFolderError(f"model.path {path}: {WEIGHTS} holds no tensors")
     return sum(math.prod(s) for s in shapes)

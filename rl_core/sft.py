@@ -182,7 +182,7 @@ def warmup_body(ctx: RunContext, job: StageJob) -> StageResult:
         losses.append(float(loss))
     with tempfile.TemporaryDirectory() as d:
         if ctx.cfg.model.path:  # the user's folder as it was, with the new weights (as train writes them)
-            save_with_weights(src, model.state_dict(), d)
+            save_with_weights(src, model.state_dict(), d, ctx.cfg.model.max_shard_bytes)
         else:
             save_checkpoint(model, tok, d)
             if multimodal:

@@ -9,6 +9,7 @@ from typing import Any
 
 from rl_core.config import config_from_dict
 from rl_core.manifest import Manifest
+from rl_core.model import weights_digest
 from rl_core.stages import ITERATION_STAGES as STAGES
 from rl_core.stages import STAGES as STAGE_TABLE
 from rl_core.store import Store
@@ -42,7 +43,7 @@ def collect(store: Store, run_id: str) -> dict[str, Any]:
     wu = base["warmup"]
     if wu["status"] != "pending":
         m = store.read_manifest(store.stage_uri(base_id, 0, "warmup"))
-        base["policy_sha256"] = m.outputs["checkpoint"].files["model.safetensors"] if m else None
+        base["policy_sha256"] = weights_digest(m.outputs["checkpoint"].files) if m else None
     iterations = []
     last = cfg["experiment"]["iterations"]
     # the stages this run's config runs at all (the curriculum only with rollout.curriculum)

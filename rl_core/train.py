@@ -24,7 +24,16 @@ from typing import Any
 from rl_core.algorithms import train_advantages, train_rows
 from rl_core.context import RunContext, unstored_dir
 from rl_core.manifest import ArtifactRef, Manifest
-from rl_core.model import WEIGHTS, is_tied, load_model, load_tokenizer, pad_id, save_weights, weights_bytes
+from rl_core.model import (
+    is_tied,
+    is_weight_file,
+    load_model,
+    load_tokenizer,
+    pad_id,
+    save_weights,
+    weight_files,
+    weights_digest,
+)
 from rl_core.packing import pack_budget
 from rl_core.ppo import make_batch, sequence_logprobs
 from rl_core.seeding import derive_seed
@@ -151,7 +160,7 @@ def _update(ctx: RunContext, job: StageJob) -> tuple[Any, dict[str, Any], dict[s
 def _carried(src: Path) -> list[Path]:
     """The files of the parent checkpoint folder a new one keeps as they are: all but the weights (and the
     cache's own markers)."""
-    keep = (f for f in Path(src).iterdir() if f.is_file() and f.name != WEIGHTS)
+    keep = (f for f in Path(src).iterdir() if f.is_file() and not is_weight_file(f.name))
     return sorted(f for f in keep if not f.name.startswith("."))
 
 
@@ -160,7 +169,7 @@ def store_checkpoint(ctx: RunContext, job: StageJob, weights: dict[str, Any]) ->
     with tempfile.TemporaryDirectory() as d:
         for f in _carried(ctx.local_checkpoint(job.inputs["policy"])):
             shutil.copy(f, Path(d) / f.name)
-        save_weights(weights, d)
+        save_weights(weights, d, ctx.cfg.model.max_shard_bytes)
         return ctx.store.put_dir(d, f"{job.out_uri}/checkpoint")
 
 
@@ -177,15 +186,18 @@ def _hold(ctx: RunContext, job: StageJob, weights: dict[str, Any]) -> tuple[Arti
     policy = job.inputs["policy"]
     src = ctx.local_checkpoint(policy)
     carried = _carried(src)
-    data = weights_bytes(weights, tied=is_tied(src))
-    files = {f.name: (policy.files or {})[f.name] for f in carried} | {WEIGHTS: sha256_bytes(data)}
+    data = weight_files(weights, is_tied(src), ctx.cfg.model.max_shard_bytes)
+    files = {f.name: (policy.files or {})[f.name] for f in carried} | {
+        n: sha256_bytes(b) for n, b in data.items()
+    }
     ref = ArtifactRef(uri=f"{job.out_uri}/checkpoint", sha256=dir_digest(files), files=files, stored=False)
     dest = unstored_dir(ref)
     if not (dest / ".complete").exists():
         tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=".held-"))
         for f in carried:
             shutil.copy(f, tmp / f.name)
-        (tmp / WEIGHTS).write_bytes(data)
+        for n, b in data.items():
+            (tmp / n).write_bytes(b)
         (tmp / ".complete").touch()
         shutil.rmtree(dest, ignore_errors=True)
         os.replace(tmp, dest)
@@ -208,7 +220,7 @@ def _step(
         ref, opt_ref = _hold(ctx, job, weights)
     extra_refs = {k: ctx.store.write_bytes(f"{job.out_uri}/{k}.safetensors", v) for k, v in extra.items()}
     # As many as an asynchronous generate may still read (the policy max_staleness versions back), plus one.
-    ctx.held.remember(ref.files[WEIGHTS], weights, keep=ctx.cfg.rollout.max_staleness + 2)
+    ctx.held.remember(weights_digest(ref.files), weights, keep=ctx.cfg.rollout.max_staleness + 2)
     ctx.held.train_holds = (ref.sha256, opt_ref.sha256)
     return ref, opt_ref, metrics, extra_refs
 
@@ -268,6 +280,6 @@ def train_body(ctx: RunContext, job: StageJob) -> StageResult:
         ref, opt_ref, metrics, extra = _step(ctx, job)
     return StageResult(
         outputs={"checkpoint": ref, "optimizer": opt_ref, **extra},
-        metrics={**metrics, "policy_sha256": ref.files[WEIGHTS], "world_size": 1, "tp_size": 1},
+        metrics={**metrics, "policy_sha256": weights_digest(ref.files), "world_size": 1, "tp_size": 1},
         seeds={"train": derive_seed(ctx.cfg.experiment.seed, job.iteration, "train")},
     )

@@ -120,7 +120,7 @@ def _rank(store_root: str, job_uri: str) -> None:
     from rl_core.context import RunContext
     from rl_core.faults import fault
     from rl_core.manifest import ArtifactRef
-    from rl_core.model import WEIGHTS
+    from rl_core.model import weights_digest
     from rl_core.seeding import derive_seed
     from rl_core.stage import StageJob
     from rl_core.store import Store
@@ -146,7 +146,7 @@ def _rank(store_root: str, job_uri: str) -> None:
         opt = store.write_bytes(f"{job.out_uri}/optimizer.safetensors", optimizer)
         result = {
             "outputs": {"checkpoint": ckpt.model_dump(mode="json"), "optimizer": opt.model_dump(mode="json")},
-            "metrics": {**metrics, "policy_sha256": ckpt.files[WEIGHTS]},
+            "metrics": {**metrics, "policy_sha256": weights_digest(ckpt.files)},
             "seeds": {"train": derive_seed(cfg.experiment.seed, job.iteration, "train")},
         }
         store.write_json(spec["result"], result)

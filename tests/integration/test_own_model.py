@@ -150,24 +150,42 @@ def test_no_warmup_on_the_hf_engine(own_run, tmp_path):
 
 
 @pytest.mark.slow
-def test_a_tied_model_trains_tied_and_the_engine_follows_every_update(tmp_path):
-    """Tied input/output embeddings (as Qwen2.5/Qwen3's small models and Llama-3.2 ship): trained as one
-    tensor, saved tied (no lm_head.weight, the config's tie kept), and vLLM — whose reload never re-ties —
-    samples from the new head after every sync: the trainer/engine logprob gap stays at float rounding."""
+def test_a_tied_sharded_model_trains_tied_and_the_engine_follows_every_update(tmp_path):
+    """Tied input/output embeddings (as Qwen2.5/Qwen3's small models and Llama-3.2 ship), saved as shards
+    with an index (as every model above save_pretrained's max_shard_size is): trained as one tensor, saved
+    tied (no lm_head.weight, the config's tie kept) in shards of ``model.max_shard_size``, and vLLM — whose
+    reload never re-ties — samples from the new head after every sync: the trainer/engine logprob gap stays
+    at float rounding."""
     from safetensors import safe_open
     from transformers import AutoModelForCausalLM
 
-    folder = write_llama_folder(tmp_path / "tied", tie=True)
+    from rl_core.model import INDEX, weights_digest
+
+    whole = write_llama_folder(tmp_path / "whole", tie=True)
+    folder = tmp_path / "tied"
+    folder.mkdir()
+    for f in whole.iterdir():
+        if f.name != "model.safetensors":
+            (folder / f.name).write_bytes(f.read_bytes())
+    AutoModelForCausalLM.from_pretrained(str(whole)).save_pretrained(folder, max_shard_size="40KB")
+    assert (folder / INDEX).exists() and not (folder / "model.safetensors").exists()
     state = tmp_path / "state"
-    r = run_cli([*_args(folder, "tied"), "--set", f"experiment.iterations={ITERATIONS + 1}"], state)
+    more = ["--set", f"experiment.iterations={ITERATIONS + 1}", "--set", "model.max_shard_size=40KB"]
+    r = run_cli([*_args(folder, "tied"), *more], state)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
     shown = _show(state, "tied")
     gaps = [it["stages"]["train"]["metrics"]["logprob_mismatch_max"] for it in shown["iterations"]]
     assert len(gaps) == ITERATIONS + 1 and max(gaps) < 1e-3, gaps  # iterations 2 and 3 sample after a sync
     last = state / "store" / "tied" / f"iter-{ITERATIONS + 1:04d}" / "train" / "checkpoint"
     assert json.loads((last / "config.json").read_text())["tie_word_embeddings"] is True
-    with safe_open(str(last / "model.safetensors"), "pt") as f:
-        assert "lm_head.weight" not in list(f.keys())
+    index = json.loads((last / INDEX).read_text())["weight_map"]
+    shards = sorted(set(index.values()))
+    assert len(shards) > 1 and not (last / "model.safetensors").exists() and "lm_head.weight" not in index
+    for shard in shards:
+        with safe_open(str(last / shard), "pt") as f:
+            assert "lm_head.weight" not in list(f.keys())
+    files = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in last.iterdir() if p.is_file()}
+    assert shown["iterations"][-1]["policy_sha256"] == weights_digest(files)  # the index and every shard
     model = AutoModelForCausalLM.from_pretrained(str(last))
     assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()  # one shared tensor
     base = AutoModelForCausalLM.from_pretrained(str(folder))

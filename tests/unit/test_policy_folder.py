@@ -61,10 +61,35 @@ def test_no_weights(folder, tmp_path):
     _refused(bare, "found pytorch_model.bin: re-save with safe_serialization=True")
 
 
-def test_sharded_or_corrupt_weights(folder, tmp_path):
-    sharded = _copy(folder, tmp_path / "s")
+def _sharded(folder: Path, out: Path) -> Path:
+    """``folder`` re-saved by save_pretrained in 20 KB shards with their index."""
+    from transformers import AutoModelForCausalLM
+
+    out = _copy(folder, out)
+    (out / "model.safetensors").unlink()
+    AutoModelForCausalLM.from_pretrained(str(folder)).save_pretrained(out, max_shard_size="20KB")
+    assert len(list(out.glob("model-*-of-*.safetensors"))) > 3
+    return out
+
+
+def test_sharded_weights_are_read_through_their_index(folder, tmp_path):
+    whole = check_policy_folder(str(folder), vllm=True)
+    sharded = _sharded(folder, tmp_path / "s")
+    assert check_policy_folder(str(sharded), vllm=True)["parameters"] == whole["parameters"]
+    index = json.loads((sharded / "model.safetensors.index.json").read_text())
     (sharded / "model.safetensors.index.json").write_text("{}")
-    _refused(sharded, "sharded weights")
+    _refused(sharded, "model.safetensors.index.json is not a shard index")
+    gone = dict(index, weight_map={**index["weight_map"], "x.weight": "model-00099-of-00099.safetensors"})
+    (sharded / "model.safetensors.index.json").write_text(json.dumps(gone))
+    _refused(sharded, "names shards that are not there")
+    first, second = sorted(set(index["weight_map"].values()))[:2]
+    tensor = next(k for k, v in index["weight_map"].items() if v == first)
+    moved = dict(index, weight_map={**index["weight_map"], tensor: second})
+    (sharded / "model.safetensors.index.json").write_text(json.dumps(moved))
+    _refused(sharded, f"puts {tensor} in {second}, which does not hold it")
+
+
+def test_corrupt_weights(folder, tmp_path):
     corrupt = _copy(folder, tmp_path / "c")
     (corrupt / "model.safetensors").write_bytes(b"\x05\x00")
     _refused(corrupt, "not a safetensors file")
