@@ -41,7 +41,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from envs.base import StepResult, register
+from envs.base import StepResult, derived_seed, register
 
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?|-?\.\d+")
 MAX_VERIFIED_CHARS = 4000  # what the verifier reads of an answer (math-verify's sympy is not linear)
@@ -305,13 +305,11 @@ def epoch_order(n_tasks: int, per_iteration: int, iteration: int, seed: int) -> 
     >>> sorted(epoch_order(6, 3, 1, 0) + epoch_order(6, 3, 2, 0)) == list(range(6))
     True
     """
-    from rl_core.seeding import derive_seed
-
     out = []
     for pos in range((iteration - 1) * per_iteration, iteration * per_iteration):
         epoch, j = divmod(pos, n_tasks)
         perm = list(range(n_tasks))
-        random.Random(derive_seed(seed, epoch, "epoch-order")).shuffle(perm)
+        random.Random(derived_seed(seed, epoch, "epoch-order")).shuffle(perm)
         out.append(perm[j])
     return out
 

@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from envs.base import StepResult, register
+from envs.base import StepResult, derived_seed, register
 from envs.dataset import final_answer
 
 
@@ -84,23 +84,30 @@ class ReasoningGymEnv:
         self._task: dict[str, Any] | None = None
 
     def _items(self, split: str, size: int, seed: int) -> list[dict[str, Any]]:
-        from rl_core.seeding import derive_seed
-
         o = self.options
-        ds = _generator(
-            o.dataset, json.dumps(o.config, sort_keys=True), size, derive_seed(seed, split, o.dataset)
-        )
+        split_seed = derived_seed(seed, split, o.dataset)
+        ds = _generator(o.dataset, json.dumps(o.config, sort_keys=True), size, split_seed)
         return [ds[i] for i in range(size)]
 
     def tasks(self, split: str, task_cfg: Any, seed: int) -> list[dict[str, Any]]:
         if split not in ("train", "heldout"):
             raise ValueError(f"split must be 'train' or 'heldout', got {split!r}")
-        items = self._items(split, task_cfg.train_size if split == "train" else task_cfg.heldout_size, seed)
-        if split == "train":
+        if split == "heldout":
+            items = self._items(split, task_cfg.heldout_size, seed)
+        else:  # task.train_size items whose question is not held out (drawing more when some are)
             held = {x["question"] for x in self._items("heldout", task_cfg.heldout_size, seed)}
-            items = [x for x in items if x["question"] not in held]
-        if not items:
-            raise ValueError(f"reasoning_gym {self.options.dataset}: the {split} split is empty")
+            want, items = task_cfg.train_size, []
+            for factor in (1, 2, 4, 8):
+                items = [x for x in self._items(split, want * factor, seed) if x["question"] not in held][
+                    :want
+                ]
+                if len(items) == want:
+                    break
+            if len(items) < want:
+                raise ValueError(
+                    f"reasoning_gym {self.options.dataset}: only {len(items)} training items that are not "
+                    f"held-out questions among {want * 8} drawn; lower task.train_size or widen its config"
+                )
         out = []
         for i, x in enumerate(items):
             q = x["question"]
