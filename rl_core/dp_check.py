@@ -8,14 +8,17 @@ state — bit for bit at the same layout, within float32 rounding at another wor
         --save one/ --out one.json
     torchrun --nproc_per_node=2 -m rl_core.dp_check --zero-stage 0 1 2 3 --steps 4 --resume-at 2 \\
         --save two/ --load one/ --out two.json
+    torchrun --nproc_per_node=1 -m rl_core.dp_check --zero-stage 0 1 2 3 --steps 4 --resume-at 2 \\
+        --save back/ --load two/ --only-load --reference one/ --out back.json
 
 Every rank builds the same tiny model and synthetic RL batch from fixed seeds; ``ppo_update`` splits each
 mini-batch over the ranks and normalises by the global token count, so the losses must match a single process.
 With ``--resume-at K`` each stage is also run as a resume does it (``rl_core.train``): a new engine built from
 the weights and world-size-free optimizer state (``rl_core.zero_state``) stored after step K; with ``--load``
-from the state another world size stored, and once without any optimizer state (the control that shows a
-lost state is visible in the figures). The output, per stage: the uninterrupted losses, whether the resumed
-run matched them and the final weights bit for bit, and the largest gaps of the other two.
+from the state another world size stored (``--only-load``: only that, against ``--reference``'s uninterrupted
+run), and once per job without any optimizer state (the control that shows a lost state is visible). The
+output, per stage: the uninterrupted losses, whether the resumed run matched them and the final weights bit
+for bit, and the largest gaps of the other two.
 """
 
 from __future__ import annotations
@@ -99,7 +102,9 @@ def _resumed(stage: int, saved: Path, first: int, last: int, with_state: bool = 
     return losses, engine.full_weights()
 
 
-def _resume_matrix(stage: int, args: argparse.Namespace) -> dict[str, Any]:
+def _own_run(stage: int, args: argparse.Namespace, mine: Path) -> dict[str, Any]:
+    """The uninterrupted run of ``stage``, its state stored after step K and its final weights and losses
+    (for a later job's comparison), then the resume from that state (and once, the control without it)."""
     import torch.distributed as dist
     from safetensors.torch import save_file
 
@@ -107,7 +112,6 @@ def _resume_matrix(stage: int, args: argparse.Namespace) -> dict[str, Any]:
     engine = _engine(stage)
     losses = _steps(engine, 0, k)
     weights, state = engine.full_weights(), engine.optimizer_state()
-    mine = args.save / f"zero{stage}"
     if dist.get_rank() == 0:
         mine.mkdir(parents=True, exist_ok=True)
         save_file(weights, str(mine / "model.safetensors"))
@@ -115,16 +119,37 @@ def _resume_matrix(stage: int, args: argparse.Namespace) -> dict[str, Any]:
     dist.barrier()
     losses += _steps(engine, k, n)
     final = engine.full_weights()
+    if dist.get_rank() == 0:
+        save_file(final, str(mine / "final.safetensors"))
+        (mine / "losses.json").write_text(json.dumps(losses))
     out: dict[str, Any] = {"losses": losses}
     resumed, w = _resumed(stage, mine, k, n)
     if dist.get_rank() == 0:
         out |= {"resumed_identical": resumed == losses[k:] and _sha(w) == _sha(final)}
-    control, w = _resumed(stage, mine, k, n, with_state=False)
-    if dist.get_rank() == 0:
-        out |= {"no_state_weight_gap": _gap(w, final)}
+    if stage == args.zero_stage[0]:  # the control, once per job: a lost state is far outside the tolerance
+        _, w = _resumed(stage, mine, k, n, with_state=False)
+        if dist.get_rank() == 0:
+            out |= {"no_state_weight_gap": _gap(w, final)}
+    return out
+
+
+def _resume_matrix(stage: int, args: argparse.Namespace) -> dict[str, Any]:
+    import torch.distributed as dist
+    from safetensors.torch import load_file
+
+    k, n = args.resume_at, args.steps
+    mine = args.save / f"zero{stage}"
+    out = {} if args.only_load else _own_run(stage, args, mine)
     if args.load is not None:
         other, w = _resumed(stage, args.load / f"zero{stage}", k, n)
-        if dist.get_rank() == 0:
+        if (
+            dist.get_rank() == 0
+        ):  # against the uninterrupted run of this world size (this job's or --reference's)
+            ref = mine if not args.only_load else args.reference / f"zero{stage}"
+            final, losses = (
+                load_file(str(ref / "final.safetensors")),
+                json.loads((ref / "losses.json").read_text()),
+            )
             gaps = [abs(a - b) for a, b in zip(other, losses[k:], strict=True)]
             out |= {"from_other_loss_gap": max(gaps), "from_other_weight_gap": _gap(w, final)}
     return out
@@ -137,10 +162,14 @@ def main() -> None:
     ap.add_argument("--resume-at", type=int, default=None, help="store the state after this many steps")
     ap.add_argument("--save", type=Path, help="with --resume-at: where each stage's state is stored")
     ap.add_argument("--load", type=Path, help="with --resume-at: states another world size stored")
+    ap.add_argument("--only-load", action="store_true", help="only continue from --load's states")
+    ap.add_argument("--reference", type=Path, help="with --only-load: this world size's earlier --save")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     if args.resume_at is not None and (args.save is None or not 0 < args.resume_at < args.steps):
         ap.error("--resume-at K needs --save DIR and 0 < K < --steps")
+    if args.only_load and (args.load is None or args.reference is None):
+        ap.error("--only-load needs --load and --reference")
 
     import torch
     import torch.distributed as dist

@@ -70,9 +70,14 @@ def diff_tables(a: pd.DataFrame, b: pd.DataFrame) -> dict[str, Any]:
 def diff_checkpoints(store: Store, a: ArtifactRef, b: ArtifactRef) -> dict[str, Any]:
     from safetensors.torch import load
 
+    from rl_core.model import is_weight_file
+
+    def tensors(ref: ArtifactRef) -> dict[str, Any]:  # one model.safetensors or every shard
+        names = [n for n in ref.files or {} if is_weight_file(n) and n.endswith(".safetensors")]
+        return {k: v for n in names for k, v in load(store.read_bytes(f"{ref.uri}/{n}")).items()}
+
     out: dict[str, Any] = {"identical": a.sha256 == b.sha256}
-    wa = load(store.read_bytes(f"{a.uri}/model.safetensors"))
-    wb = load(store.read_bytes(f"{b.uri}/model.safetensors"))
+    wa, wb = tensors(a), tensors(b)
     out["max_abs_diff"] = max(float((wa[k] - wb[k]).abs().max()) for k in wa) if set(wa) == set(wb) else None
     out["files_changed"] = sorted(k for k in a.files or {} if (a.files or {})[k] != (b.files or {}).get(k))
     return out

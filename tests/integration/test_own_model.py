@@ -1,6 +1,7 @@
 """Your own model as the policy, end to end: a Llama folder written here (an architecture, a tokenizer, a chat
-template and EOS ids unlike the built-in policy's) trained by RL on vLLM + DeepSpeed through `rlfoundry run`,
-killed and resumed to the same weights, and replayed stage by stage; a bad folder stops `run` with exit 2."""
+template and EOS ids unlike the built-in policy's; tied embeddings, saved in shards with an index) trained by
+RL on vLLM + DeepSpeed through `rlfoundry run`, killed and resumed to the same weights, and replayed stage
+by stage; a bad folder stops `run` with exit 2."""
 
 from __future__ import annotations
 
@@ -32,6 +33,8 @@ def _args(folder: Path, run_id: str) -> list[str]:
         f"experiment.iterations={ITERATIONS}",
         "--set",
         "tracking.enabled=false",
+        "--set",
+        "model.max_shard_size=40KB",  # the run's own checkpoints sharded too
     ]
 
 
@@ -43,9 +46,23 @@ def _sha(p: Path) -> str:
     return hashlib.sha256(p.read_bytes()).hexdigest()
 
 
+def tied_sharded_folder(out: Path) -> Path:
+    """A tied Llama folder saved in 40 KB shards with its index (tied as Qwen2.5/Qwen3/Llama-3.2 ship; sharded
+    as every model above save_pretrained's max_shard_size is saved)."""
+    from transformers import AutoModelForCausalLM
+
+    whole = write_llama_folder(out.with_name(out.name + "-whole"), tie=True)
+    out.mkdir(parents=True)
+    for f in whole.iterdir():
+        if f.name != "model.safetensors":
+            (out / f.name).write_bytes(f.read_bytes())
+    AutoModelForCausalLM.from_pretrained(str(whole)).save_pretrained(out, max_shard_size="40KB")
+    return out
+
+
 @pytest.fixture(scope="module")
 def own_run(tmp_path_factory):
-    folder = write_llama_folder(tmp_path_factory.mktemp("model") / "llama")
+    folder = tied_sharded_folder(tmp_path_factory.mktemp("model") / "llama")
     state = tmp_path_factory.mktemp("state")
     r = run_cli(_args(folder, "own"), state)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
@@ -65,9 +82,14 @@ def test_the_folder_is_the_base_policy_unchanged(own_run):
     # every later checkpoint is the same folder with new weights
     for it in data["iterations"]:
         ckpt = _uri_path(it["stages"]["train"]["artifacts"]["checkpoint"])
+        from rl_core.model import is_weight_file
+
+        assert {f.name for f in ckpt.iterdir() if not is_weight_file(f.name)} == {
+            f.name for f in folder.iterdir() if not is_weight_file(f.name)
+        }
         for f in folder.iterdir():
-            same = _sha(ckpt / f.name) == _sha(f)
-            assert same == (f.name != "model.safetensors"), f.name
+            if not is_weight_file(f.name):
+                assert _sha(ckpt / f.name) == _sha(f), f.name
 
 
 @pytest.mark.slow
@@ -144,39 +166,27 @@ def test_no_warmup_on_the_hf_engine(own_run, tmp_path):
     data = _show(tmp_path, "plain")
     base = data["base"]
     assert base["warmup"]["artifacts"]["checkpoint"] == base["init"]["artifacts"]["checkpoint"]
-    assert base["policy_sha256"] == _sha(folder / "model.safetensors")
+    from rl_core.model import weights_digest
+
+    assert base["policy_sha256"] == weights_digest({f.name: _sha(f) for f in folder.iterdir()})  # its shards
     (it,) = data["iterations"]
     assert it["stages"]["train"]["metrics"]["logprob_mismatch_max"] < 1e-3
 
 
 @pytest.mark.slow
-def test_a_tied_sharded_model_trains_tied_and_the_engine_follows_every_update(tmp_path):
-    """Tied input/output embeddings (as Qwen2.5/Qwen3's small models and Llama-3.2 ship), saved as shards
-    with an index (as every model above save_pretrained's max_shard_size is): trained as one tensor, saved
-    tied (no lm_head.weight, the config's tie kept) in shards of ``model.max_shard_size``, and vLLM — whose
-    reload never re-ties — samples from the new head after every sync: the trainer/engine logprob gap stays
-    at float rounding."""
+def test_tied_sharded_weights_stay_tied_and_the_engine_follows_every_update(own_run):
+    """The module's folder is tied and sharded: trained as one tensor, saved tied (no lm_head.weight, the
+    config's tie kept) in shards of ``model.max_shard_size``, and vLLM — whose reload never re-ties — samples
+    from the new head after every sync (the logprob gap checked above stays at float rounding)."""
     from safetensors import safe_open
     from transformers import AutoModelForCausalLM
 
     from rl_core.model import INDEX, weights_digest
 
-    whole = write_llama_folder(tmp_path / "whole", tie=True)
-    folder = tmp_path / "tied"
-    folder.mkdir()
-    for f in whole.iterdir():
-        if f.name != "model.safetensors":
-            (folder / f.name).write_bytes(f.read_bytes())
-    AutoModelForCausalLM.from_pretrained(str(whole)).save_pretrained(folder, max_shard_size="40KB")
+    folder, state = own_run
     assert (folder / INDEX).exists() and not (folder / "model.safetensors").exists()
-    state = tmp_path / "state"
-    more = ["--set", f"experiment.iterations={ITERATIONS + 1}", "--set", "model.max_shard_size=40KB"]
-    r = run_cli([*_args(folder, "tied"), *more], state)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
-    shown = _show(state, "tied")
-    gaps = [it["stages"]["train"]["metrics"]["logprob_mismatch_max"] for it in shown["iterations"]]
-    assert len(gaps) == ITERATIONS + 1 and max(gaps) < 1e-3, gaps  # iterations 2 and 3 sample after a sync
-    last = state / "store" / "tied" / f"iter-{ITERATIONS + 1:04d}" / "train" / "checkpoint"
+    shown = _show(state, "own")
+    last = state / "store" / "own" / f"iter-{ITERATIONS:04d}" / "train" / "checkpoint"
     assert json.loads((last / "config.json").read_text())["tie_word_embeddings"] is True
     index = json.loads((last / INDEX).read_text())["weight_map"]
     shards = sorted(set(index.values()))
