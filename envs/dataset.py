@@ -82,10 +82,22 @@ def _open(uri: str) -> tuple[Any, str]:
 
 
 def _digest(uri: str) -> str:
-    """sha256 of a file, or of a folder's files (sorted relative names and contents)."""
+    """sha256 of a file, or of a folder's files (sorted relative names and contents); computed once per
+    version of the data (its files' sizes and modification times), not on every config load."""
     fs, path = _open(uri)
     if not fs.exists(path):
         raise ValueError(f"task.env_args: {uri}: no such file or folder")
+    files = sorted(fs.find(path)) if fs.isdir(path) else [path]
+    stamp = tuple(
+        (f, (i := fs.info(f)).get("size"), str(i.get("mtime") or i.get("LastModified") or i.get("ETag")))
+        for f in files
+    )
+    return _digest_of(uri, stamp)
+
+
+@functools.lru_cache(maxsize=32)
+def _digest_of(uri: str, stamp: tuple[Any, ...]) -> str:
+    fs, path = _open(uri)
     h = hashlib.sha256()
     if fs.isdir(path):
         for f in sorted(fs.find(path)):
