@@ -104,16 +104,18 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def curve_args(doc: str, run_id: str, out: Path) -> tuple[argparse.Namespace, list[str]]:
+    """The command line of a curve benchmark (this one, benchmarks/reasoning_gym_curve.py), its state in a
+    temporary folder and a Prefect API: the parsed arguments and the config overrides they make."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--iterations", type=int, help="override experiment.iterations")
     ap.add_argument("--set", dest="overrides", action="append", default=[], help="config override key=value")
-    ap.add_argument("--run-id", default="code-curve")
-    ap.add_argument("--out", type=Path, help=f"where the JSON result goes (default {OUT.relative_to(ROOT)})")
+    ap.add_argument("--run-id", default=run_id)
+    ap.add_argument("--out", type=Path, help=f"where the JSON result goes (default {out.relative_to(ROOT)})")
     ap.add_argument("--json", action="store_true", help="print the result as the last line")
     add_smoke_flag(ap)
     args = ap.parse_args()
-    os.environ.setdefault("RLFOUNDRY_STATE_DIR", tempfile.mkdtemp(prefix="rlf-code-curve-"))
+    os.environ.setdefault("RLFOUNDRY_STATE_DIR", tempfile.mkdtemp(prefix=f"rlf-{run_id}-"))
     os.environ.setdefault("TQDM_DISABLE", "1")
     from infra.localstack.prefect_server import ensure_api
 
@@ -121,6 +123,11 @@ def main() -> None:
     if args.smoke:
         args.overrides, args.iterations = [*SMOKE_SHAPE, *args.overrides], 1
     sets = [*args.overrides] + ([f"experiment.iterations={args.iterations}"] if args.iterations else [])
+    return args, sets
+
+
+def main() -> None:
+    args, sets = curve_args(__doc__ or "", "code-curve", OUT)
     cfg, events = run(sets, args.run_id)
     rows = curve_rows(cfg, args.run_id, events)
     result: dict[str, Any] = {"benchmark": "code_curve", "config": "configs/code.yaml", "overrides": sets}

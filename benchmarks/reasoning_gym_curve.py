@@ -14,17 +14,14 @@ the warmed-up base model's.
 
 from __future__ import annotations
 
-import argparse
-import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.code_curve import curve_rows, run, summary  # noqa: E402
-from benchmarks.common import SMOKE_SHAPE, add_smoke_flag, finish, result_file  # noqa: E402
+from benchmarks.code_curve import curve_args, curve_rows, run, summary  # noqa: E402
+from benchmarks.common import finish, result_file  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "reasoning_gym.yaml"
@@ -32,22 +29,7 @@ OUT = ROOT / "benchmarks" / "results" / "reasoning_gym_curve.json"
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--iterations", type=int, help="override experiment.iterations")
-    ap.add_argument("--set", dest="overrides", action="append", default=[], help="config override key=value")
-    ap.add_argument("--run-id", default="reasoning-gym-curve")
-    ap.add_argument("--out", type=Path, help=f"where the JSON result goes (default {OUT.relative_to(ROOT)})")
-    ap.add_argument("--json", action="store_true", help="print the result as the last line")
-    add_smoke_flag(ap)
-    args = ap.parse_args()
-    os.environ.setdefault("RLFOUNDRY_STATE_DIR", tempfile.mkdtemp(prefix="rlf-rg-curve-"))
-    os.environ.setdefault("TQDM_DISABLE", "1")
-    from infra.localstack.prefect_server import ensure_api
-
-    ensure_api()
-    if args.smoke:
-        args.overrides, args.iterations = [*SMOKE_SHAPE, *args.overrides], 1
-    sets = [*args.overrides] + ([f"experiment.iterations={args.iterations}"] if args.iterations else [])
+    args, sets = curve_args(__doc__ or "", "reasoning-gym-curve", OUT)
     cfg, events = run(sets, args.run_id, CONFIG)
     rows = curve_rows(cfg, args.run_id, events)
     s = summary(rows)

@@ -22,11 +22,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-from rl_core.model import EMBEDDINGS, TIED_HEAD, is_tied
+from rl_core.model import EMBEDDINGS, INDEX, TIED_HEAD, is_tied
 from rl_core.paths import cache_dir
 
 HEAD_FILE = "lm_head-untied.safetensors"
-INDEX = "model.safetensors.index.json"
 
 
 def engine_weights(weights: dict[str, Any], tied: bool) -> dict[str, Any]:

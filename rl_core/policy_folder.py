@@ -31,9 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from rl_core.config import ConfigError
-from rl_core.model import WEIGHTS, has_chat_template, load_tokenizer, render_prompt, stop_ids
+from rl_core.model import INDEX, WEIGHTS, has_chat_template, load_tokenizer, render_prompt, stop_ids
 
-SHARD_INDEX = "model.safetensors.index.json"
 _LARGE = (".safetensors", ".bin", ".pt", ".pth", ".gguf")  # not fetched just to check the folder
 
 
@@ -88,23 +87,23 @@ def _header(path: str, fs: Any, root: str, name: str) -> dict[str, Any]:
 def _weights(path: str, fs: Any, root: str, files: dict[str, int]) -> int:
     """The parameter count from the safetensors headers (one ``model.safetensors``, or the shards its index
     names, every tensor of the index in the shard it names); the folder's weights problem otherwise."""
-    if SHARD_INDEX in files:
+    if INDEX in files:
         try:
-            with fs.open(f"{root}/{SHARD_INDEX}", "rb") as f:
+            with fs.open(f"{root}/{INDEX}", "rb") as f:
                 weight_map = json.loads(f.read())["weight_map"]
         except (ValueError, KeyError, TypeError, OSError) as e:
-            raise ModelFolderError(f"model.path {path}: {SHARD_INDEX} is not a shard index ({e})") from None
+            raise ModelFolderError(f"model.path {path}: {INDEX} is not a shard index ({e})") from None
         shards = sorted(set(weight_map.values()))
         missing = [s for s in shards if s not in files]
         if missing:
             raise ModelFolderError(
-                f"model.path {path}: {SHARD_INDEX} names shards that are not there: {missing[:3]}"
+                f"model.path {path}: {INDEX} names shards that are not there: {missing[:3]}"
             )
         headers = {s: _header(path, fs, root, s) for s in shards}
         for tensor, shard in weight_map.items():
             if tensor not in headers[shard]:
                 raise ModelFolderError(
-                    f"model.path {path}: {SHARD_INDEX} puts {tensor} in {shard}, which does not hold it"
+                    f"model.path {path}: {INDEX} puts {tensor} in {shard}, which does not hold it"
                 )
         shapes = [v["shape"] for h in headers.values() for k, v in h.items() if k != "__metadata__"]
         return sum(math.prod(s) for s in shapes)

@@ -52,9 +52,12 @@ class RolloutEngine(Protocol):
         """``spec.n`` completions per request, in request order."""
         ...
 
-    def load_weights(self, ckpt_dir: str | Path, weights: dict[str, Any] | None = None) -> None:
+    def load_weights(
+        self, ckpt_dir: str | Path, weights: dict[str, Any] | None = None, ref: Any = None
+    ) -> None:
         """Sync new weights into the running engine: ``weights`` (the state dict, in memory) when given,
-        else the checkpoint folder's model.safetensors."""
+        else the checkpoint folder's weights; ``ref``, its store reference, is what an engine in other
+        processes (rollout servers) loads instead of a path on this machine."""
         ...
 
     def stats(self) -> dict[str, float]:
@@ -158,7 +161,9 @@ class VLLMEngine:
             result.append(comps)
         return result
 
-    def load_weights(self, ckpt_dir: str | Path, weights: dict[str, Any] | None = None) -> None:
+    def load_weights(
+        self, ckpt_dir: str | Path, weights: dict[str, Any] | None = None, ref: Any = None
+    ) -> None:
         from rl_core.engine_view import engine_folder, engine_weights
 
         # In memory when the engine core runs in this process (a generator cannot cross to another process).
@@ -278,7 +283,9 @@ class HFEngine:
             result[-1].append(Completion(toks, out_lp[j], text, "stop" if stopped else "length"))
         return result
 
-    def load_weights(self, ckpt_dir: str | Path, weights: dict[str, Any] | None = None) -> None:
+    def load_weights(
+        self, ckpt_dir: str | Path, weights: dict[str, Any] | None = None, ref: Any = None
+    ) -> None:
         from rl_core.model import load_model
 
         # Through from_pretrained, which maps a checkpoint's key layout (save_pretrained writes LLaVA's legacy
@@ -341,9 +348,6 @@ def sync_weights(
     if getattr(engine, "loaded", None) == digest:
         return False
     fault("sync", iteration)
-    if ref is not None and getattr(engine, "store_root", None) is not None:
-        engine.load_weights(ckpt_dir, weights, ref=ref)
-    else:
-        engine.load_weights(ckpt_dir, weights)
+    engine.load_weights(ckpt_dir, weights, ref=ref)
     engine.loaded = digest
     return True

@@ -73,7 +73,6 @@ class StageLock:
         self.stale_after_s, self.heartbeat_s = stale_after_s, heartbeat_s
         self.poll_s = poll_s if poll_s is not None else (0.2 if store.is_local else 1.0)
         self.token = secrets.token_hex(8)
-        self.waited_s = 0.0
         self._stop = threading.Event()
         self._lost = threading.Event()
         self._beats = 0
@@ -128,7 +127,6 @@ class StageLock:
                 said = now
             time.sleep(self.poll_s)
         self._beat()
-        self.waited_s = time.monotonic() - t0
         self._thread = threading.Thread(target=self._heartbeats, name="rlfoundry-lock", daemon=True)
         self._thread.start()
         return self
