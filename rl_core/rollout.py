@@ -11,6 +11,7 @@ size. An engine lives across iterations; ``load_weights`` syncs a new checkpoint
 from __future__ import annotations
 
 import contextlib
+import gc
 import io
 import os
 import sys
@@ -103,6 +104,12 @@ class VLLMEngine:
         from rl_core.model import is_tied
 
         self.tied = is_tied(ckpt_dir)  # the engine loads an untied view of a tied model (rl_core.engine_view)
+        # vLLM collects garbage five times while it starts: each full collection walks this process's whole
+        # heap (torch, transformers, DeepSpeed and vLLM themselves are millions of objects: ~1.2 s each on a
+        # 2-core CPU). One collection here, then what is alive moves to the permanent generation, so the
+        # engine's collections walk only what it allocates (vLLM unfreezes the heap when it shuts down).
+        gc.collect()
+        gc.freeze()
         with _captured_stderr():
             self.llm = LLM(
                 model=str(engine_folder(ckpt_dir)),
