@@ -10,13 +10,17 @@ verifier — GSM8K/MATH-style JSONL or Parquet, verl's ``prompt`` + ``reward_mod
         prompt_field: problem              # a text, or chat messages [{role, content}, ...]
         answer_field: answer               # dotted for nested fields: reward_model.ground_truth
         solution_field: solution           # optional: what the warm-up imitates (else the answer)
-        verifier: math                     # math (math-verify), numeric, exact
+        verifier: math                     # math (math-verify), numeric, exact, code
+        tests_field: test_list             # verifier code: the row's tests (asserts, or check(candidate))
 
 Single-turn. The verifier sees what follows the completion's reasoning block (the text after the last
 ``</think>``; a completion whose ``<think>`` never closes is not well formed); the whole completion is what is
 trained. ``math`` parses both sides with math-verify (LaTeX, ``\\boxed{}``, fractions, equivalent forms);
 ``numeric`` compares the last number of each (commas, fractions, relative tolerance 1e-6); ``exact`` the
-stripped texts. The user's own reward functions see the same outcome as usual.
+stripped texts; ``code`` runs the completion's code against the row's tests in the sandbox (HumanEval's
+hardened harness, ``envs/humaneval.py``: a fresh sandbox run each, the function called through a proxy, a
+one-time nonce): correct only if every test passes. The user's own reward functions see the same outcome as
+usual.
 
 Every training prompt is used once per epoch (``order: epochs``, the default): iteration k draws positions
 ``[(k-1)P, kP)`` of a sequence of seeded permutations, one per epoch, so the order is a function of the seed
@@ -60,7 +64,19 @@ class DatasetOptions(BaseModel):
     prompt_field: str = Field("prompt", description="The prompt: a text or chat messages (dotted path).")
     answer_field: str = Field("answer", description="The ground truth the verifier compares with.")
     solution_field: str = Field("", description="A worked solution the warm-up imitates (else the answer).")
-    verifier: Literal["math", "numeric", "exact"] = Field("math", description="How an answer is checked.")
+    verifier: Literal["math", "numeric", "exact", "code"] = Field(
+        "math", description="How an answer is checked (code: the row's tests run in the sandbox)."
+    )
+    tests_field: str = Field(
+        "",
+        description="verifier code: the row's tests — a list of assert lines (MBPP's test_list), or source "
+        "defining check(candidate) (HumanEval's test).",
+    )
+    entry_field: str = Field(
+        "",
+        description="verifier code: the row's field naming the function under test (HumanEval's "
+        "entry_point); else the function the first assert calls.",
+    )
     order: Literal["epochs", "sample"] = Field(
         "epochs", description="epochs: every training prompt once per epoch; sample: drawn each iteration."
     )
@@ -69,6 +85,10 @@ class DatasetOptions(BaseModel):
     def _splits(self) -> DatasetOptions:
         if bool(self.heldout) == (self.heldout_fraction > 0):
             raise ValueError("task.env_args: set exactly one of heldout (a file) and heldout_fraction")
+        if (self.verifier == "code") != bool(self.tests_field) or (self.entry_field and not self.tests_field):
+            raise ValueError(
+                "task.env_args: tests_field (and entry_field) go with verifier: code, and it needs them"
+            )
         load_splits(self)  # a bad file fails here, when the config is loaded
         return self
 
@@ -207,6 +227,9 @@ def _tasks(opts: DatasetOptions, uri: str, split: str) -> list[dict[str, Any]]:
             raise ValueError(f"task.env_args: {uri}: row {i} field {opts.answer_field!r} is empty")
         if opts.solution_field:
             task["solution"] = str(_field(row, opts.solution_field, uri, i))
+        if opts.verifier == "code":
+            entry = str(_field(row, opts.entry_field, uri, i)) if opts.entry_field else None
+            task["test"], task["entry"] = code_tests(_field(row, opts.tests_field, uri, i), entry, uri, i)
         out.append(task)
     if not out:
         raise ValueError(f"task.env_args: {uri}: the {split} split has no rows")
@@ -309,6 +332,87 @@ def check(verifier: str, answer: str, text: str) -> tuple[bool, bool, str]:
     return bool(got_text) and got_text == want_text, bool(got_text), got_text[:200]
 
 
+_CALLED = re.compile(r"^\s*assert\b[\s(]*(?:not\s+)?([A-Za-z_]\w*)\s*\(")
+_IDENT = re.compile(r"[A-Za-z_]\w*")
+_FENCE = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.S)
+
+
+def code_tests(tests: Any, entry: str | None, name: str, i: int) -> tuple[str, str]:
+    """(source defining ``check(candidate)``, the function under test) of a row's tests: assert lines (a list,
+    or one text of them) become the body of ``check``; a text that defines ``check`` is taken as it is and
+    needs ``entry``. The tests call the function by its name (the harness binds it to the candidate).
+
+    >>> src, entry = code_tests(["assert add(1, 2) == 3", "assert add(0, 0) == 0"], None, "f", 0)
+    >>> entry, src.splitlines()[0], src.splitlines()[1].strip()
+    ('add', 'def check(candidate):', 'assert add(1, 2) == 3')
+    """
+    if isinstance(tests, str) and "def check(" in tests:
+        if not entry:
+            raise ValueError(
+                f"task.env_args: {name}: row {i} defines check(candidate) but names no function "
+                "(set entry_field)"
+            )
+        src = tests
+    else:
+        lines = [str(t) for t in tests] if isinstance(tests, list) else str(tests).splitlines()
+        lines = [ln for ln in lines if ln.strip()]
+        if not lines or not all(ln.lstrip().startswith(("assert", "import ", "from ")) for ln in lines):
+            raise ValueError(
+                f"task.env_args: {name}: row {i}: the tests are neither assert lines nor check(candidate)"
+            )
+        if not entry:
+            called = next((m.group(1) for ln in lines if (m := _CALLED.match(ln))), None)
+            if called is None:
+                raise ValueError(
+                    f"task.env_args: {name}: row {i}: no assert calls a function (set entry_field)"
+                )
+            entry = called
+        src = "def check(candidate):\n" + "".join(f"    {ln.strip()}\n" for ln in lines)
+    if not _IDENT.fullmatch(entry):
+        raise ValueError(f"task.env_args: {name}: row {i}: {entry!r} is not a function name")
+    return src, entry
+
+
+def solution_code(prompt: Any, text: str, entry: str) -> str:
+    r"""The module the tests import: the last fenced code block of the answer (else the answer itself); a
+    completion that continues a prompt defining the function (HumanEval's form) is the prompt plus it.
+
+    >>> solution_code("Write add.", "Here:\n```python\ndef add(a, b):\n    return a + b\n```", "add")
+    'def add(a, b):\n    return a + b\n'
+    >>> solution_code("def add(a, b):\n", "    return a + b", "add")
+    'def add(a, b):\n    return a + b'
+    """
+    fenced = _FENCE.findall(text)
+    code = fenced[-1] if fenced else text
+    defines = re.compile(rf"^\s*(?:async\s+)?def\s+{re.escape(entry)}\s*\(", re.M)
+    if isinstance(prompt, str) and defines.search(prompt) and not defines.search(code):
+        return prompt + code
+    return code
+
+
+def code_outcomes(
+    pairs: list[tuple[dict[str, Any], str]], workers: int | None = None
+) -> list[dict[str, Any]]:
+    """The outcomes of (task, answer text) pairs of ``verifier: code``: one sandbox pool map for the batch."""
+    from envs.humaneval import run_programs
+
+    programs = [
+        ("", t["test"], t["entry"], solution_code(t["prompt"], text, t["entry"])) for t, text in pairs
+    ]
+    out = []
+    for passed, flags, infra in run_programs(programs, workers=workers):
+        out.append(
+            {
+                "correct": passed,
+                "well_formed": "syntax_error" not in flags,
+                "parsed": "",
+                "flags": flags,
+                "infra_error": infra,
+            }
+        )
+    return out
+
+
 # -- the environment -------------------------------------------------------------------------------------
 def epoch_order(n_tasks: int, per_iteration: int, iteration: int, seed: int) -> list[int]:
     """The training-task indexes of ``iteration`` (1-based): positions ``[(k-1)P, kP)`` of one seeded
@@ -366,10 +470,27 @@ class DatasetEnv:
     def step(self, action: str) -> StepResult:
         if self._task is None:
             raise RuntimeError("step() before reset()")
-        text = final_answer(action)
-        if text is None:
-            outcome = {"correct": False, "well_formed": False, "parsed": "", "unclosed_reasoning": True}
-        else:
-            ok, formed, parsed = check(self.options.verifier, self._task["answer"], text)
-            outcome = {"correct": ok, "well_formed": formed, "parsed": parsed, "unclosed_reasoning": False}
-        return StepResult(observation=None, done=True, outcome=outcome)
+        return self.step_many([(self._task, action)])[0]
+
+    def step_many(self, episodes: list[tuple[dict[str, Any], str]]) -> list[StepResult]:
+        """Single-turn episodes (task, completion) verified in order; ``code`` runs the batch's programs in
+        one sandbox pool map."""
+        texts = [final_answer(action) for _, action in episodes]
+        outcomes: list[dict[str, Any] | None] = [None] * len(episodes)
+        if self.options.verifier == "code":
+            todo = [k for k, text in enumerate(texts) if text is not None]
+            ran = code_outcomes([(episodes[k][0], texts[k] or "") for k in todo])
+            for k, o in zip(todo, ran, strict=True):
+                outcomes[k] = o
+        out = []
+        for k, ((task, _), text) in enumerate(zip(episodes, texts, strict=True)):
+            if text is None:
+                outcome = {"correct": False, "well_formed": False, "parsed": "", "unclosed_reasoning": True}
+            elif outcomes[k] is not None:
+                outcome = {**outcomes[k], "unclosed_reasoning": False}  # type: ignore[dict-item]
+            else:
+                ok, formed, parsed = check(self.options.verifier, task["answer"], text)
+                outcome = {"correct": ok, "well_formed": formed, "parsed": parsed}
+                outcome["unclosed_reasoning"] = False
+            out.append(StepResult(observation=None, done=True, outcome=outcome))
+        return out

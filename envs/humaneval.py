@@ -29,7 +29,16 @@ from envs.base import StepResult, register
 from envs.nonce import new_nonce, nonce_line, verdict
 from envs.sandbox import Limits
 
-__all__ = ["HumanEvalEnv", "canonical_completions", "job", "problems", "score", "verdict"]
+__all__ = [
+    "HumanEvalEnv",
+    "canonical_completions",
+    "job",
+    "problems",
+    "program_job",
+    "run_programs",
+    "score",
+    "verdict",
+]
 
 HARNESS_FILE = Path(__file__).with_name("humaneval_harness.py")
 BUDGET_S = 6.0  # the tests' time in the harness, under the sandbox's wall clock (10 s with the start)
@@ -52,15 +61,38 @@ def canonical_completions() -> list[dict[str, str]]:
 def job(task_id: str, completion: str, nonce: str) -> dict[str, Any]:
     """The sandbox job that tests ``completion`` for ``task_id``: the solution and the harness as files; the
     tests, the prompt the harness runs them with and the nonce on stdin only."""
+    p = problems()[task_id]
+    return program_job(p["prompt"], p["test"], p["entry_point"], p["prompt"] + completion, nonce)
+
+
+def program_job(prompt: str, test: str, entry: str, solution: str, nonce: str) -> dict[str, Any]:
+    """The sandbox job that runs ``test`` (source defining ``check(candidate)``, in HumanEval's form) against
+    the function ``entry`` of the module ``solution``; ``prompt``: trusted code the tests run beside (helpers,
+    imports), never the candidate's."""
     from envs.sandbox.bwrap import PYTHON
 
-    p = problems()[task_id]
-    spec = {"prompt": p["prompt"], "test": p["test"], "entry": p["entry_point"], "budget_s": BUDGET_S}
+    spec = {"prompt": prompt, "test": test, "entry": entry, "budget_s": BUDGET_S}
     return {
-        "files": {"solution.py": p["prompt"] + completion + "\n", "main.py": HARNESS_FILE.read_text()},
+        "files": {"solution.py": solution + "\n", "main.py": HARNESS_FILE.read_text()},
         "argv": [PYTHON, "-I", "-S", "-B", "main.py"],
         "stdin": (nonce + "\n" + json.dumps(spec)).encode(),
     }
+
+
+def run_programs(
+    programs: list[tuple[str, str, str, str]], *, workers: int | None = None, limits: Limits = DEFAULT_LIMITS
+) -> list[tuple[bool, list[str], str | None]]:
+    """(passed, flags, infra_error) of each (prompt, test, entry, solution), in input order: each a fresh
+    sandbox run of the harness, the batch one pool map."""
+    from envs.sandbox.core import configured_mode
+    from envs.sandbox.pool import SandboxPool
+
+    if not programs:
+        return []
+    nonces = [new_nonce() for _ in programs]
+    with SandboxPool(workers, configured_mode()) as pool:
+        outs = pool.map([program_job(*p, n) for p, n in zip(programs, nonces, strict=True)], limits)
+    return [outcome(r, n) for r, n in zip(outs, nonces, strict=True)]
 
 
 def outcome(result: Any, nonce: str) -> tuple[bool, list[str], str | None]:

@@ -21,7 +21,13 @@ from rl_core.context import RunContext
 from rl_core.curriculum import choose
 from rl_core.faults import iteration_of
 from rl_core.manifest import ArtifactRef
-from rl_core.model import load_tokenizer, prompt_text, weights_digest
+from rl_core.model import (
+    load_tokenizer,
+    observation_text,
+    prompt_text,
+    uses_chat_template,
+    weights_digest,
+)
 from rl_core.model import prompt_ids as tokenize_prompt
 from rl_core.rollout import Completion, Request, SamplingSpec, start_engine, sync_weights
 from rl_core.seeding import derive_seed
@@ -184,7 +190,10 @@ def sample_table(
             for ep in episodes:
                 ep.env = make_env(ctx.cfg.task.env, ctx.cfg.task.env_args)
                 ep.env.reset(tasks[ep.prompt_index], seeds[ep.prompt_index])
-            _more_turns(episodes, engine, tok, prompt_ids, seeds, spec, ctx.max_model_len(), max_turns)
+            # an observation is a turn of the chat template where the prompt was rendered with it
+            templated = [uses_chat_template(tok, p, ctx.cfg.model.chat_template) for p in given]
+            limit = ctx.max_model_len()
+            _more_turns(episodes, engine, tok, prompt_ids, seeds, spec, limit, max_turns, templated)
         stats = engine.stats()  # this batch's own (the rollout servers' prefix cache)
     rows = []
     for ep in episodes:
@@ -210,9 +219,12 @@ def _more_turns(
     spec: SamplingSpec,
     limit: int,
     max_turns: int,
+    templated: list[bool],
 ) -> None:
     """Alternate environment and engine until every episode is done, truncated by ``max_turns`` or by the
-    model's context (no room for the next observation and another turn)."""
+    model's context (no room for the next observation and another turn). Where the prompt went through the
+    chat template (``templated``), each observation goes in as the template's next user turn
+    (``rl_core.model.observation_text``); else as its plain text."""
     for turn in range(1, max_turns + 1):
         active = []
         for ep in episodes:
@@ -224,7 +236,13 @@ def _more_turns(
             if res.done or turn == max_turns:
                 ep.done = True
                 continue
-            obs = tok(res.observation or "", add_special_tokens=False)["input_ids"]
+            text = res.observation or ""
+            if templated[ep.prompt_index]:
+                last = ep.last.token_ids
+                stopped = ep.last.finish_reason == "stop" and bool(last)
+                ended = tok.convert_ids_to_tokens(last[-1]) if stopped else None
+                text = observation_text(tok, text, ended)
+            obs = tok(text, add_special_tokens=False)["input_ids"]
             room = limit - len(prompt_ids[ep.prompt_index]) - len(ep.ids) - len(obs)
             if room < 2:
                 ep.done = True

@@ -103,6 +103,49 @@ def is_tied(ckpt_dir: str | Path) -> bool:
     return bool(data.get("tie_word_embeddings", text.get("tie_word_embeddings", False)))
 
 
+# The dtypes a checkpoint folder may store its weights in; the trainer computes in float32 whatever the folder
+# stores (its master weights), the folder keeps its own dtype (``stored_weights``).
+STORED_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def folder_dtype(ckpt_dir: str | Path) -> str:
+    """The dtype the folder stores its weights in: config.json's ``dtype`` (``torch_dtype`` before
+    transformers 4.56; a vision-language model's text config), float32 when it names none.
+
+    >>> import json, tempfile
+    >>> d = Path(tempfile.mkdtemp())
+    >>> _ = (d / "config.json").write_text(json.dumps({"torch_dtype": "bfloat16"}))
+    >>> folder_dtype(d), folder_dtype(d / "missing")
+    ('bfloat16', 'float32')
+    """
+    import json
+
+    cfg_file = Path(ckpt_dir) / "config.json"
+    if not cfg_file.exists():
+        return "float32"
+    data = json.loads(cfg_file.read_text())
+    text = data.get("text_config") or {}
+    found = data.get("dtype") or data.get("torch_dtype") or text.get("dtype") or text.get("torch_dtype")
+    dtype = str(found or "float32").removeprefix("torch.")
+    if dtype not in STORED_DTYPES:
+        raise ValueError(
+            f"{cfg_file}: dtype {dtype!r} is not one a checkpoint is trained from here "
+            f"(one of {', '.join(STORED_DTYPES)})"
+        )
+    return dtype
+
+
+def stored_weights(weights: dict[str, Any], dtype: str) -> dict[str, Any]:
+    """The weights as a folder of ``dtype`` stores them: floating tensors cast (rounded to nearest), the rest
+    as they are; float32 weights are returned unchanged."""
+    if dtype == "float32":
+        return weights
+    import torch
+
+    to = getattr(torch, dtype)
+    return {k: v.to(to) if v.is_floating_point() else v for k, v in weights.items()}
+
+
 INDEX = "model.safetensors.index.json"  # a sharded folder's map from tensor name to shard file
 NO_SHARDS = 1 << 62  # a shard size no model reaches: one file
 
@@ -248,6 +291,39 @@ def prompt_ids(tokenizer: Any, prompt: Prompt, chat_template: bool | str = "auto
     if uses_chat_template(tokenizer, prompt, chat_template):
         return list(tokenizer(render_prompt(tokenizer, prompt), add_special_tokens=False)["input_ids"])
     return list(tokenizer(prompt)["input_ids"])
+
+
+# A stand-in for the model's own turn when the template's turn boundaries are read off (a private-use
+# character: no template treats it specially).
+_TURN_MARK = "\ue000"
+
+
+def observation_text(tokenizer: Any, observation: str, ended_with: str | None, role: str = "user") -> str:
+    """What follows the model's turn in the token stream when an environment answers it, as the chat
+    template renders it: the rest of the model's turn (what the template writes after the turn's end token,
+    e.g. ChatML's newline after ``<|im_end|>``; the whole turn end when the model stopped on another token or
+    was cut at max_tokens), the observation as the next ``role`` turn, and the opening of the model's next
+    turn. ``ended_with``: the text of the stop token the model's turn ended on, None if it did not stop on
+    one. The model's own tokens are never re-rendered (token in, token out): only this text is tokenized and
+    appended.
+
+    Read off the template with a stand-in conversation, so the answer holds whatever the history; a template
+    that renders the earlier turns anew when one is added (nothing to append to) is refused.
+    """
+    chat = [{"role": "user", "content": "?"}, {"role": "assistant", "content": _TURN_MARK}]
+    before = tokenizer.apply_chat_template(chat, tokenize=False)
+    after = tokenizer.apply_chat_template(
+        [*chat, {"role": role, "content": observation}], tokenize=False, add_generation_prompt=True
+    )
+    if not after.startswith(before) or _TURN_MARK not in before:
+        raise ValueError(
+            "the chat template renders the earlier turns anew when a turn is added: an observation cannot "
+            "be appended to the tokens already sampled"
+        )
+    turn_end = before[before.rindex(_TURN_MARK) + len(_TURN_MARK) :]
+    if ended_with and turn_end.startswith(ended_with):
+        turn_end = turn_end[len(ended_with) :]  # the model wrote the turn's end token itself
+    return turn_end + after[len(before) :]
 
 
 def prompt_text(tokenizer: Any, prompt: Prompt) -> str:

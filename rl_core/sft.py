@@ -19,12 +19,14 @@ from rl_core.context import RunContext
 from rl_core.model import (
     build_model,
     build_tokenizer,
+    folder_dtype,
     load_model,
     load_tokenizer,
     pad_id,
     prompt_ids,
     save_checkpoint,
     save_with_weights,
+    stored_weights,
 )
 from rl_core.seeding import derive_seed
 from rl_core.stage import StageJob, StageResult
@@ -182,7 +184,8 @@ def warmup_body(ctx: RunContext, job: StageJob) -> StageResult:
         losses.append(float(loss))
     with tempfile.TemporaryDirectory() as d:
         if ctx.cfg.model.path:  # the user's folder as it was, with the new weights (as train writes them)
-            save_with_weights(src, model.state_dict(), d, ctx.cfg.model.max_shard_bytes)
+            weights = stored_weights(model.state_dict(), folder_dtype(src))  # a bf16 folder stays bf16
+            save_with_weights(src, weights, d, ctx.cfg.model.max_shard_bytes)
         else:
             save_checkpoint(model, tok, d)
             if multimodal:

@@ -21,16 +21,19 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from rl_core import safe_state
 from rl_core.algorithms import train_advantages, train_rows
 from rl_core.context import RunContext, unstored_dir
 from rl_core.manifest import ArtifactRef, Manifest
 from rl_core.model import (
+    folder_dtype,
     is_tied,
     is_weight_file,
     load_model,
     load_tokenizer,
     pad_id,
     save_weights,
+    stored_weights,
     weight_files,
     weights_digest,
 )
@@ -53,11 +56,58 @@ def _engine_for(ctx: RunContext, policy: ArtifactRef, optimizer: ArtifactRef | N
         rebuild(ctx, policy)
         return held.train
     model = load_model(ctx.local_checkpoint(policy))
-    engine = make_train_engine(ctx.cfg.train.backend, model, ctx.cfg.train)
+    state = None
     if optimizer is not None:
-        engine.load_optimizer_state(ctx.store.read_bytes(optimizer), optimizer.uri)
+        state, masters = read_optimizer_file(ctx.store.read_bytes(optimizer), optimizer.uri)
+        if masters is not None:  # the float32 weights the rounded checkpoint was stored from
+            _load_masters(model, masters, optimizer.uri)
+    engine = make_train_engine(ctx.cfg.train.backend, model, ctx.cfg.train)
+    if state is not None:
+        engine.load_optimizer_tree(state, optimizer.uri)
     held.train, held.train_cfg = engine, ctx.cfg.train.model_copy()
     return engine
+
+
+# The optimizer artifact of a checkpoint stored in less than float32 (a bf16 folder stays bf16) also holds the
+# trainer's float32 weights under this key: a resumed run continues from them, not from the rounded
+# checkpoint, so it ends bit for bit where the uninterrupted run does.
+MASTERS = "fp32_master_weights"
+
+
+def optimizer_file(state: bytes, masters: dict[str, Any] | None) -> bytes:
+    """The optimizer artifact: the engine's state file (``optimizer_state()``), with ``masters`` when the
+    checkpoint beside it is rounded (None: the checkpoint is the float32 weights; the state as it is)."""
+    if masters is None:
+        return state
+    return safe_state.dumps({"state": safe_state.loads(state, "optimizer state"), MASTERS: masters})
+
+
+def read_optimizer_file(data: bytes, what: str) -> tuple[Any, dict[str, Any] | None]:
+    """The optimizer state tree and the float32 master weights (None when the file holds none)."""
+    tree = safe_state.loads(data, what)
+    if isinstance(tree, dict) and MASTERS in tree:
+        if set(tree) != {"state", MASTERS}:
+            raise ValueError(f"{what}: unexpected keys beside the master weights: {sorted(tree)}")
+        return tree["state"], tree[MASTERS]
+    return tree, None
+
+
+def _load_masters(model: Any, masters: dict[str, Any], what: str) -> None:
+    """Put the float32 ``masters`` into ``model`` (just loaded from the rounded checkpoint)."""
+    import torch
+
+    if not all(isinstance(v, torch.Tensor) and v.dtype == torch.float32 for v in masters.values()):
+        raise ValueError(f"{what}: the master weights are not all float32 tensors")
+    missing, unexpected = model.load_state_dict(masters, strict=False)
+    # A tied output embedding may be named once: it is the same tensor as a loaded one.
+    own = model.state_dict()
+    loaded = {own[k].data_ptr() for k in masters if k in own}
+    missing = [k for k in missing if own[k].data_ptr() not in loaded]
+    if unexpected or missing:
+        raise ValueError(
+            f"{what}: its master weights do not fit the checkpoint's model "
+            f"(missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]})"
+        )
 
 
 def _reference(ctx: RunContext, ref_ckpt: ArtifactRef) -> Any:
@@ -173,10 +223,21 @@ def store_checkpoint(ctx: RunContext, job: StageJob, weights: dict[str, Any]) ->
         return ctx.store.put_dir(d, f"{job.out_uri}/checkpoint")
 
 
-def _store(ctx: RunContext, job: StageJob, engine: Any, weights: dict[str, Any]) -> tuple[ArtifactRef, ...]:
-    """Write the checkpoint folder and the optimizer state."""
+def _store(
+    ctx: RunContext, job: StageJob, engine: Any, weights: dict[str, Any], masters: dict[str, Any] | None
+) -> tuple[ArtifactRef, ...]:
+    """Write the checkpoint folder and the optimizer state (with the float32 ``masters`` of a rounded one)."""
     ref = store_checkpoint(ctx, job, weights)
-    return ref, ctx.store.write_bytes(f"{job.out_uri}/optimizer.safetensors", engine.optimizer_state())
+    data = optimizer_file(engine.optimizer_state(), masters)
+    return ref, ctx.store.write_bytes(f"{job.out_uri}/optimizer.safetensors", data)
+
+
+def checkpoint_weights(ctx: RunContext, job: StageJob, trained: dict[str, Any]) -> tuple[dict, dict | None]:
+    """The weights the new checkpoint stores, in the input policy's dtype (what the rollout engine gets too,
+    so that a replay from the folder samples as the run did), and the trainer's float32 weights when those
+    are rounded (None when the folder is float32)."""
+    stored = stored_weights(trained, folder_dtype(ctx.local_checkpoint(job.inputs["policy"])))
+    return stored, (None if stored is trained else trained)
 
 
 def _hold(ctx: RunContext, job: StageJob, weights: dict[str, Any]) -> tuple[ArtifactRef, ...]:
@@ -213,9 +274,9 @@ def _step(
     """The update: the new checkpoint, optimizer state, metrics, and the algorithm's extra outputs (PPO's
     critic, stored at every iteration)."""
     engine, metrics, extra = _update(ctx, job)
-    weights = engine.weights()
+    weights, masters = checkpoint_weights(ctx, job, engine.weights())
     if stores_checkpoint(ctx.cfg, job.iteration):
-        ref, opt_ref = _store(ctx, job, engine, weights)
+        ref, opt_ref = _store(ctx, job, engine, weights, masters)
     else:
         ref, opt_ref = _hold(ctx, job, weights)
     extra_refs = {k: ctx.store.write_bytes(f"{job.out_uri}/{k}.safetensors", v) for k, v in extra.items()}

@@ -35,6 +35,8 @@ class TrainEngine(Protocol):
 
     def load_optimizer_state(self, data: bytes, what: str = "optimizer state") -> None: ...
 
+    def load_optimizer_tree(self, sd: Any, what: str = "optimizer state") -> None: ...
+
 
 def build_ops() -> None:
     """Compile the C++ ops DeepSpeed loads when it initialises on this machine (on CPU its shared-memory
@@ -159,10 +161,13 @@ class DeepSpeedTrainEngine:
         return gather_optimizer_state(self) or b""
 
     def load_optimizer_state(self, data: bytes, what: str = "optimizer state") -> None:
+        self.load_optimizer_tree(safe_state.loads(data, what), what)
+
+    def load_optimizer_tree(self, sd: Any, what: str = "optimizer state") -> None:
+        """``load_optimizer_state`` of a state file already read (``safe_state.loads``)."""
         from rl_core.zero_state import is_universal, scatter_optimizer_state
 
-        sd = safe_state.loads(data, what)
-        if not is_universal(sd):
+        if not isinstance(sd, dict) or not is_universal(sd):
             raise ValueError(f"{what}: not the optimizer state of a DeepSpeed train stage")
         scatter_optimizer_state(self, sd)
 
@@ -196,7 +201,10 @@ class TorchTrainEngine:
         return safe_state.dumps(self.optimizer.state_dict())
 
     def load_optimizer_state(self, data: bytes, what: str = "optimizer state") -> None:
-        self.optimizer.load_state_dict(safe_state.loads(data, what))
+        self.load_optimizer_tree(safe_state.loads(data, what), what)
+
+    def load_optimizer_tree(self, sd: Any, what: str = "optimizer state") -> None:
+        self.optimizer.load_state_dict(sd)
 
 
 def make_train_engine(backend: str, model: Any, cfg: Any) -> DeepSpeedTrainEngine | TorchTrainEngine:

@@ -124,7 +124,7 @@ def _rank(store_root: str, job_uri: str) -> None:
     from rl_core.seeding import derive_seed
     from rl_core.stage import StageJob
     from rl_core.store import Store
-    from rl_core.train import _update, store_checkpoint
+    from rl_core.train import _update, checkpoint_weights, optimizer_file, store_checkpoint
     from rl_core.train_engine import init_distributed
     from rl_core.zero_state import memory_report
 
@@ -142,8 +142,9 @@ def _rank(store_root: str, job_uri: str) -> None:
     optimizer = engine.optimizer_state()
     metrics |= memory_report(engine) | {"world_size": cfg.train.world_size, "tp_size": cfg.train.tp_size}
     if rank == 0:
+        weights, masters = checkpoint_weights(ctx, job, weights)
         ckpt = store_checkpoint(ctx, job, weights)
-        opt = store.write_bytes(f"{job.out_uri}/optimizer.safetensors", optimizer)
+        opt = store.write_bytes(f"{job.out_uri}/optimizer.safetensors", optimizer_file(optimizer, masters))
         result = {
             "outputs": {"checkpoint": ckpt.model_dump(mode="json"), "optimizer": opt.model_dump(mode="json")},
             "metrics": {**metrics, "policy_sha256": weights_digest(ckpt.files)},

@@ -187,16 +187,16 @@ def _fork_server() -> object:
 
 
 def cli(
-    args: list[str], env: dict[str, str], timeout: float = 900, fresh: bool = False
+    args: list[str], env: dict[str, str], timeout: float = 900, fresh: bool = False, cwd: Path = ROOT
 ) -> subprocess.CompletedProcess:
-    """``rlfoundry ARGS`` in a process of its own with exactly ``env``, output captured: a child of the fork
-    server (tests/forkserver.py: the heavy imports done once), or with ``fresh`` (or RLFOUNDRY_TEST_FORK=0) a
-    new interpreter, ``python -m flows.cli``."""
+    """``rlfoundry ARGS`` in a process of its own with exactly ``env`` (in ``cwd``), output captured: a child
+    of the fork server (tests/forkserver.py: the heavy imports done once), or with ``fresh`` (or
+    RLFOUNDRY_TEST_FORK=0) a new interpreter, ``python -m flows.cli``."""
     if not fresh and os.environ.get("RLFOUNDRY_TEST_FORK", "1") != "0":
-        return _fork_server().run(args, env, timeout)  # type: ignore[attr-defined]
+        return _fork_server().run(args, env, timeout, cwd=cwd)  # type: ignore[attr-defined]
     return subprocess.run(
         [sys.executable, "-m", "flows.cli", *args],
-        cwd=ROOT,
+        cwd=cwd,
         env=env,
         capture_output=True,
         text=True,

@@ -211,14 +211,20 @@ class ForkServer:
             time.sleep(0.05)
 
     def run(
-        self, args: list[str], env: dict[str, str], timeout: float, script: str | None = None
+        self,
+        args: list[str],
+        env: dict[str, str],
+        timeout: float,
+        script: str | None = None,
+        cwd: Path = ROOT,
     ) -> subprocess.CompletedProcess:
-        """``rlfoundry ARGS`` (or ``python SCRIPT ARGS``, SCRIPT relative to the checkout) as a child; the
-        child finds the server in ``ENV_VAR`` and may start its own commands the same way (``forked``)."""
+        """``rlfoundry ARGS`` (or ``python SCRIPT ARGS``, SCRIPT relative to the checkout) as a child in
+        ``cwd``; the child finds the server in ``ENV_VAR`` and may start its own commands the same way
+        (``forked``)."""
         with self.lock:
             if self.proc is None or self.proc.poll() is not None:
                 self.start()
-        return forked(self.path, args, {**env, ENV_VAR: self.path}, timeout, script)
+        return forked(self.path, args, {**env, ENV_VAR: self.path}, timeout, script, cwd)
 
 
 def forked(

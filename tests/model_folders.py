@@ -52,9 +52,11 @@ def write_llama_folder(
     seed: int = 0,
     chat_template: str | None = CHAT_TEMPLATE,
     architecture: str | None = None,
+    dtype: str = "float32",
 ) -> Path:
     """save_pretrained a random tiny LlamaForCausalLM with ``build_tokenizer``'s tokenizer and a generation
-    config whose EOS ids are ``</s>`` and ``<|eot|>``."""
+    config whose EOS ids are ``</s>`` and ``<|eot|>``; its weights stored in ``dtype`` (as a hub model's bf16
+    folder is: the config says so, the safetensors hold bf16)."""
     import torch
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
@@ -71,10 +73,10 @@ def write_llama_folder(
         bos_token_id=tok.bos_token_id,
         eos_token_id=tok.eos_token_id,
         pad_token_id=tok.pad_token_id,
-        torch_dtype="float32",
+        torch_dtype=dtype,
     )
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(cfg).float()
+    model = LlamaForCausalLM(cfg).float().to(getattr(torch, dtype))
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
     tok.save_pretrained(out)
@@ -85,4 +87,69 @@ def write_llama_folder(
         data = json.loads((out / "config.json").read_text())
         data["architectures"] = [architecture]
         (out / "config.json").write_text(json.dumps(data, indent=2))
+    return out
+
+
+# Qwen3's chat template in miniature: a default system turn, ChatML turns, and the generation prompt opening
+# the assistant's turn with an empty reasoning block (Qwen3's non-thinking mode).
+QWEN3_TEMPLATE = (
+    "{% if messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}{% endif %}"
+    "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n<think>\\n\\n</think>\\n\\n' }}"
+    "{% endif %}"
+)
+QWEN3_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
+QWEN3_CHARS = CHARS + "ABCDEFGHIJKLMNOPQRSTUVWXYZ.,?!:;()[]{}\\/^_'\"|"
+
+
+def build_qwen3_tokenizer() -> Any:
+    """A character-level tokenizer with Qwen3's special tokens and chat template; EOS ``<|im_end|>``."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {t: i for i, t in enumerate(["<unk>", *QWEN3_SPECIALS, *QWEN3_CHARS])}
+    raw = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    raw.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    raw.decoder = decoders.Fuse()
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=raw,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        unk_token="<unk>",
+        additional_special_tokens=QWEN3_SPECIALS,
+    )
+    tok.chat_template = QWEN3_TEMPLATE
+    return tok
+
+
+def write_qwen3_folder(out: Path, *, max_shard_size: str = "40KB", seed: int = 0) -> Path:
+    """A Qwen3-shaped folder as ``save_pretrained`` writes a hub checkpoint: q/k norms, tied embeddings,
+    bf16 weights in several shards with their index, ChatML with a system turn and an empty think block,
+    two EOS ids (``<|im_end|>`` and ``<|endoftext|>``), a character-level tokenizer (no hub here)."""
+    import torch
+    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+
+    tok = build_qwen3_tokenizer()
+    cfg = Qwen3Config(
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=32,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        torch_dtype="bfloat16",
+    )
+    torch.manual_seed(seed)
+    model = Qwen3ForCausalLM(cfg).float().to(torch.bfloat16)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True, max_shard_size=max_shard_size)
+    tok.save_pretrained(out)
+    eos = [tok.eos_token_id, tok.convert_tokens_to_ids("<|endoftext|>")]
+    GenerationConfig(eos_token_id=eos, pad_token_id=tok.pad_token_id).save_pretrained(out)
     return out

@@ -31,6 +31,7 @@ SMOKES: tuple[str, ...] = (
     "checkpoint_cadence",
     "code_curve",
     "curriculum",
+    "engine_start",
     "judge",
     "orchestration",
     "packing",

@@ -178,3 +178,100 @@ def test_a_changed_file_is_another_base_and_is_refused_on_resume(tmp_path):
     assert base_id(cfg) != before  # the rows are part of the base model's identity
     with pytest.raises(RunError, match=r"data file .*train\.jsonl changed since the run started"):
         create_or_resume(RunContext(cfg, "d1", store), "resume")
+
+
+# -- verifier: code ---------------------------------------------------------------------------------------
+CODE_ROWS = [
+    {
+        "text": f"Write add_{i}(a, b) returning a + b + {i}.",
+        "code": f"def add_{i}(a, b):\n    return a + b + {i}\n",
+        "test_list": [f"assert add_{i}(1, 2) == {3 + i}", f"assert add_{i}(0, 0) == {i}"],
+    }
+    for i in range(6)
+]
+
+
+def _code_cfg(tmp_path: Path, rows=CODE_ROWS, **more):
+    args = {
+        "train": str(_jsonl(tmp_path / "code_train.jsonl", rows[:4])),
+        "heldout": str(_jsonl(tmp_path / "code_test.jsonl", rows[4:])),
+        "prompt_field": "text",
+        "answer_field": "code",
+        "verifier": "code",
+        "tests_field": "test_list",
+        **more,
+    }
+    overrides = ["task.env=dataset", f"task.env_args={json.dumps(args)}", "task.heldout_size=10"]
+    return load_config(None, overrides)
+
+
+def test_code_rows_run_their_tests_in_the_sandbox(tmp_path):
+    cfg = _code_cfg(tmp_path)
+    env = _env(cfg)
+    task = env.tasks("train", cfg.task, 0)[1]  # add_1
+    assert task["entry"] == "add_1" and task["test"].startswith("def check(candidate):")
+    answers = {
+        "right": "def add_1(a, b):\n    return a + b + 1\n",
+        "fenced": "<think>sum</think>Here:\n```python\ndef add_1(a, b):\n    return 1 + a + b\n```\n",
+        "wrong": "def add_1(a, b):\n    return a + b\n",
+        "syntax": "def add_1(a, b) return",
+        "exits_early": "import sys\nsys.exit(0)\n",  # leaves before any test ran: not a pass
+        "always_equal": (  # an object equal to anything: the proxy hands back only plain literals
+            "class A:\n    def __eq__(self, o):\n        return True\ndef add_1(a, b):\n    return A()\n"
+        ),
+        "reasoning_open": "<think>def add_1(a, b): return a + b + 1",
+    }
+    got = dict(zip(answers, env.step_many([(task, a) for a in answers.values()]), strict=True))
+    correct = {k: r.outcome["correct"] for k, r in got.items()}
+    assert correct == {
+        "right": True,
+        "fenced": True,
+        "wrong": False,
+        "syntax": False,
+        "exits_early": False,
+        "always_equal": False,
+        "reasoning_open": False,
+    }
+    assert got["syntax"].outcome["well_formed"] is False and got["wrong"].outcome["well_formed"] is True
+    assert all(r.outcome["infra_error"] is None for k, r in got.items() if k != "reasoning_open")
+    env.reset(task, 0)
+    assert env.step(answers["right"]).outcome["correct"] is True  # one at a time: the same verdict
+
+
+def test_code_rows_in_humaneval_form(tmp_path):
+    rows = [
+        {
+            "prompt": f'def twice_{i}(x):\n    """Twice x."""\n',
+            "canonical_solution": "    return 2 * x\n",
+            "test": "def check(candidate):\n    assert candidate(3) == 6\n    assert candidate(-1) == -2\n",
+            "entry_point": f"twice_{i}",
+        }
+        for i in range(6)
+    ]
+    cfg = _code_cfg(
+        tmp_path,
+        rows,
+        prompt_field="prompt",
+        answer_field="canonical_solution",
+        tests_field="test",
+        entry_field="entry_point",
+    )
+    env = _env(cfg)
+    task = env.tasks("train", cfg.task, 0)[0]
+    # the completion continues the prompt's signature, as HumanEval's do
+    right, wrong = env.step_many([(task, "    return x + x\n"), (task, "    return x\n")])
+    assert right.outcome["correct"] is True and wrong.outcome["correct"] is False
+
+
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        ({"tests_field": ""}, "tests_field"),
+        ({"verifier": "math"}, "tests_field"),  # tests without the code verifier
+        ({"tests_field": "nope"}, "row 0 has no field 'nope'"),
+        ({"tests_field": "text"}, "neither assert lines nor check"),
+    ],
+)
+def test_bad_code_options_and_rows_are_refused_at_load(tmp_path, change, says):
+    with pytest.raises(ConfigError, match=says):
+        _code_cfg(tmp_path, **change)
