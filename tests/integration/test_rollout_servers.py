@@ -1,6 +1,6 @@
-"""Rollout servers (vLLM's OpenAI API in processes of their own): the in-process engine's outputs bit for bit
-whichever server a request lands on, new weights synced in, a killed server restarted and rejoining, the
-prefix-cache hit rate reported, nothing left running; and a run on them that replays like any run."""
+"""Rollout servers (vLLM's OpenAI API in processes of their own), on a tied model: the in-process engine's
+outputs whichever server a request lands on, new weights synced in, a killed server restarted and rejoining,
+the prefix-cache hit rate reported, nothing left running; and a run on them that replays like any run."""
 
 from __future__ import annotations
 
@@ -15,15 +15,22 @@ from infra.rollout_servers import RolloutServers
 from rl_core.config import RolloutSection
 from rl_core.rollout import Request, SamplingSpec
 from rl_core.rollout_server import ServerEngine
-from tests.conftest import ENGINE_PROMPTS, replayed_identical, run_cli, show_json, two_policies
+from tests.conftest import ENGINE_PROMPTS, replayed_identical, run_cli, show_json
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
-    tok, a, b = two_policies(tmp_path_factory.mktemp("ckpts"), max_position=256)
-    return tok, str(a), str(b)
+    """Two tied Llama folders with one tokenizer (Qwen2.5/Llama-3.2-style tied embeddings, which vLLM's
+    reload alone never re-ties: the servers load the untied view, rl_core/engine_view.py)."""
+    from rl_core.model import load_tokenizer
+    from tests.model_folders import write_llama_folder
+
+    root = tmp_path_factory.mktemp("ckpts")
+    a = write_llama_folder(root / "A", tie=True, seed=1, max_position=256)
+    b = write_llama_folder(root / "B", tie=True, seed=2, max_position=256)
+    return load_tokenizer(a), str(a), str(b)
 
 
 _IN_PROCESS = """

@@ -158,8 +158,9 @@ def test_checkpoint_and_dataset_tutorial_runs(tmp_path):
     rollouts = pd.read_parquet(_local(gen["artifacts"]["rollouts"]))
     head = "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nWhat is "
     tail = "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
-    assert all(p.startswith(head) and p.endswith(tail) for p in rollouts["prompt"])
     tok = load_tokenizer(mine)
+    seen = [tok.decode(list(ids), skip_special_tokens=False) for ids in rollouts["prompt_ids"]]
+    assert all(p.startswith(head) and p.endswith(tail) for p in seen), seen[0]
     eos = {tok.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")}
     stopped = rollouts[rollouts["finish_reason"] == "stop"]
     assert len(stopped) > 0 and {int(ids[-1]) for ids in stopped["completion_ids"]} <= eos

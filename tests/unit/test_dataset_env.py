@@ -275,3 +275,17 @@ def test_code_rows_in_humaneval_form(tmp_path):
 def test_bad_code_options_and_rows_are_refused_at_load(tmp_path, change, says):
     with pytest.raises(ConfigError, match=says):
         _code_cfg(tmp_path, **change)
+
+
+def test_local_data_files_are_recorded_as_absolute_paths(tmp_path, monkeypatch):
+    """As model.path is: `show`, `resume` or a replay from another directory still finds the files."""
+    (tmp_path / "data").mkdir()
+    _jsonl(tmp_path / "data" / "train.jsonl", ROWS[:30])
+    _jsonl(tmp_path / "data" / "test.jsonl", ROWS[30:])
+    monkeypatch.chdir(tmp_path)
+    cfg = _cfg(tmp_path, train="data/train.jsonl", heldout="./data/../data/test.jsonl")
+    assert cfg.task.env_args["train"] == str(tmp_path / "data" / "train.jsonl")
+    assert cfg.task.env_args["heldout"] == str(tmp_path / "data" / "test.jsonl")
+    monkeypatch.chdir("/")
+    again = load_config(None, ["task.env=dataset", f"task.env_args={json.dumps(cfg.task.env_args)}"])
+    assert len(_env(again).tasks("train", again.task, 0)) == 30

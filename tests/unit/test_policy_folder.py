@@ -153,6 +153,19 @@ def test_tied_embeddings_are_accepted_and_get_an_untied_engine_view(tmp_path):
     assert engine_folder(tied) == view  # made once per set of weights
 
 
+def test_threads_building_one_view_at_once_all_get_it(tmp_path):
+    """A pool starting its rollout servers builds the same view from several threads of one process."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from rl_core.engine_view import engine_folder
+
+    tied = write_llama_folder(tmp_path / "t", tie=True, seed=3)
+    with ThreadPoolExecutor(4) as pool:
+        views = list(pool.map(lambda _: engine_folder(tied), range(8)))
+    assert len(set(views)) == 1 and (views[0] / ".complete").exists()
+    assert not [p for p in views[0].parent.iterdir() if ".tmp-" in p.name]  # no leftovers
+
+
 def test_longer_context_than_the_model_is_refused(folder):
     _refused(folder, "max_position_embeddings=128", max_model_len=512)
 

@@ -1,0 +1,158 @@
+"""The dataset environment's verifiers (``envs/dataset.py``): what an answer is checked with. ``math``
+(math-verify), ``numeric``, ``exact``, each on the text after the reasoning block; and ``code``: a row's own
+tests — MBPP's assert lines or HumanEval's ``check(candidate)`` — run against the answer's code in the
+sandbox, through HumanEval's hardened harness (``envs/humaneval.py``: a fresh sandbox run per answer, the
+function called through a proxy that hands back only plain literals, a one-time nonce), the batch in one
+pool map."""
+
+from __future__ import annotations
+
+import math
+import re
+import threading
+from typing import Any
+
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?|-?\.\d+")
+MAX_VERIFIED_CHARS = 4000  # what the verifier reads of an answer (math-verify's sympy is not linear)
+
+
+# -- answers -------------------------------------------------------------------------------------------
+def final_answer(completion: str) -> str | None:
+    """What the verifier reads: the text after the last ``</think>``; None when a ``<think>`` never closes.
+
+    >>> final_answer("<think>2+2 is 4</think> The answer is 4"), final_answer("<think>hmm"), final_answer("5")
+    (' The answer is 4', None, '5')
+    """
+    if "</think>" in completion:
+        return completion.rsplit("</think>", 1)[1]
+    if "<think>" in completion:
+        return None
+    return completion
+
+
+def last_number(text: str) -> float | None:
+    """The last number in ``text`` (``1,234``, ``-3.5``, ``7/8``), or None.
+
+    >>> last_number("so x = 1,234."), last_number("3/4 of it"), last_number("none")
+    (1234.0, 0.75, None)
+    """
+    found = _NUMBER.findall(text)
+    if not found:
+        return None
+    s = found[-1].replace(",", "")
+    if "/" in s:
+        num, den = s.split("/")
+        return float(num) / float(den) if float(den) else None
+    return float(s)
+
+
+def _math(answer: str, text: str) -> tuple[bool, bool, str]:
+    from math_verify import parse, verify
+
+    # math-verify bounds its work with SIGALRM, which only the main thread may set: elsewhere no timeout
+    # (the answer read is bounded instead).
+    main = threading.current_thread() is threading.main_thread()
+    limit = 5 if main else None
+    gold = parse(answer if "$" in answer or "\\boxed" in answer else f"${answer}$", parsing_timeout=limit)
+    pred = parse(text[-MAX_VERIFIED_CHARS:], parsing_timeout=limit)
+    if not pred:
+        return False, False, ""
+    ok = bool(gold) and verify(gold, pred, timeout_seconds=limit)
+    return ok, True, str(pred[-1])
+
+
+def check(verifier: str, answer: str, text: str) -> tuple[bool, bool, str]:
+    """(correct, well formed, what was parsed) of an answer text against the ground truth."""
+    if verifier == "math":
+        return _math(answer, text)
+    if verifier == "numeric":
+        got, want = last_number(text[-MAX_VERIFIED_CHARS:]), last_number(answer)
+        if got is None:
+            return False, False, ""
+        ok = want is not None and math.isclose(got, want, rel_tol=1e-6, abs_tol=1e-9)
+        return ok, True, repr(got)
+    got_text, want_text = " ".join(text.split()), " ".join(answer.split())
+    return bool(got_text) and got_text == want_text, bool(got_text), got_text[:200]
+
+
+# -- code ---------------------------------------------------------------------------------------------
+
+_CALLED = re.compile(r"^\s*assert\b[\s(]*(?:not\s+)?([A-Za-z_]\w*)\s*\(")
+_IDENT = re.compile(r"[A-Za-z_]\w*")
+_FENCE = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.S)
+
+
+def code_tests(tests: Any, entry: str | None, name: str, i: int) -> tuple[str, str]:
+    """(source defining ``check(candidate)``, the function under test) of a row's tests: assert lines (a list,
+    or one text of them) become the body of ``check``; a text that defines ``check`` is taken as it is and
+    needs ``entry``. The tests call the function by its name (the harness binds it to the candidate).
+
+    >>> src, entry = code_tests(["assert add(1, 2) == 3", "assert add(0, 0) == 0"], None, "f", 0)
+    >>> entry, src.splitlines()[0], src.splitlines()[1].strip()
+    ('add', 'def check(candidate):', 'assert add(1, 2) == 3')
+    """
+    if isinstance(tests, str) and "def check(" in tests:
+        if not entry:
+            raise ValueError(
+                f"task.env_args: {name}: row {i} defines check(candidate) but names no function "
+                "(set entry_field)"
+            )
+        src = tests
+    else:
+        lines = [str(t) for t in tests] if isinstance(tests, list) else str(tests).splitlines()
+        lines = [ln for ln in lines if ln.strip()]
+        if not lines or not all(ln.lstrip().startswith(("assert", "import ", "from ")) for ln in lines):
+            raise ValueError(
+                f"task.env_args: {name}: row {i}: the tests are neither assert lines nor check(candidate)"
+            )
+        if not entry:
+            called = next((m.group(1) for ln in lines if (m := _CALLED.match(ln))), None)
+            if called is None:
+                raise ValueError(
+                    f"task.env_args: {name}: row {i}: no assert calls a function (set entry_field)"
+                )
+            entry = called
+        src = "def check(candidate):\n" + "".join(f"    {ln.strip()}\n" for ln in lines)
+    if not _IDENT.fullmatch(entry):
+        raise ValueError(f"task.env_args: {name}: row {i}: {entry!r} is not a function name")
+    return src, entry
+
+
+def solution_code(prompt: Any, text: str, entry: str) -> str:
+    r"""The module the tests import: the last fenced code block of the answer (else the answer itself); a
+    completion that continues a prompt defining the function (HumanEval's form) is the prompt plus it.
+
+    >>> solution_code("Write add.", "Here:\n```python\ndef add(a, b):\n    return a + b\n```", "add")
+    'def add(a, b):\n    return a + b\n'
+    >>> solution_code("def add(a, b):\n", "    return a + b", "add")
+    'def add(a, b):\n    return a + b'
+    """
+    fenced = _FENCE.findall(text)
+    code = fenced[-1] if fenced else text
+    defines = re.compile(rf"^\s*(?:async\s+)?def\s+{re.escape(entry)}\s*\(", re.M)
+    if isinstance(prompt, str) and defines.search(prompt) and not defines.search(code):
+        return prompt + code
+    return code
+
+
+def code_outcomes(
+    pairs: list[tuple[dict[str, Any], str]], workers: int | None = None
+) -> list[dict[str, Any]]:
+    """The outcomes of (task, answer text) pairs of ``verifier: code``: one sandbox pool map for the batch."""
+    from envs.humaneval import run_programs
+
+    programs = [
+        ("", t["test"], t["entry"], solution_code(t["prompt"], text, t["entry"])) for t, text in pairs
+    ]
+    out = []
+    for passed, flags, infra in run_programs(programs, workers=workers):
+        out.append(
+            {
+                "correct": passed,
+                "well_formed": "syntax_error" not in flags,
+                "parsed": "",
+                "flags": flags,
+                "infra_error": infra,
+            }
+        )
+    return out
