@@ -8,6 +8,8 @@ import os
 import re
 import socket
 import subprocess
+import sys
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -18,6 +20,11 @@ from tests.conftest import cli, cli_env
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY, SECRET = "stack-test-key", "stack-secret-5b1f0e2a9c77d3"
+# What a run's process does first (flows/cli): point itself at the running stack; prints the rollout token.
+_APPLIED = (
+    "import os; from infra.localstack.stack import apply_env; from rl_core.rollout_server import "
+    "ROLLOUT_TOKEN_ENV; apply_env(); print(os.environ.get(ROLLOUT_TOKEN_ENV, ''))"
+)
 
 
 def _post(url, body):
@@ -115,33 +122,31 @@ def test_up_run_on_s3_down(tmp_path):
         seen = json.dumps(runs) + json.dumps(found) + run.stdout + run.stderr
         assert SECRET not in seen and KEY not in seen
 
-        # rollout servers started by `up` on the run's warm-up checkpoint; a second run generates through them
-        # and ends with the first run's weights (the servers sample as the in-process engine does)
+        # rollout servers started by `up` on the run's warm-up checkpoint: loopback only, answering only
+        # with up's token, the one `apply_env` gives a run (runs through rollout servers, S3 checkpoints
+        # fetched with the token: tests/integration/test_rollout_servers.py)
         server_urls = _rollout_servers_from_up(fs, env)
         rollout = {"pid": json.loads((state / "stack" / "rollout.json").read_text())["servers"][0]["pid"]}
         assert _listening(rollout["pid"]) <= {"127.0.0.1"}
-        on_servers = cli(
-            [
-                "run",
-                "configs/smoke.yaml",
-                "--run-id",
-                "t2",
-                "--set",
-                "store.uri=s3://rlfoundry/runs",
-                "--set",
-                "experiment.iterations=1",
-                "--set",
-                f"rollout.server_urls=[{server_urls[0]}]",
-            ],
-            run_env,
+        token_file = state / "stack" / "rollout_token.json"
+        assert token_file.stat().st_mode & 0o777 == 0o600
+        token = json.loads(token_file.read_text())["token"]
+        applied = subprocess.run(
+            [sys.executable, "-c", _APPLIED],
+            env=env,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
-        assert on_servers.returncode == 0, on_servers.stderr[-3000:]
-        trained = [json.loads(fs.cat(f"rlfoundry/runs/t{r}/iter-0001/train/_manifest.json")) for r in "12"]
-        assert trained[1]["metrics"]["policy_sha256"] == trained[0]["metrics"]["policy_sha256"]
-        gen = json.loads(fs.cat("rlfoundry/runs/t2/iter-0001/generate/_manifest.json"))["metrics"]
-        # the servers' client reports their restarts (the in-process engine does not): it ran there, the
-        # servers fetching t2's checkpoints from S3 with up's token
-        assert gen["prefix_cache_queries"] > 0 and gen["server_restarts"] == 0, gen
+        assert applied.returncode == 0 and applied.stdout.strip() == token, applied.stderr[-2000:]
+        bearer = {"Authorization": f"Bearer {token}"}
+        models = urllib.request.Request(server_urls[0] + "/v1/models", headers=bearer)
+        with urllib.request.urlopen(models, timeout=30) as answer:
+            assert answer.status == 200
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(server_urls[0] + "/v1/models", timeout=30)
+        assert refused.value.code == 401
         # nor in any file the stack or the run wrote (logs, Prefect and MLflow databases, S3 data), except the
         # two that must hold it: the generated-credentials file is absent (they came from the environment)
         assert not (state / "stack" / "credentials.json").exists()
