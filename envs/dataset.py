@@ -339,21 +339,17 @@ class DatasetEnv:
         """Single-turn episodes (task, completion) verified in order; ``code`` runs the batch's programs in
         one sandbox pool map."""
         texts = [final_answer(action) for _, action in episodes]
-        outcomes: list[dict[str, Any] | None] = [None] * len(episodes)
+        answered = [(task, text) for (task, _), text in zip(episodes, texts, strict=True) if text is not None]
         if self.options.verifier == "code":
-            todo = [k for k, text in enumerate(texts) if text is not None]
-            ran = code_outcomes([(episodes[k][0], texts[k] or "") for k in todo])
-            for k, o in zip(todo, ran, strict=True):
-                outcomes[k] = o
+            verdicts = iter(code_outcomes(answered))
+        else:
+            keys = ("correct", "well_formed", "parsed")
+            checked = (check(self.options.verifier, task["answer"], text) for task, text in answered)
+            verdicts = (dict(zip(keys, c, strict=True)) for c in checked)
         out = []
-        for k, ((task, _), text) in enumerate(zip(episodes, texts, strict=True)):
-            if text is None:
-                outcome = {"correct": False, "well_formed": False, "parsed": "", "unclosed_reasoning": True}
-            elif outcomes[k] is not None:
-                outcome = {**outcomes[k], "unclosed_reasoning": False}  # type: ignore[dict-item]
-            else:
-                ok, formed, parsed = check(self.options.verifier, task["answer"], text)
-                outcome = {"correct": ok, "well_formed": formed, "parsed": parsed}
-                outcome["unclosed_reasoning"] = False
+        for text in texts:
+            unclosed = text is None  # a <think> that never closed: nothing to verify
+            outcome = {"correct": False, "well_formed": False, "parsed": ""} if unclosed else next(verdicts)
+            outcome["unclosed_reasoning"] = unclosed
             out.append(StepResult(observation=None, done=True, outcome=outcome))
         return out

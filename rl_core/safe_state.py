@@ -77,33 +77,31 @@ def dumps(tree: Any) -> bytes:
     )
 
 
-def _is_pickle(data: bytes) -> bool:
-    """A torch.save file: a zip archive, or a bare pickle (protocol 2+ opens with 0x80)."""
-    return data[:2] == b"PK" or data[:1] == b"\x80"
+def _parsed_header(data: bytes) -> tuple[Any, str]:
+    """(the safetensors header as JSON, "") or (None, why there is none)."""
+    if len(data) < 8:
+        return None, f"{len(data)} bytes, too short for a safetensors state file"
+    (size,) = struct.unpack("<Q", data[:8])
+    if size > min(MAX_HEADER, len(data) - 8):
+        return None, f"not a safetensors state file (header length {size} does not fit)"
+    try:
+        return json.loads(data[8 : 8 + size]), ""
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        return None, f"not a safetensors state file (header: {e})"
 
 
 def _header(data: bytes, what: str) -> dict[str, Any]:
+    header, why = _parsed_header(data)
     # A safetensors file opens with its header's length (8 bytes, little-endian), whose first byte may be
-    # anything, 0x80 included: the pickle signatures are looked for only where no header is found.
-    pickle = StateFileError(
-        f"{what}: a pickle (torch.save) file, not a safetensors state file: refused, since reading a "
-        "pickle runs whatever code it names (rlfoundry writes its state as safetensors + JSON)"
-    )
-    if len(data) < 8:
-        if _is_pickle(data):
-            raise pickle
-        raise StateFileError(f"{what}: {len(data)} bytes, too short for a safetensors state file")
-    (size,) = struct.unpack("<Q", data[:8])
-    if size > min(MAX_HEADER, len(data) - 8):
-        if _is_pickle(data):
-            raise pickle
-        raise StateFileError(f"{what}: not a safetensors state file (header length {size} does not fit)")
-    try:
-        header = json.loads(data[8 : 8 + size])
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        if _is_pickle(data):
-            raise pickle from None
-        raise StateFileError(f"{what}: not a safetensors state file (header: {e})") from None
+    # anything, 0x80 included: the pickle signatures (a zip, or protocol 2+'s 0x80) are looked for only where
+    # no header parses.
+    if why and (data[:2] == b"PK" or data[:1] == b"\x80"):
+        raise StateFileError(
+            f"{what}: a pickle (torch.save) file, not a safetensors state file: refused, since reading a "
+            "pickle runs whatever code it names (rlfoundry writes its state as safetensors + JSON)"
+        )
+    if why:
+        raise StateFileError(f"{what}: {why}")
     meta = header.get("__metadata__") if isinstance(header, dict) else None
     try:
         body = json.loads(meta[TREE_KEY]) if isinstance(meta, dict) and TREE_KEY in meta else None
