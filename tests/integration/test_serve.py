@@ -225,9 +225,14 @@ def test_experiment_started_from_the_prefect_ui(served):
             iterations.fill("1")
             page.locator("input[type=text]").first.fill(name)  # the run name
             page.get_by_role("button", name="Submit").click()
-            # the UI returns to the deployment's runs; open ours and watch its state until it completes
-            page.get_by_role("link", name=name).first.click(timeout=60_000)
-            page.wait_for_url("**/runs/flow-run/**", timeout=60_000, wait_until="commit")
+            # the submitted run, found by its name through the API (the deployment's run list in the UI
+            # refreshes on its own schedule: waiting for its link failed once in a loaded run), then its page
+            deadline = time.monotonic() + 120
+            flt = {"flow_runs": {"name": {"any_": [name]}}}
+            while not (made := prefect_api_call(f"{served['api']}/flow_runs/filter", flt)):
+                assert time.monotonic() < deadline, f"the UI's submit created no flow run named {name}"
+                time.sleep(1)
+            page.goto(f"{ui}/runs/flow-run/{made[0]['id']}", wait_until="commit")
             badge = page.locator(".page-heading-flow-run__meta .state-badge")
             # The badge shows the run's state as the UI read it: some state of a run on its way (on a fast
             # machine it may already be done), then Completed once the worker finished it. The text is the
