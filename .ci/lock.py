@@ -1,15 +1,17 @@
-"""Write ``constraints.txt``: the exact version of every package a fresh install resolves today.
+"""Write a lock file: the exact version of every package a fresh install resolves today.
 
-    make lock            # re-resolve from the index and rewrite constraints.txt (commit the result)
+    make lock            # re-resolve both stacks from the index: constraints.txt (cpu), constraints-cuda.txt
 
-``make venv`` installs with ``-c constraints.txt``, so a new machine gets exactly the versions the suite was
-run with, and the next release of a dependency cannot break an install until the lock is refreshed (and the
-suite run) on purpose. Reads pip's installation report (``pip install --dry-run --report``).
+``make venv`` installs with ``-c constraints.txt`` (``-c constraints-cuda.txt`` with DEVICE=cuda), so a new
+machine gets exactly the versions the suite was run with, and the next release of a dependency cannot break an
+install until the lock is refreshed (and the suite run) on purpose. Reads pip's installation report
+(``pip install --dry-run --report``).
 """
 
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -26,7 +28,7 @@ def main() -> None:
         meta = item["metadata"]
         if item.get("download_info", {}).get("dir_info", {}).get("editable"):
             continue  # the project itself
-        pins[meta["name"].lower()] = meta["version"]
+        pins[re.sub(r"[-_.]+", "-", meta["name"]).lower()] = meta["version"]  # PEP 503 names
     if not pins:
         sys.exit(f"{report}: pip resolved nothing; constraints not written")
     out.write_text(HEADER + "".join(f"{name}=={pins[name]}\n" for name in sorted(pins)))
