@@ -56,8 +56,12 @@ class RolloutServers:
         tie_to_parent: bool = True,
         token: str | None = None,
         env: dict[str, str] | None = None,
+        dtype: str | None = None,
     ):
+        """``dtype``: the engines' (rl_core.placement.engine_dtype of the run); None: rollout.dtype, with
+        ``auto`` meaning float32 (never vLLM's own "auto", the folder's dtype)."""
         self.ckpt_dir = str(ckpt_dir)
+        self.dtype = dtype or ("float32" if rollout_cfg.dtype == "auto" else rollout_cfg.dtype)
         self.token = token or secrets.token_urlsafe(32)
         self.extra_env = env or {}  # e.g. XDG_CACHE_HOME: where the servers keep the checkpoints they fetch
         self.tie_to_parent = tie_to_parent  # False: outlive the starting process (``rlfoundry up``)
@@ -81,7 +85,7 @@ class RolloutServers:
             "--port",
             str(port),
             "--dtype",
-            r.dtype,
+            self.dtype,
             "--max-model-len",
             str(self.max_model_len),
             "--kv-cache-memory-bytes",

@@ -17,6 +17,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from rl_core.config_device import RolloutDeviceFields, TrainDeviceFields
 from rl_core.config_layout import CheckpointLayoutFields, StoreLockFields, TrainLayoutFields
 from rl_core.config_pg import PolicyGradientFields
 from rl_core.config_reward import AuditSettings, JudgeSettings, RewardModelSettings
@@ -151,15 +152,17 @@ class WarmupSection(_Section):
     )
 
 
-class RolloutSection(_Section, SamplingFields):
+class RolloutSection(_Section, SamplingFields, RolloutDeviceFields):
     engine: Literal["vllm", "hf"] = Field(
         "vllm", description="Rollout engine: vLLM (default) or HF transformers fallback."
     )
     prompts_per_iteration: int = Field(64, ge=1, description="Prompts sampled per iteration.")
     n: int = Field(8, ge=1, le=256, description="Completions per prompt (the GRPO group size).")
     max_tokens: int = Field(8, ge=1, description="Maximum completion tokens.")
-    dtype: Literal["float32", "bfloat16"] = Field(
-        "float32", description="Engine dtype (fp32 keeps logprobs close to the trainer's)."
+    dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto",
+        description="Engine dtype. auto: the trainer's (train.dtype: fp32 -> float32, bf16 -> bfloat16); "
+        "float32 keeps logprobs closest to an fp32 trainer's.",
     )
     multiprocess: bool = Field(
         False, description="vLLM engine core in a separate process (slower start on CPU)."
@@ -250,7 +253,7 @@ class RewardSection(_Section):
         return self
 
 
-class TrainSection(_Section, PolicyGradientFields, TrainLayoutFields):
+class TrainSection(_Section, PolicyGradientFields, TrainLayoutFields, TrainDeviceFields):
     backend: Literal["deepspeed", "torch"] = Field(
         "deepspeed", description="Train engine: DeepSpeed or plain torch."
     )

@@ -61,6 +61,11 @@ PLACEMENT = (
     ("model", "max_shard_size"),
     ("store", "lock_stale_after_s"),
     ("store", "lock_heartbeat_s"),
+    ("rollout", "gpus"),
+    ("rollout", "gpu_memory_utilization"),
+    ("rollout", "max_num_batched_tokens"),
+    ("rollout", "chunked_prefill"),
+    ("rollout", "cuda_graphs"),
 )
 # How far a run goes and where it evaluates, not what any stage computes: extending a run (more iterations,
 # other evaluation points) needs no --force and keeps every committed stage.
@@ -168,6 +173,14 @@ class RunContext:
         self.server_launcher: ServerLauncher | None = None
         # Starts a reward server on a reward model folder -> (url, restart() -> url, stop); the same.
         self.reward_launcher: Callable[[str], tuple[str, Callable[[], str], Callable[[], None]]] | None = None
+
+    @functools.cached_property
+    def placement(self) -> Any:
+        """Where and in what precision each workload runs on this machine (``rl_core.placement.plan``);
+        PlacementError, a ConfigError, when the config cannot run here."""
+        from rl_core.placement import Machine, plan
+
+        return plan(self.cfg, Machine.this())
 
     @functools.cached_property
     def accepted_hashes(self) -> frozenset[str]:

@@ -98,6 +98,7 @@ def value_loss(
 def _load(ctx: Any, job: Any) -> tuple[ValueModel, torch.optim.Optimizer]:
     cfg = ctx.cfg.train
     model = ValueModel(load_model(ctx.local_checkpoint(job.inputs["policy"])))
+    model.to(ctx.placement.workloads["critic"].device)  # a no-op on the CPU
     opt = torch.optim.AdamW(
         model.parameters(), lr=cfg.critic_lr, weight_decay=0.0, betas=(0.9, 0.999), eps=1e-8
     )
@@ -111,8 +112,9 @@ def _load(ctx: Any, job: Any) -> tuple[ValueModel, torch.optim.Optimizer]:
 
 @torch.no_grad()
 def _values(model: ValueModel, batch: Any, chunk: int) -> torch.Tensor:
+    dev = next(model.parameters()).device
     out = [
-        model(batch.input_ids[i : i + chunk], batch.attention_mask[i : i + chunk])
+        model(batch.input_ids[i : i + chunk].to(dev), batch.attention_mask[i : i + chunk].to(dev)).cpu()
         for i in range(0, len(batch), chunk)
     ]
     return torch.cat(out) * batch.loss_mask
@@ -123,6 +125,7 @@ def _fit(
 ) -> list[float]:
     """``cfg.epochs`` passes of mini-batches of ``cfg.micro_batch_size`` sequences, one AdamW step each."""
     model.train()
+    dev = next(model.parameters()).device
     losses = []
     gen = torch.Generator().manual_seed(seed)
     for _ in range(cfg.epochs):
@@ -132,8 +135,8 @@ def _fit(
             mask = batch.loss_mask[mb]
             if mask.sum() == 0:
                 continue
-            v = model(batch.input_ids[mb], batch.attention_mask[mb])
-            loss = value_loss(v, old[mb], returns[mb], mask, cfg.value_clip)
+            v = model(batch.input_ids[mb].to(dev), batch.attention_mask[mb].to(dev))
+            loss = value_loss(v, old[mb].to(dev), returns[mb].to(dev), mask.to(dev), cfg.value_clip)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)

@@ -56,8 +56,15 @@ def policy_engine(ctx: RunContext, ckpt: ArtifactRef, iteration: int | None = No
     local = ctx.local_checkpoint(ckpt)
     if ctx.held.rollout is None:
         ctx.held.rollout = _servers(ctx, local) or start_engine(
-            ctx.cfg.rollout.engine, local, ctx.cfg.rollout, max_model_len=ctx.max_model_len()
+            ctx.cfg.rollout.engine,
+            local,
+            ctx.cfg.rollout,
+            max_model_len=ctx.max_model_len(),
+            placement=ctx.placement,
         )
+    wake = getattr(ctx.held.rollout, "wake", None)
+    if wake is not None:  # colocated on the trainer's GPU: asleep since the last train stage
+        wake()
     digest = weights_digest(ckpt.files)
     weights = ctx.held.fresh.get(digest)  # the trainer's output, still in memory: no reload from disk
     sync_weights(ctx.held.rollout, local, digest, iteration, weights, ref=ckpt)

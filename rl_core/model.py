@@ -238,14 +238,22 @@ def save_with_weights(
     return out
 
 
-def load_model(ckpt_dir: str | Path) -> Any:
-    """The checkpoint's model: a causal LM, or a vision-language model (LLaVA) when the folder holds one."""
+def load_model(ckpt_dir: str | Path, workload: Any = None, dtype: str = "float32") -> Any:
+    """The checkpoint's model: a causal LM, or a vision-language model (LLaVA) when the folder holds one;
+    its weights in ``dtype`` (float32: what a trainer starts from, whatever the folder stores), and with a
+    ``workload`` (rl_core.placement.Workload) on its device with its attention kernel."""
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
     from rl_core.vision import is_vlm
 
     auto = AutoModelForImageTextToText if is_vlm(ckpt_dir) else AutoModelForCausalLM
-    return auto.from_pretrained(str(ckpt_dir), torch_dtype="float32")
+    extra = {}
+    if workload is not None and workload.attn != "sdpa":  # sdpa: transformers' own default
+        extra["attn_implementation"] = workload.attn
+    model = auto.from_pretrained(str(ckpt_dir), torch_dtype=dtype, **extra)
+    if workload is not None and workload.device != "cpu":
+        model = model.to(workload.device)
+    return model
 
 
 def load_tokenizer(ckpt_dir: str | Path) -> Any:

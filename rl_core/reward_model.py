@@ -131,7 +131,8 @@ def rewards(model: Any, ids: list[list[int]], pad_id: int) -> Any:
     for i, x in enumerate(ids):
         batch[i, : len(x)] = torch.tensor(x)
         mask[i, : len(x)] = 1
-    return model(input_ids=batch, attention_mask=mask).logits[:, 0]
+    dev = next(model.parameters()).device
+    return model(input_ids=batch.to(dev), attention_mask=mask.to(dev)).logits[:, 0]
 
 
 def pairwise_accuracy(model: Any, tokenizer: Any, pairs: list[Pair], max_len: int, chunk: int = 256) -> float:
@@ -175,6 +176,9 @@ def train_reward_model(cfg: Any, out_dir: str | Path) -> dict[str, float]:
     tok = policy_tokenizer(cfg, train_tasks, env)
     train, heldout = _pairs(cfg, env, "train"), _pairs(cfg, env, "heldout")
     model = build_reward_model(cfg.model, tok, derive_seed(cfg.experiment.seed, 0, "reward_model_init"))
+    from rl_core.placement import Machine, plan
+
+    model.to(plan(cfg, Machine.this()).workloads["reward_model"].device)  # a no-op on the CPU
     max_len = cfg.model.max_position
     order = np.random.default_rng(derive_seed(cfg.experiment.seed, 0, "reward_model_batches"))
     opt = torch.optim.AdamW(model.parameters(), lr=rm.lr, weight_decay=0.0)

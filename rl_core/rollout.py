@@ -15,7 +15,7 @@ import gc
 import io
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -84,8 +84,17 @@ class VLLMEngine:
     """vLLM ``LLM`` in this process (engine core in-process by default on CPU: starts in seconds)."""
 
     def __init__(
-        self, ckpt_dir: str | Path, *, dtype: str, max_model_len: int, kv_cache_mb: int, multiprocess: bool
+        self,
+        ckpt_dir: str | Path,
+        *,
+        dtype: str,
+        max_model_len: int,
+        device_args: dict[str, Any],
+        multiprocess: bool,
     ):
+        """``device_args``: the LLM(...) arguments that depend on the device (rl_core.placement: on CPU the
+        KV cache's bytes, eager, no chunked prefill; on a GPU its memory share, CUDA graphs, chunked prefill,
+        tensor parallel and sleep mode)."""
         os.environ["VLLM_CACHE_ROOT"] = vllm_cache_root()
         self.multiprocess = multiprocess
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if multiprocess else "0"
@@ -117,20 +126,16 @@ class VLLMEngine:
                 model=str(engine_folder(ckpt_dir)),
                 dtype=dtype,
                 max_model_len=max_model_len,
-                kv_cache_memory_bytes=kv_cache_mb << 20,
-                enforce_eager=True,
                 seed=0,
                 # Sampling logprobs after temperature: the same distribution the trainer recomputes.
                 logprobs_mode="processed_logprobs",
                 enable_prefix_caching=True,
-                # Never split a prompt's prefill across steps: vLLM then rewinds the request's generator,
-                # which CPU generators cannot do ("CPU Generator does not use offset"), e.g. with long
-                # multi-turn prompts.
-                enable_chunked_prefill=False,
                 max_num_seqs=256,
-                max_num_batched_tokens=max(8192, 256 * max_model_len),
                 disable_log_stats=False,  # the prefix-cache counters ``stats`` reads
+                **device_args,
             )
+        self.sleeps = bool(device_args.get("enable_sleep_mode"))
+        self.asleep = False
         self.model_name = str(engine_folder(ckpt_dir))  # the label of this engine's counters
         self._counters = {"queries": 0.0, "hits": 0.0}
 
@@ -197,6 +202,20 @@ class VLLMEngine:
         self._counters = now
         return {"prefix_cache_queries": queries, "prefix_cache_hit_rate": hits / queries if queries else 0.0}
 
+    def sleep(self) -> None:
+        """Colocated with the trainer on one GPU (rl_core.placement): give the GPU back while it trains —
+        vLLM's sleep mode, level 1: weights offloaded to host memory, KV cache freed. A no-op elsewhere."""
+        if self.sleeps and not self.asleep:
+            self.llm.sleep(level=1)
+            self.asleep = True
+
+    def wake(self) -> None:
+        """Before generating: the weights back on the GPU and the KV cache reallocated (after ``sleep``)."""
+        if self.asleep:
+            self.llm.wake_up()
+            self.asleep = False
+            self.llm.reset_prefix_cache()
+
     def close(self) -> None:
         del self.llm
 
@@ -204,7 +223,7 @@ class VLLMEngine:
 class HFEngine:
     """Plain transformers sampling loop with one torch.Generator per request (bitwise reproducible)."""
 
-    def __init__(self, ckpt_dir: str | Path, *, dtype: str = "float32", **_: Any):
+    def __init__(self, ckpt_dir: str | Path, *, dtype: str = "float32", workload: Any = None, **_: Any):
         from rl_core.model import load_model, load_tokenizer, pad_id, stop_ids
 
         self.ckpt_dir = str(ckpt_dir)
@@ -212,9 +231,11 @@ class HFEngine:
         import torch
 
         # rollout.dtype, as vLLM applies it (bf16 sampling beside an fp32 trainer is the user's choice)
-        self.model = (
-            load_model(ckpt_dir).to({"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]).eval()
-        )
+        # (workload: rl_core.placement's hf_engine, for its device and attention kernel; None: the CPU)
+        model = load_model(ckpt_dir, None if workload is None else replace(workload, device="cpu"))
+        self.model = model.to({"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]).eval()
+        self.device = "cpu" if workload is None else workload.device
+        self.model.to(self.device)
         self.eos = set(stop_ids(ckpt_dir, self.tokenizer))
         self.pad = pad_id(self.tokenizer)
         self.never = unsampleable_ids(self.model)
@@ -233,11 +254,13 @@ class HFEngine:
             gens.append(g)
         width = max(len(r.prompt_ids) for r, _ in flat)
         pad = self.pad
+        dev = self.device
         ids = torch.tensor([[pad] * (width - len(r.prompt_ids)) + list(r.prompt_ids) for r, _ in flat])
         attn = (
             torch.arange(width)[None, :]
             >= (width - torch.tensor([len(r.prompt_ids) for r, _ in flat]))[:, None]
         ).long()
+        ids, attn = ids.to(dev), attn.to(dev)
         images = [r.images for r, _ in flat]
         pixels = None
         if any(images):
@@ -245,7 +268,7 @@ class HFEngine:
 
             if any(len(im) != 1 for im in images):
                 raise ValueError("HF engine: a vision batch needs exactly one image per request")
-            pixels = pixel_values(self.ckpt_dir, [im[0] for im in images])
+            pixels = pixel_values(self.ckpt_dir, [im[0] for im in images]).to(dev)
         out_ids: list[list[int]] = [[] for _ in flat]
         out_lp: list[list[float]] = [[] for _ in flat]
         done = [False] * len(flat)
@@ -263,7 +286,8 @@ class HFEngine:
                     **({"pixel_values": pixels} if pixels is not None and past is None else {}),
                 )
                 past = o.past_key_values
-                logits = suppress(o.logits[:, -1, :].float(), self.never)
+                # Sampled on the CPU with each request's own generator, whatever device the model is on.
+                logits = suppress(o.logits[:, -1, :].float().cpu(), self.never)
                 nxt = []
                 for i, g in enumerate(gens):
                     if spec.temperature == 0:
@@ -280,8 +304,8 @@ class HFEngine:
                     nxt.append(tok)
                 if all(done):
                     break
-                cur = torch.tensor(nxt)[:, None]
-                attn = torch.cat([attn, torch.ones(len(flat), 1, dtype=attn.dtype)], 1)
+                cur = torch.tensor(nxt, device=dev)[:, None]
+                attn = torch.cat([attn, torch.ones(len(flat), 1, dtype=attn.dtype, device=dev)], 1)
         result: list[list[Completion]] = []
         for j, (_r, k) in enumerate(flat):
             if k == 0:
@@ -323,21 +347,33 @@ def _check_vllm_supports(ckpt_dir: str | Path) -> None:
         )
 
 
-def start_engine(kind: str, ckpt_dir: str | Path, rollout_cfg: Any, *, max_model_len: int) -> RolloutEngine:
-    """A new rollout engine on ``ckpt_dir``. Its owner (a run's context) keeps it across iterations and syncs
+def start_engine(
+    kind: str, ckpt_dir: str | Path, rollout_cfg: Any, *, max_model_len: int, placement: Any = None
+) -> RolloutEngine:
+    """A new rollout engine on ``ckpt_dir``, placed as ``placement`` says (rl_core.placement.plan; None: on
+    the CPU, in ``rollout_cfg.dtype``). Its owner (a run's context) keeps it across iterations and syncs
     the weights it needs with ``sync_weights``, which remembers the digest the engine holds so that a stage
     skips a sync that is already done."""
+    from rl_core.placement import cpu_vllm_args
+
+    dtype = "float32" if rollout_cfg.dtype == "auto" else rollout_cfg.dtype
+    if placement is not None:
+        dtype = placement.workloads["rollout"].dtype
     if kind == "vllm":
         _check_vllm_supports(ckpt_dir)
+        args = (
+            placement.vllm if placement is not None else cpu_vllm_args(max_model_len, rollout_cfg.kv_cache_mb)
+        )
         eng: Any = VLLMEngine(
             ckpt_dir,
-            dtype=rollout_cfg.dtype,
+            dtype=dtype,
             max_model_len=max_model_len,
-            kv_cache_mb=rollout_cfg.kv_cache_mb,
+            device_args=args,
             multiprocess=rollout_cfg.multiprocess,
         )
     elif kind == "hf":
-        eng = HFEngine(ckpt_dir, dtype=rollout_cfg.dtype)
+        workload = None if placement is None else placement.workloads["hf_engine"]
+        eng = HFEngine(ckpt_dir, dtype=dtype, workload=workload)
     else:
         raise ValueError(f"unknown rollout engine {kind!r}; choose vllm or hf")
     eng.loaded = None

@@ -25,6 +25,7 @@ and from the Prefect UI's form, so it is checked against one rule before anythin
 from __future__ import annotations
 
 import datetime as dt
+import json
 import re
 import secrets
 from typing import Annotated, Any, Literal
@@ -160,6 +161,7 @@ def create_or_resume(
     ``model.path`` is not a usable policy folder) before anything is written.
     """
     check_run_id(ctx.run_id)
+    ctx.placement  # noqa: B018 -- a config that cannot run on this machine (PlacementError) stops here
     uri = f"{ctx.store.run_uri(ctx.run_id)}/{RUN_RECORD}"
     if not ctx.store.exists(uri):
         if mode == "resume":
@@ -189,9 +191,26 @@ def _create(ctx: RunContext, uri: str) -> None:
         "data": data_files(ctx.cfg),
         "versions": [_version(ctx.cfg, 1)],
         "changes": [],
+        "placements": [_placement(ctx, 1)],
     }
     ctx.store.write_json(uri, record)
     ctx.__dict__.pop("accepted_hashes", None)
+
+
+def _placement(ctx: RunContext, from_iteration: int) -> dict[str, Any]:
+    """Where the run's workloads ran from ``from_iteration`` on: devices, dtypes, kernels, the GPUs of the
+    trainer and of the engine, and the memory plan (rl_core.placement)."""
+    return json.loads(json.dumps({"from_iteration": from_iteration, **ctx.placement.as_dict()}))  # as stored
+
+
+def _placed(ctx: RunContext, record: dict[str, Any]) -> bool:
+    """Append this machine's placement to the record when it differs from the last one; True if it did."""
+    had = record.get("placements", [])
+    now = _placement(ctx, first_open_iteration(ctx.store, ctx.run_id))
+    if had and {**had[-1], "from_iteration": 0} == {**now, "from_iteration": 0}:
+        return False
+    record["placements"] = [*had, now]
+    return True
 
 
 def _check_data(ctx: RunContext, record: dict[str, Any]) -> None:
@@ -213,6 +232,8 @@ def _resume(ctx: RunContext, uri: str, force: bool) -> None:
     new = ctx.cfg.model_dump(mode="json")
     every = config_diff(record["config"], new)
     if not every:
+        if _placed(ctx, record):  # the same config on another machine (or other GPUs)
+            ctx.store.write_json(uri, record)
         return
     changed = config_diff(stage_config(record["config"]), stage_config(new))
     if changed and record.get("base_id", ctx.base_id) != ctx.base_id:
@@ -242,6 +263,7 @@ def _resume(ctx: RunContext, uri: str, force: bool) -> None:
         versions=history,
         changes=[*record.get("changes", []), change],
     )
+    _placed(ctx, record)
     ctx.store.write_json(uri, record)
     ctx.__dict__.pop("accepted_hashes", None)
 

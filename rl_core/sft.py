@@ -152,7 +152,8 @@ def warmup_body(ctx: RunContext, job: StageJob) -> StageResult:
         return StageResult(outputs={"checkpoint": job.inputs["checkpoint"]}, metrics={"steps": 0})
     src = ctx.local_checkpoint(job.inputs["checkpoint"])
     tok = load_tokenizer(src)
-    model = load_model(src).train()
+    model = load_model(src, ctx.placement.workloads["warmup"]).train()
+    dev = next(model.parameters()).device
     seed = derive_seed(ctx.cfg.experiment.seed, 0, "warmup")
     gen = torch.Generator().manual_seed(seed)
     pool = ctx.train_tasks[: cfg.examples]
@@ -176,7 +177,8 @@ def warmup_body(ctx: RunContext, job: StageJob) -> StageResult:
         lr = cfg.lr * min(1.0, (step + 1) / max(1, cfg.steps // 10))
         for g in opt.param_groups:
             g["lr"] = lr
-        loss = model(input_ids=ids, attention_mask=attn, labels=labels, **extra).loss
+        extra = {k: v.to(dev) for k, v in extra.items()}
+        loss = model(input_ids=ids.to(dev), attention_mask=attn.to(dev), labels=labels.to(dev), **extra).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -55,13 +55,15 @@ def _engine_for(ctx: RunContext, policy: ArtifactRef, optimizer: ArtifactRef | N
     if policy.stored is False:  # nor is its optimizer state: re-run the train stages that made them
         rebuild(ctx, policy)
         return held.train
-    model = load_model(ctx.local_checkpoint(policy))
+    placed = ctx.placement.workloads["trainer"]
+    # float32, the trainer's own weights: DeepSpeed's bf16 mode casts a copy and keeps these as masters.
+    model = load_model(ctx.local_checkpoint(policy), placed)
     state = None
     if optimizer is not None:
         state, masters = read_optimizer_file(ctx.store.read_bytes(optimizer), optimizer.uri)
         if masters is not None:  # the float32 weights the rounded checkpoint was stored from
             _load_masters(model, masters, optimizer.uri)
-    engine = make_train_engine(ctx.cfg.train.backend, model, ctx.cfg.train)
+    engine = make_train_engine(ctx.cfg.train.backend, model, ctx.cfg.train, placed.device)
     if state is not None:
         engine.load_optimizer_tree(state, optimizer.uri)
     held.train, held.train_cfg = engine, ctx.cfg.train.model_copy()
@@ -110,9 +112,21 @@ def _load_masters(model: Any, masters: dict[str, Any], what: str) -> None:
         )
 
 
+def _engine_asleep(ctx: RunContext) -> None:
+    """A rollout engine colocated on the trainer's GPU gives its memory back while the trainer steps
+    (vLLM's sleep mode; rl_core.placement plans the GPU's memory so); the next generate wakes it."""
+    if ctx.placement.colocated and ctx.held.rollout is not None:
+        with ctx.held.engine_lock:
+            sleep = getattr(ctx.held.rollout, "sleep", None)
+            if sleep is not None:
+                sleep()
+
+
 def _reference(ctx: RunContext, ref_ckpt: ArtifactRef) -> Any:
     if ctx.held.reference is None or ctx.held.reference[0] != ref_ckpt.sha256:
-        ctx.held.reference = (ref_ckpt.sha256, load_model(ctx.local_checkpoint(ref_ckpt)).eval())
+        placed = ctx.placement.workloads["reference"]
+        model = load_model(ctx.local_checkpoint(ref_ckpt), placed, placed.dtype)
+        ctx.held.reference = (ref_ckpt.sha256, model.eval())
     return ctx.held.reference[1]
 
 
@@ -181,6 +195,7 @@ def _update(ctx: RunContext, job: StageJob) -> tuple[Any, dict[str, Any], dict[s
         )
     df, pg_metrics = train_rows(rollouts, rewards)
     seed = derive_seed(cfg.experiment.seed, iteration, "train")
+    _engine_asleep(ctx)
     engine = _engine_for(ctx, policy, inputs.get("optimizer"))
     if len(df) == 0:  # dynamic sampling dropped every group: nothing to learn, the policy passes through
         return engine, {**pg_metrics, "optimizer_steps": 0.0, "first_step_loss": 0.0}, {}
@@ -196,7 +211,10 @@ def _update(ctx: RunContext, job: StageJob) -> tuple[Any, dict[str, Any], dict[s
     )
     if "reference" in inputs and cfg.train.kl_coef > 0:
         batch.ref_logp, _ = sequence_logprobs(
-            _reference(ctx, inputs["reference"]), batch, cfg.train.micro_batch_size
+            _reference(ctx, inputs["reference"]),
+            batch,
+            cfg.train.micro_batch_size,
+            ctx.placement.workloads["reference"].device,
         )
     pg_more, extra = train_advantages(ctx, job, batch, df)
     metrics = engine.train(batch) | pg_metrics | pg_more

@@ -75,14 +75,28 @@ def _adamw(model: Any, cfg: Any) -> torch.optim.Optimizer:
     )
 
 
+def _device(device: str | None) -> torch.device | None:
+    """The device a rank trains on: ``device`` as placed (rl_core.placement), else this rank's GPU when
+    there is one (cuda:LOCAL_RANK of the GPUs the launcher made visible), else None (CPU)."""
+    if device is not None:
+        return None if device == "cpu" else torch.device(device)
+    if torch.cuda.is_available():
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+    return None
+
+
 class DeepSpeedTrainEngine:
-    def __init__(self, model: Any, cfg: Any):
+    def __init__(self, model: Any, cfg: Any, device: str | None = None):
         import deepspeed
         import torch.distributed as dist
 
+        placed = _device(device)
+        if placed is not None and placed.type == "cuda":
+            torch.cuda.set_device(placed)  # before NCCL joins: each rank on its own GPU
         init_distributed()
         self.cfg = cfg
         self.tp_size = cfg.tp_size
+        self.bf16 = getattr(cfg, "dtype", "fp32") == "bf16"
         # Data-parallel ranks split each mini-batch; the tensor-parallel ranks of one group see the same rows.
         dp_world = dist.get_world_size() // cfg.tp_size
         # Whole shapes, before AutoTP replaces layers with their shards (rl_core.zero_state).
@@ -98,14 +112,21 @@ class DeepSpeedTrainEngine:
         }
         if cfg.tp_size > 1:
             ds_config["tensor_parallel"] = {"autotp_size": cfg.tp_size}
-        device = (
-            torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if torch.cuda.is_available() else None
-        )
-        if device is not None:
-            model = model.to(device)
+        # bf16: DeepSpeed casts the module to bf16 and its ZeRO optimizer keeps float32 masters (and the Adam
+        # moments), made from the bf16 copy: the float32 weights loaded are put back as the masters below.
+        masters = {n: p.detach().float().clone() for n, p in model.named_parameters()} if self.bf16 else {}
+        if self.bf16:
+            ds_config["bf16"] = {"enabled": True}
+        if placed is not None:
+            model = model.to(placed)
         self.engine, self.optimizer, _, _ = deepspeed.initialize(
             model=model, optimizer=_adamw(model, cfg), config=ds_config
         )
+        if masters:
+            from deepspeed.utils import safe_set_full_fp32_param
+
+            for name, p in self.engine.module.named_parameters():
+                safe_set_full_fp32_param(p, masters[name].to(p.device))
         self.module = self.engine
         self.device = self.engine.device
         self.dp_group = None
@@ -134,6 +155,10 @@ class DeepSpeedTrainEngine:
         return float(norm) if norm is not None else float("nan")
 
     def weights(self) -> dict[str, torch.Tensor]:
+        """The weights as the trainer holds them: the float32 masters in bf16 mode (collective when
+        launched), the module's own otherwise."""
+        if self.bf16:
+            return self._masters()
         if self.cfg.zero_stage == 3:
             import deepspeed
 
@@ -142,11 +167,26 @@ class DeepSpeedTrainEngine:
                 return {k: v.detach().cpu().clone() for k, v in self.engine.module.state_dict().items()}
         return {k: v.detach().cpu().clone() for k, v in self.engine.module.state_dict().items()}
 
+    def _masters(self) -> dict[str, torch.Tensor]:
+        """The state dict with every parameter as its float32 master (gathered from the ZeRO partitions)."""
+        from deepspeed.utils import safe_get_full_fp32_param
+
+        module = self.engine.module
+        params = dict(module.named_parameters(remove_duplicate=False))
+        out = {}
+        for k, v in module.state_dict().items():
+            full = safe_get_full_fp32_param(params[k]) if k in params else v
+            out[k] = full.detach().cpu().clone()
+        return out
+
     def full_weights(self) -> dict[str, torch.Tensor] | None:
         """The whole weights on rank 0 (None elsewhere), gathered from ZeRO-3 partitions or AutoTP shards
         layer by layer. Collective."""
         import torch.distributed as dist
 
+        if self.bf16:
+            sd = self._masters()  # every rank takes part in the gathers
+            return sd if dist.get_rank() == 0 else None
         if self.cfg.zero_stage == 3 or self.tp_size > 1:
             sd = self.engine._consolidated_16bit_state_dict()
             return None if sd is None else {k: v.detach().cpu().clone() for k, v in sd.items()}
@@ -207,10 +247,14 @@ class TorchTrainEngine:
         self.optimizer.load_state_dict(sd)
 
 
-def make_train_engine(backend: str, model: Any, cfg: Any) -> DeepSpeedTrainEngine | TorchTrainEngine:
+def make_train_engine(
+    backend: str, model: Any, cfg: Any, device: str | None = None
+) -> DeepSpeedTrainEngine | TorchTrainEngine:
+    """The train engine on ``device`` (rl_core.placement's trainer device; None: this rank's GPU if any)."""
     model.train()
     if backend == "deepspeed":
-        return DeepSpeedTrainEngine(model, cfg)
+        return DeepSpeedTrainEngine(model, cfg, device)
     if backend == "torch":
-        return TorchTrainEngine(model, cfg)
+        placed = _device(device)
+        return TorchTrainEngine(model if placed is None else model.to(placed), cfg)
     raise ValueError(f"unknown train backend {backend!r}; choose deepspeed or torch")

@@ -38,7 +38,9 @@ class TrainJobError(RuntimeError):
     """A launched train stage failed: which rank, how, and where its log is."""
 
 
-def _env(world_size: int) -> dict[str, str]:
+def _env(world_size: int, gpus: tuple[int, ...] = ()) -> dict[str, str]:
+    """The ranks' environment; ``gpus``: the trainer's GPUs (rl_core.placement), made the only visible
+    ones, so that rank r trains on cuda:LOCAL_RANK = the r-th of them and never on the engine's."""
     drop = ("VLLM", "TORCHELASTIC")
     env = {k: v for k, v in os.environ.items() if k not in _DROP and not k.startswith(drop)}
     threads = max(1, (os.cpu_count() or 1) // world_size)
@@ -48,6 +50,9 @@ def _env(world_size: int) -> dict[str, str]:
         RLFOUNDRY_STATE_DIR=str(state_dir()),
         PYTHONPATH=os.pathsep.join(p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH", "")) if p),
     )
+    if gpus:  # indices among the GPUs this process sees (a CUDA_VISIBLE_DEVICES of its own kept)
+        seen = [g for g in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if g.strip()]
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(seen[g] if seen else str(g) for g in gpus)
     return env
 
 
@@ -95,7 +100,11 @@ def launch_train(ctx: Any, job: Any) -> Any:
     cmd += ["--monitor-interval=0.5", "-m", "rl_core.train_launch", "rank", ctx.store.root, job_uri]
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            cmd, cwd=PROJECT_ROOT, env=_env(tc.world_size), stdout=out, stderr=subprocess.STDOUT
+            cmd,
+            cwd=PROJECT_ROOT,
+            env=_env(tc.world_size, ctx.placement.trainer_gpus),
+            stdout=out,
+            stderr=subprocess.STDOUT,
         )
         try:
             rc = proc.wait()

@@ -40,8 +40,11 @@ def _server_launcher(ctx: RunContext) -> Any:
 
     def launch(ckpt_dir: str) -> tuple[list[str], Any, Any, str]:
         from infra.rollout_servers import RolloutServers
+        from rl_core.placement import engine_dtype
 
-        servers = RolloutServers(ckpt_dir, ctx.cfg.rollout, max_model_len=ctx.max_model_len())
+        servers = RolloutServers(
+            ckpt_dir, ctx.cfg.rollout, max_model_len=ctx.max_model_len(), dtype=engine_dtype(ctx.cfg)
+        )
         return servers.start(ctx.cfg.rollout.servers), servers.restart, servers.stop, servers.token
 
     return launch

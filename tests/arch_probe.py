@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from rl_core.model import load_model, save_with_weights  # noqa: E402
+from rl_core.placement import cpu_vllm_args  # noqa: E402
 from rl_core.rollout import Request, SamplingSpec, VLLMEngine  # noqa: E402
 from tests.model_folders import build_tokenizer  # noqa: E402
 
@@ -84,7 +85,9 @@ def probe(arch: str, tie: bool, out: Path) -> dict[str, float]:
     folder = out / f"{arch}-{'tied' if tie else 'untied'}"
     tok = write_folder(arch, folder, tie)
     model = load_model(folder)  # as the trainer loads it
-    engine = VLLMEngine(folder, dtype="float32", max_model_len=128, kv_cache_mb=32, multiprocess=False)
+    engine = VLLMEngine(
+        folder, dtype="float32", max_model_len=128, device_args=cpu_vllm_args(128, 32), multiprocess=False
+    )
     reqs = [
         Request(tok(p, add_special_tokens=False)["input_ids"], seed=i)
         for i, p in enumerate(["12+34=", "7*8="])

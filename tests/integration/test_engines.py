@@ -8,6 +8,7 @@ import torch
 
 from rl_core.losses import token_logprobs
 from rl_core.model import load_model, save_weights
+from rl_core.placement import cpu_vllm_args
 from rl_core.rollout import HFEngine, Request, SamplingSpec, VLLMEngine
 from tests.conftest import ENGINE_PROMPTS, two_policies
 
@@ -23,7 +24,9 @@ def checkpoints(tmp_path_factory):
 @pytest.fixture(scope="module")
 def vllm_engine(checkpoints, tmp_path_factory):
     _, a, _ = checkpoints
-    eng = VLLMEngine(a, dtype="float32", max_model_len=64, kv_cache_mb=64, multiprocess=False)
+    eng = VLLMEngine(
+        a, dtype="float32", max_model_len=64, device_args=cpu_vllm_args(64, 64), multiprocess=False
+    )
     yield eng
 
 

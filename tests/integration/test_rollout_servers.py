@@ -35,9 +35,12 @@ def checkpoints(tmp_path_factory):
 
 _IN_PROCESS = """
 import json, sys
+from rl_core.placement import cpu_vllm_args
 from rl_core.rollout import Request, SamplingSpec, VLLMEngine
 a = json.load(sys.stdin)
-eng = VLLMEngine(a["ckpt"], dtype="float32", max_model_len=256, kv_cache_mb=64, multiprocess=False)
+eng = VLLMEngine(
+    a["ckpt"], dtype="float32", max_model_len=256, device_args=cpu_vllm_args(256, 64), multiprocess=False
+)
 out = eng.generate([Request(r[0], r[1]) for r in a["reqs"]], SamplingSpec(**a["spec"]))
 print(json.dumps([[[c.token_ids, c.logprobs, c.finish_reason] for c in cs] for cs in out]))
 """
