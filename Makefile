@@ -22,7 +22,7 @@ STAMP   := $(VENV)/.installed-$(DEVICE)
 
 export TQDM_DISABLE := 1
 
-.PHONY: demo test test-fast test-profile soak lint format bench clean-state venv system-deps lock device-check
+.PHONY: demo test test-fast test-profile soak lint format bench clean-state venv system-deps lock device-check gpu-wheels
 
 venv: $(STAMP)
 
@@ -111,6 +111,19 @@ lock:
 	  $(BIN)/pip install -q --dry-run --ignore-installed --report $(VENV)/lock-$$stack.json -e ".[dev,bench,$$stack]" \
 	  && $(BIN)/python .ci/lock.py $(VENV)/lock-$$stack.json $$( [ $$stack = cpu ] && echo constraints.txt || echo constraints-cuda.txt ) \
 	  || exit 1; done
+
+# Wheels for a GPU machine that has CUDA torch and transformers (Python 3.12) but no network: what
+# benchmarks/gpu_check.py needs beyond them, at the versions constraints.txt pins, into .whl/ (about 2 MB);
+# infra/gpu_check.sh installs them there. DeepSpeed is a source package: built here, pure Python (its ops
+# build on first use where they are needed).
+GPU_WHEELS := hjson pydantic pydantic_core annotated-types typing-inspection typing_extensions tenacity
+gpu-wheels: $(STAMP)
+	rm -rf .whl && mkdir -p .whl
+	$(BIN)/pip wheel -q --no-deps --no-build-isolation -w .whl "deepspeed==$$(sed -n 's/^deepspeed==//p' constraints.txt)"
+	$(BIN)/pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+	  --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform any -d .whl \
+	  $$(for p in $(GPU_WHEELS); do grep -i "^$$p==" constraints.txt || { echo "gpu-wheels: $$p not in constraints.txt" >&2; exit 1; }; done)
+	ls .whl
 
 clean-state:
 	rm -rf .state

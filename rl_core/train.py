@@ -55,6 +55,9 @@ def _engine_for(ctx: RunContext, policy: ArtifactRef, optimizer: ArtifactRef | N
     if policy.stored is False:  # nor is its optimizer state: re-run the train stages that made them
         rebuild(ctx, policy)
         return held.train
+    if held.train is not None:
+        held.train.close()  # before the new engine is built: not both in memory
+        held.train = None
     placed = ctx.placement.workloads["trainer"]
     # float32, the trainer's own weights: DeepSpeed's bf16 mode casts a copy and keeps these as masters.
     model = load_model(ctx.local_checkpoint(policy), placed)

@@ -27,6 +27,8 @@ class TrainEngine(Protocol):
 
     def train(self, batch: Any) -> dict[str, float]: ...
 
+    def close(self) -> None: ...
+
     def backward_step(self, loss: torch.Tensor) -> float: ...
 
     def weights(self) -> dict[str, torch.Tensor]: ...
@@ -143,6 +145,12 @@ class DeepSpeedTrainEngine:
 
         return ppo_update(self, batch, self.cfg)
 
+    def close(self) -> None:
+        """Give back what DeepSpeed holds (its optimizer, gradients, hooks on the module): an engine replaced
+        in the same process (a resumed train stage, a benchmark's next arm) otherwise stays in memory."""
+        self.engine.destroy()
+        del self.engine, self.optimizer, self.module
+
     def backward_step(self, loss: torch.Tensor) -> float:
         self.engine.backward(loss)
         norm = None
@@ -226,6 +234,9 @@ class TorchTrainEngine:
         from rl_core.ppo import ppo_update
 
         return ppo_update(self, batch, self.cfg)
+
+    def close(self) -> None:
+        del self.optimizer, self.module
 
     def backward_step(self, loss: torch.Tensor) -> float:
         self.optimizer.zero_grad(set_to_none=True)

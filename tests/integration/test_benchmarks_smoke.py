@@ -32,6 +32,7 @@ SMOKES: tuple[str, ...] = (
     "code_curve",
     "curriculum",
     "engine_start",
+    "gpu_check",
     "judge",
     "orchestration",
     "packing",

@@ -1,0 +1,68 @@
+"""benchmarks/gpu_check.py's own arithmetic and decisions, without a GPU: the FLOPs its MFU divides, the
+tokenizer that covers the vocabulary, the placement it asks for on the GPU it is meant for, and the clear
+stop where no GPU is."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks import gpu_check
+from rl_core.machine import Machine
+from rl_core.placement import PlacementError, plan
+
+
+def test_matmul_params_are_what_the_model_multiplies_by() -> None:
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    model = Qwen2ForCausalLM(Qwen2Config(**gpu_check.SMOKE_SHAPE))
+    linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    # the tied head shares the embedding: counted once, as the head's matmul
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    assert gpu_check.matmul_params(gpu_check.SMOKE_SHAPE) == linear
+    # Qwen2.5-0.5B: 494.0M parameters, of which biases and norms are the 0.07M left out here
+    assert gpu_check.matmul_params(gpu_check.QWEN25_05B) == 493_961_216
+
+
+def test_train_flops_count_four_forwards_with_causal_attention() -> None:
+    shape = gpu_check.SMOKE_SHAPE
+    n, layers, h = gpu_check.matmul_params(shape), shape["num_hidden_layers"], shape["hidden_size"]
+    one = gpu_check.train_flops(shape, [10])
+    assert one == 4 * (2 * n * 10 + 2 * layers * h * 100)
+    # quadratic in length through attention only: two sequences of 10 cost less than one of 20
+    assert gpu_check.train_flops(shape, [10, 10]) == 2 * one < gpu_check.train_flops(shape, [20])
+
+
+def test_the_tokenizer_covers_every_id_the_model_can_sample() -> None:
+    tok = gpu_check.word_tokenizer(600)
+    assert len(tok) == 600
+    assert tok.convert_tokens_to_ids(gpu_check.EOS) == 0 and tok.pad_token_id == 1
+    assert tok.decode([5, 599]) == "w5 w599"
+
+
+def test_its_config_is_planned_in_bf16_and_fits_an_h200(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps(gpu_check.QWEN25_05B))
+    args = argparse.Namespace(max_tokens=256, n=4, dtype="bf16", micro_batch_size=32, prompt_tokens=[64, 192])
+    cfg = gpu_check.config(tmp_path, args)
+    placed = plan(cfg, Machine.described("H200", flash_attn=False))
+    assert placed.workloads["trainer"].device == "cuda:0"
+    assert placed.workloads["trainer"].dtype == placed.workloads["hf_engine"].dtype == "bfloat16"
+    assert placed.workloads["trainer"].attn == "sdpa"  # no flash-attn on the GPU machine's image
+    assert placed.memory["tokens_per_micro_batch"] == 32 * 448
+    gpu = placed.memory["gpus"]["0"]
+    assert max(gpu["train_phase_gib"], gpu["generate_phase_gib"]) < gpu["total_gib"]
+    # the same check in bf16 on a GPU without bf16 is refused before any work
+    with pytest.raises(PlacementError, match="bf16"):
+        plan(cfg, Machine.described("V100"))
+
+
+def test_without_a_gpu_it_stops_and_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(Machine, "this", classmethod(lambda cls: Machine()))
+    monkeypatch.setattr(sys, "argv", ["gpu_check.py", "--json"])
+    with pytest.raises(SystemExit, match="no CUDA GPU.*--smoke"):
+        gpu_check.main()
