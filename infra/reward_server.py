@@ -16,12 +16,15 @@ the flow's process: it ends with it, and a dead one is restarted by the score st
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from infra.localstack.process import Server, ServerError, spawn
 from infra.rollout_servers import vllm_server_env
 from rl_core.paths import free_port, state_dir
+from rl_core.vllm_args import cpu_vllm_args, cuda_visible, vllm_flags
 
 SERVED_NAME = "reward"
 
@@ -50,9 +53,16 @@ class RewardServer:
         kv_cache_mb: int = 64,
         logs: Path | None = None,
         tie_to_parent: bool = True,
+        placement: Any = None,
     ):
+        """``placement``: the run's (rl_core.placement.plan): on a GPU machine the server's vLLM arguments
+        (``reward_vllm``: its memory share) and its GPU, the rollout engine's first; None (or a CPU
+        machine's): a KV cache of ``kv_cache_mb`` on the CPU."""
         self.path = check_reward_folder(path)
         self.kv_cache_mb = kv_cache_mb
+        on_gpu = placement is not None and bool(placement.reward_vllm)
+        self.device_args: dict[str, Any] = dict(placement.reward_vllm) if on_gpu else {}
+        self.gpus: tuple[int, ...] = placement.rollout_gpus[:1] if on_gpu else ()
         self.logs = logs or state_dir() / "logs"
         self.tie_to_parent = tie_to_parent  # False: outlive the starting process (``rlfoundry up``)
         self.server: Server | None = None
@@ -60,6 +70,11 @@ class RewardServer:
 
     def _command(self, port: int) -> list[str]:
         max_len = json.loads((self.path / "config.json").read_text())["max_position_embeddings"]
+        # On the CPU the arguments it always had (chunked prefill: vLLM's default for a pooling runner).
+        device = {k: v for k, v in cpu_vllm_args(max_len, self.kv_cache_mb).items() if "chunked" not in k}
+        if self.device_args:  # a whole sequence per step at least
+            device = {**self.device_args}
+            device["max_num_batched_tokens"] = max(device["max_num_batched_tokens"], max_len)
         return [
             sys.executable,
             "-m",
@@ -78,23 +93,25 @@ class RewardServer:
             "float32",
             "--max-model-len",
             str(max_len),
-            "--kv-cache-memory-bytes",
-            str(self.kv_cache_mb << 20),
-            "--enforce-eager",
             "--distributed-executor-backend",
             "uni",  # the model runs in the engine's own process: one process fewer to start
             "--seed",
             "0",
             "--max-num-seqs",
             "256",
-            "--max-num-batched-tokens",
-            str(max(8192, 256 * max_len)),
+            *vllm_flags(device),  # rl_core.placement's decision (on the CPU: eager, a fixed KV cache)
         ]
+
+    def _env(self) -> dict[str, str]:
+        env = vllm_server_env()
+        if self.gpus:  # its GPU only (rl_core.placement)
+            env["CUDA_VISIBLE_DEVICES"] = cuda_visible(self.gpus, dict(os.environ))
+        return env
 
     def start(self) -> str:
         """Start the server; its URL once ``/health`` answers."""
         port = free_port()
-        env = vllm_server_env()
+        env = self._env()
         self.logs.mkdir(parents=True, exist_ok=True)
         log = self.logs / f"reward-server-{port}.log"
         self.server = spawn(

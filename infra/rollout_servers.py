@@ -2,8 +2,10 @@
 policy's checkpoint folder, tied to the process that started them, on 127.0.0.1; or by ``rlfoundry up
 --rollout-servers N`` (``infra.localstack.stack``), kept until ``rlfoundry down``.
 
-Each is ``vllm serve``'s OpenAI-compatible API server with the settings the in-process engine uses (fp32,
-eager, processed logprobs, prefix caching, no chunked prefill) plus ``VLLM_SERVER_DEV_MODE=1`` for the
+Each is ``vllm serve``'s OpenAI-compatible API server with the settings the in-process engine uses (its dtype,
+processed logprobs, prefix caching, and the device arguments rl_core.placement decides: on the CPU eager, no
+chunked prefill, a fixed KV cache; on a GPU machine its memory share, CUDA graphs, chunked prefill, and its
+own share of ``rollout.gpus``) plus ``VLLM_SERVER_DEV_MODE=1`` for the
 ``/collective_rpc`` weight sync — a development endpoint that calls any worker method — so every route but
 ``/health`` needs the servers' token (``infra/rollout_auth.py``: ``TokenAuth``, a random one per
 ``RolloutServers`` unless given), and the servers listen on 127.0.0.1 (on a cluster: a private network and the
@@ -29,6 +31,7 @@ from infra.localstack.process import Server, clean_env, spawn
 from infra.rollout_auth import TOKEN_ENV
 from rl_core.engine_view import engine_folder
 from rl_core.paths import PROJECT_ROOT, free_port, state_dir, vllm_cache_root
+from rl_core.vllm_args import cuda_visible, vllm_flags
 
 
 def vllm_server_env(**extra: str) -> dict[str, str]:
@@ -57,10 +60,18 @@ class RolloutServers:
         token: str | None = None,
         env: dict[str, str] | None = None,
         dtype: str | None = None,
+        placement: Any = None,
     ):
         """``dtype``: the engines' (rl_core.placement.engine_dtype of the run); None: rollout.dtype, with
-        ``auto`` meaning float32 (never vLLM's own "auto", the folder's dtype)."""
+        ``auto`` meaning float32 (never vLLM's own "auto", the folder's dtype). ``placement``: the run's
+        (rl_core.placement.plan): on a GPU machine the servers' vLLM arguments and each server's GPUs; None
+        (or a CPU machine's): the CPU arguments the in-process engine gets."""
+        from rl_core.vllm_args import cpu_vllm_args
+
         self.ckpt_dir = str(ckpt_dir)
+        on_gpu = placement is not None and bool(placement.server_gpus)
+        self.device_args = placement.vllm if on_gpu else cpu_vllm_args(max_model_len, rollout_cfg.kv_cache_mb)
+        self.gpus: tuple[tuple[int, ...], ...] = placement.server_gpus if on_gpu else ()
         self.dtype = dtype or ("float32" if rollout_cfg.dtype == "auto" else rollout_cfg.dtype)
         self.token = token or secrets.token_urlsafe(32)
         self.extra_env = env or {}  # e.g. XDG_CACHE_HOME: where the servers keep the checkpoints they fetch
@@ -71,7 +82,6 @@ class RolloutServers:
         self.servers: list[Server] = []
 
     def _command(self, port: int) -> list[str]:
-        r = self.cfg
         return [
             sys.executable,
             "-m",
@@ -88,31 +98,33 @@ class RolloutServers:
             self.dtype,
             "--max-model-len",
             str(self.max_model_len),
-            "--kv-cache-memory-bytes",
-            str(r.kv_cache_mb << 20),
-            "--enforce-eager",
             "--seed",
             "0",
             "--logprobs-mode",
             "processed_logprobs",
             "--enable-prefix-caching",
-            "--no-enable-chunked-prefill",
             "--max-num-seqs",
             "256",
-            "--max-num-batched-tokens",
-            str(max(8192, 256 * self.max_model_len)),
+            *vllm_flags(self.device_args),  # as the in-process engine's (rl_core.placement)
             *("--middleware", "infra.rollout_auth.TokenAuth"),
             *("--worker-extension-cls", "infra.rollout_auth.StoreCheckpointLoader"),
         ]
 
-    def _start_one(self, i: int) -> tuple[Server, str]:
-        port = free_port()
-        # The store's endpoint and credentials: the servers fetch each new checkpoint from it themselves.
+    def _env(self, i: int) -> dict[str, str]:
+        """Server ``i``'s environment: the store's endpoint and credentials (the servers fetch each new
+        checkpoint from it themselves), the token, and on a GPU machine its share of rollout.gpus only."""
         store_env = {k: v for k, v in os.environ.items() if k.startswith("AWS_")}
         env = vllm_server_env(
             VLLM_SERVER_DEV_MODE="1", **{TOKEN_ENV: self.token, **store_env, **self.extra_env}
         )
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH", "")) if p)
+        if self.gpus:
+            env["CUDA_VISIBLE_DEVICES"] = cuda_visible(self.gpus[i], dict(os.environ))
+        return env
+
+    def _start_one(self, i: int) -> tuple[Server, str]:
+        port = free_port()
+        env = self._env(i)
         self.logs.mkdir(parents=True, exist_ok=True)
         log = self.logs / f"rollout-server-{i}-{port}.log"
         name, tie = f"rollout server {i}", self.tie_to_parent

@@ -174,7 +174,8 @@ class RolloutSection(_Section, SamplingFields, RolloutDeviceFields):
         0,
         ge=0,
         le=64,
-        description="vLLM rollout servers the flow starts (OpenAI API processes); 0 = the in-process engine.",
+        description="vLLM rollout servers the flow starts (OpenAI API processes); 0 = the in-process engine. "
+        "On a GPU machine each takes an equal share of rollout.gpus (tensor parallel over it).",
     )
     server_urls: list[str] = Field(
         [], description="Running vLLM rollout servers to use instead (e.g. pods); overrides servers."

@@ -72,6 +72,15 @@ class RolloutDeviceFields(BaseModel):
         description="vLLM's token budget per scheduler step (on a GPU: chunked prefill splits longer "
         "prompts; it bounds the profile run's activation memory). CPU: max_model_len x the batch, as before.",
     )
+    reward_gpu_memory_utilization: float = Field(
+        0.1,
+        gt=0.0,
+        lt=1.0,
+        description="Share of the rollout engine's first GPU that each reward engine takes on a GPU machine: "
+        "the LLM judge's vLLM engine (reward.weights has judge; it sleeps with the policy's engine while a "
+        "colocated trainer steps) and the reward server the flow starts (reward.model.path). On CPU they get "
+        "a KV cache of their kv_cache_mb instead.",
+    )
     chunked_prefill: bool = Field(True, description="vLLM chunked prefill on a GPU (off on CPU).")
     cuda_graphs: bool = Field(
         True, description="vLLM CUDA graphs on a GPU (false = enforce_eager); always eager on CPU."

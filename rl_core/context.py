@@ -63,6 +63,7 @@ PLACEMENT = (
     ("store", "lock_heartbeat_s"),
     ("rollout", "gpus"),
     ("rollout", "gpu_memory_utilization"),
+    ("rollout", "reward_gpu_memory_utilization"),
     ("rollout", "max_num_batched_tokens"),
     ("rollout", "chunked_prefill"),
     ("rollout", "cuda_graphs"),

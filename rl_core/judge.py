@@ -44,7 +44,9 @@ class Verdict:
 class Judge:
     """A judge model on a rollout engine, with its tokenizer and the ``reward.judge`` settings."""
 
-    def __init__(self, folder: str | Path, settings: Any, rollout_cfg: Any):
+    def __init__(self, folder: str | Path, settings: Any, rollout_cfg: Any, placement: Any = None):
+        """``placement``: the run's (rl_core.placement); on a GPU machine the judge's engine goes where its
+        ``judge_engine()`` says, else on the CPU at the judge's own context length."""
         from rl_core.model import load_tokenizer
         from rl_core.rollout import start_engine
 
@@ -52,7 +54,10 @@ class Judge:
         self.settings = settings
         self.tokenizer = load_tokenizer(folder)
         self.max_len = int(json.loads((Path(folder) / "config.json").read_text())["max_position_embeddings"])
-        self.engine = start_engine(settings.engine, folder, rollout_cfg, max_model_len=self.max_len)
+        placed = placement.judge_engine() if placement is not None else None
+        self.engine = start_engine(
+            settings.engine, folder, rollout_cfg, max_model_len=self.max_len, placement=placed
+        )
         self.prompt_tokens = 0
         self.completion_tokens = 0
 
@@ -65,6 +70,9 @@ class Judge:
         ids = [prompt_ids(self.tokenizer, t) for t in texts]
         fits = [i for i, x in enumerate(ids) if len(x) + s.max_tokens <= self.max_len]
         spec = SamplingSpec(n=1, temperature=s.temperature, top_p=1.0, max_tokens=s.max_tokens)
+        wake = getattr(self.engine, "wake", None)
+        if wake is not None:  # asleep since the last train stage when colocated with the trainer
+            wake()
         outs = self.engine.generate([Request(ids[i], seeds[i]) for i in fits], spec) if fits else []
         got: list[Verdict] = [Verdict(None, 0, 0) for _ in texts]
         for i, out in zip(fits, outs, strict=True):
@@ -97,7 +105,7 @@ def held_judge(ctx: RunContext) -> Judge:
     s = ctx.cfg.reward.judge
     held = ctx.held
     if held.judge is None or held.judge.settings != s:
-        held.judge = Judge(judge_folder(s.model), s, ctx.cfg.rollout)
+        held.judge = Judge(judge_folder(s.model), s, ctx.cfg.rollout, ctx.placement)
     return held.judge
 
 

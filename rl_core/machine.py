@@ -12,7 +12,13 @@ import importlib.util
 from dataclasses import dataclass
 from typing import Any
 
+from rl_core.overrides import ConfigError
+
 GIB = float(1 << 30)
+
+
+class PlacementError(ConfigError):
+    """The config cannot run on this machine (or the machine planned for): raised before any work."""
 
 
 @dataclass(frozen=True)

@@ -17,22 +17,26 @@ naming the phase, the GPU and the settings that would make it fit.
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from rl_core.machine import GIB, GPU, KNOWN_GPUS, Machine, peak_tflops
-from rl_core.overrides import ConfigError
+from rl_core.machine import GPU, KNOWN_GPUS, Machine, PlacementError, peak_tflops
+from rl_core.memory_plan import DTYPES, Shape, memory_plan, model_shape, trainer_terms
+from rl_core.vllm_args import cpu_vllm_args
 
-__all__ = ["GPU", "KNOWN_GPUS", "Machine", "PlacementError", "Placement", "Workload", "peak_tflops", "plan"]
-# Per process on a GPU: the CUDA context, cuBLAS/NCCL workspaces and the allocator's fragmentation.
-PROCESS_RESERVE_GIB = 2.0
-# Activation bytes per token per layer of a forward kept for backward, in units of hidden_size (bf16 forwards
-# with a fused attention kernel, no recomputation: the usual ~34 * hidden bytes, plus the MLP's intermediate).
-ACT_PER_HIDDEN = 34
-DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
-BYTES = {"float32": 4, "bfloat16": 2}
+__all__ = [
+    "GPU",
+    "KNOWN_GPUS",
+    "Machine",
+    "PlacementError",
+    "Placement",
+    "Shape",
+    "Workload",
+    "model_shape",
+    "peak_tflops",
+    "plan",
+    "trainer_terms",
+]
 
 
 @dataclass(frozen=True)
@@ -49,18 +53,6 @@ class Workload:
 
 
 @dataclass(frozen=True)
-class Shape:
-    """The sizes the memory plan needs of the policy."""
-
-    params: int
-    layers: int
-    hidden: int
-    intermediate: int
-    vocab: int
-    kv_dim: int  # key/value heads x head size
-
-
-@dataclass(frozen=True)
 class Placement:
     workloads: dict[str, Workload]
     trainer_gpus: tuple[int, ...] = ()
@@ -69,41 +61,36 @@ class Placement:
     vllm: dict[str, Any] = field(default_factory=dict)  # the engine's device-dependent LLM(...) arguments
     memory: dict[str, Any] | None = None  # per GPU and phase, GiB (None on CPU)
     machine: dict[str, Any] = field(default_factory=dict)
+    # rollout.servers on a GPU machine: each server's GPUs (its CUDA_VISIBLE_DEVICES; () on CPU)
+    server_gpus: tuple[tuple[int, ...], ...] = ()
+    judge_vllm: dict[str, Any] = field(default_factory=dict)  # the LLM judge's engine's ({} on CPU)
+    reward_vllm: dict[str, Any] = field(default_factory=dict)  # the reward server's ({} on CPU)
+
+    @property
+    def engine_processes(self) -> bool:
+        """The in-process engine must run its engine core in a process of its own: on GPUs that are not this
+        process's first ones (CUDA_VISIBLE_DEVICES can only be given to a new process) or tensor parallel."""
+        return bool(self.rollout_gpus) and (
+            self.rollout_gpus != tuple(range(len(self.rollout_gpus))) or len(self.rollout_gpus) > 1
+        )
+
+    def judge_engine(self) -> Placement | None:
+        """The placement the LLM judge's engine starts with: on a GPU machine the rollout engine's first GPU,
+        its dtype and ``judge_vllm`` (sleeping beside a colocated trainer like the policy's engine); None
+        on the CPU, where the judge's engine gets the CPU arguments at its own context length."""
+        if not self.judge_vllm:
+            return None
+        judge = self.workloads["judge"]
+        return replace(
+            self,
+            workloads={**self.workloads, "rollout": judge, "hf_engine": judge},
+            rollout_gpus=self.rollout_gpus[:1],
+            vllm=self.judge_vllm,
+        )
 
     def as_dict(self) -> dict[str, Any]:
         """What the run's record keeps (rl_core.runs): where each workload ran and the memory plan."""
         return asdict(self)
-
-
-class PlacementError(ConfigError):
-    """The config cannot run on this machine (or the machine planned for): raised before any work."""
-
-
-def model_shape(cfg: Any) -> Shape | None:
-    """The policy's sizes: the built-in model's config fields, or a local ``model.path``'s config.json (None
-    when the folder is remote or unreadable: no memory plan then)."""
-    m = cfg.model
-    if not m.path:
-        h, layers, inter, vocab = m.hidden_size, m.num_layers, m.intermediate_size, m.vocab_size
-        kv_dim, tied = h, False
-    else:
-        try:
-            data = json.loads((Path(m.path) / "config.json").read_text())
-        except (OSError, ValueError):
-            return None
-        data = data.get("text_config", data)
-        try:
-            h, layers = int(data["hidden_size"]), int(data["num_hidden_layers"])
-            inter, vocab = int(data["intermediate_size"]), int(data["vocab_size"])
-            heads = int(data["num_attention_heads"])
-            head_dim = int(data.get("head_dim") or h // heads)
-            kv_dim = int(data.get("num_key_value_heads") or heads) * head_dim
-            tied = bool(data.get("tie_word_embeddings", False))
-        except (KeyError, TypeError, ValueError):
-            return None
-    per_layer = 2 * h * h + 2 * h * kv_dim + 3 * h * inter + 2 * h
-    params = layers * per_layer + vocab * h * (1 if tied else 2) + h
-    return Shape(params, layers, h, inter, vocab, kv_dim)
 
 
 def _attn(cfg: Any, on_gpu: bool, dtype: str, machine: Machine) -> str:
@@ -193,31 +180,57 @@ def plan(cfg: Any, machine: Machine) -> Placement:
         "rollout": Workload(eng_device, eng_dtype, "vllm" if cfg.rollout.engine == "vllm" else attn),
         "hf_engine": Workload(eng_device, eng_dtype, _attn(cfg, on_gpu, eng_dtype, machine)),
         "reward_model": Workload(first, "float32", "sdpa"),
-        "judge": Workload(first, "float32", "sdpa"),
+        # The LLM judge's engine: beside the policy's engine, in its dtype.
+        "judge": Workload(eng_device, eng_dtype, "vllm" if cfg.reward.judge.engine == "vllm" else attn),
     }
-    vllm = _vllm_args(cfg, on_gpu, colocated, len(rollout_gpus) if cfg.rollout.gpus else 1)
+    servers = _server_gpus(cfg, rollout_gpus) if on_gpu else ()
+    tp = len(servers[0]) if servers else len(rollout_gpus) if cfg.rollout.gpus else 1
+    vllm = _vllm_args(cfg, on_gpu, colocated, tp)
+    judge_vllm: dict[str, Any] = {}
+    reward_vllm: dict[str, Any] = {}
+    if on_gpu:
+        share = cfg.rollout.reward_gpu_memory_utilization
+        judge_vllm = {**vllm, "gpu_memory_utilization": share, "tensor_parallel_size": 1}
+        # a pooling model scores whole sequences: no chunked prefill; it stays awake (another process)
+        reward_vllm = {
+            "enforce_eager": not cfg.rollout.cuda_graphs,
+            "enable_chunked_prefill": False,
+            "max_num_batched_tokens": max(cfg.rollout.max_num_batched_tokens, cfg.model.max_position),
+            "gpu_memory_utilization": share,
+        }
     memory = None
     shape = model_shape(cfg)
     if on_gpu and shape is not None:
-        memory = memory_plan(cfg, machine, shape, trainer_gpus, rollout_gpus, colocated)
-    return Placement(workloads, trainer_gpus, rollout_gpus, colocated, vllm, memory, machine.describe())
+        memory = memory_plan(cfg, machine, shape, trainer_gpus, rollout_gpus, colocated, eng_dtype)
+    return Placement(
+        workloads,
+        trainer_gpus,
+        rollout_gpus,
+        colocated,
+        vllm,
+        memory,
+        machine.describe(),
+        server_gpus=servers,
+        judge_vllm=judge_vllm,
+        reward_vllm=reward_vllm,
+    )
 
 
-def cpu_vllm_args(max_model_len: int, kv_cache_mb: int) -> dict[str, Any]:
-    """vLLM's device arguments on the CPU, as measured there: a KV cache of ``kv_cache_mb`` (else it reserves
-    most of the host's memory), eager, and never a prompt's prefill split across steps (vLLM then rewinds the
-    request's generator, which CPU generators cannot do: "CPU Generator does not use offset"), so one step's
-    token budget holds every prompt of a batch.
-
-    >>> cpu_vllm_args(64, 256)["max_num_batched_tokens"]
-    16384
-    """
-    return {
-        "enforce_eager": True,
-        "enable_chunked_prefill": False,
-        "max_num_batched_tokens": max(8192, 256 * max_model_len),
-        "kv_cache_memory_bytes": kv_cache_mb << 20,
-    }
+def _server_gpus(cfg: Any, rollout_gpus: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
+    """Each of ``rollout.servers``' GPUs on a GPU machine: ``rollout.gpus`` split evenly among them (each
+    server tensor parallel over its share). Servers never share the trainer's GPU: they cannot be put to
+    sleep in step with the train stage from here."""
+    n = cfg.rollout.servers if not cfg.rollout.server_urls else 0
+    if not n:
+        return ()
+    gpus = list(cfg.rollout.gpus)
+    if not gpus or len(gpus) % n:
+        raise PlacementError(
+            f"rollout.servers={n} on a GPU machine needs rollout.gpus listing a multiple of {n} GPUs of "
+            f"their own (each server takes an equal share, tensor parallel over it), got rollout.gpus={gpus}"
+        )
+    per = len(gpus) // n
+    return tuple(tuple(rollout_gpus[i * per : (i + 1) * per]) for i in range(n))
 
 
 def _vllm_args(cfg: Any, on_gpu: bool, colocated: bool, tp: int) -> dict[str, Any]:
@@ -234,105 +247,3 @@ def _vllm_args(cfg: Any, on_gpu: bool, colocated: bool, tp: int) -> dict[str, An
         "tensor_parallel_size": tp,
         "enable_sleep_mode": colocated,
     }
-
-
-def trainer_terms(cfg: Any, shape: Shape) -> dict[str, float]:
-    """Bytes one trainer rank holds, by term: weights in the compute dtype, float32 masters (bf16), Adam's
-    two float32 moments, gradients (sharded by ZeRO stage 1/2/3 and AutoTP), the reference and critic
-    models when the algorithm needs them, one micro-batch's activations and the loss's float32 logits."""
-    t = cfg.train
-    p = shape.params
-    dp = max(1, t.world_size // t.tp_size)
-    w = BYTES[DTYPES[t.dtype]]
-    states = dp if t.zero_stage >= 1 else 1
-    grads = dp if t.zero_stage >= 2 else 1
-    params = dp if t.zero_stage >= 3 else 1
-    tp = t.tp_size
-    terms = {
-        "weights": p * w / params / tp,
-        "fp32_masters": (p * 4 if t.dtype == "bf16" else 0) / states / tp,
-        "adam_moments": p * 8 / states / tp,
-        "gradients": p * w / grads / tp,
-    }
-    if t.kl_coef > 0 or t.algorithm == "ppo":
-        terms["reference"] = p * w / tp
-    if t.algorithm == "ppo":
-        terms["critic"] = p * 16.0  # float32 weights, gradients, Adam moments
-    tokens = max(1, t.micro_batch_size // dp) * cfg.model.max_position  # packed rows hold no more
-    per_layer = ACT_PER_HIDDEN * shape.hidden + 4 * shape.intermediate
-    terms["activations"] = tokens * shape.layers * per_layer * (w / 2)
-    terms["logits"] = tokens * shape.vocab * 4 * 3  # float32 logits, log-softmax and their gradient
-    return terms
-
-
-RESIDENT = ("weights", "fp32_masters", "adam_moments", "reference", "critic")
-
-
-def memory_plan(
-    cfg: Any,
-    machine: Machine,
-    shape: Shape,
-    trainer_gpus: tuple[int, ...],
-    rollout_gpus: tuple[int, ...],
-    colocated: bool,
-) -> dict[str, Any]:
-    """GiB per GPU and phase, with the terms; PlacementError naming the first GPU and phase that overflow.
-
-    The train phase holds the trainer's peak (every term) and the engine asleep (its process reserve) or,
-    on a GPU of its own, awake; the generate phase holds the trainer's resident terms and the engine's
-    whole share (rollout.gpu_memory_utilization of the GPU)."""
-    terms = trainer_terms(cfg, shape)
-    resident = sum(v for k, v in terms.items() if k in RESIDENT) / GIB
-    peak = sum(terms.values()) / GIB
-    gib = {k: round(v / GIB, 2) for k, v in terms.items()}
-    vllm_gpus = set(rollout_gpus) if cfg.rollout.engine == "vllm" else set()
-    gpus: dict[str, Any] = {}
-    for i in sorted(set(trainer_gpus) | vllm_gpus):
-        gpu = machine.gpus[i]
-        entry: dict[str, Any] = {"name": gpu.name, "total_gib": round(gpu.memory_gib, 1)}
-        train = gen = 0.0
-        if i in trainer_gpus:
-            entry["trainer_gib"] = gib
-            train, gen = peak + PROCESS_RESERVE_GIB, resident + PROCESS_RESERVE_GIB
-        if i in vllm_gpus:
-            share = _engine_share(cfg, shape, i, gpu, len(rollout_gpus) if cfg.rollout.gpus else 1)
-            entry["engine_gib"] = round(share, 2)
-            gen += share
-            train += PROCESS_RESERVE_GIB if colocated else share
-        entry["train_phase_gib"], entry["generate_phase_gib"] = round(train, 2), round(gen, 2)
-        for phase, need in (("train", train), ("generate", gen)):
-            if need > gpu.memory_gib:
-                raise PlacementError(
-                    f"memory plan: GPU {i} ({gpu.name}, {gpu.memory_gib:.1f} GiB) needs {need:.1f} GiB in "
-                    f"the {phase} phase ({_largest(gib)}"
-                    + (f", vLLM {entry['engine_gib']:.1f}" if i in vllm_gpus and phase == "generate" else "")
-                    + "): lower train.micro_batch_size or model.max_position, raise train.zero_stage or "
-                    "train.world_size, lower rollout.gpu_memory_utilization, or give the engine its own "
-                    "rollout.gpus"
-                )
-        gpus[str(i)] = entry
-    tokens = max(1, cfg.train.micro_batch_size // max(1, cfg.train.world_size // cfg.train.tp_size))
-    return {"gpus": gpus, "params": shape.params, "tokens_per_micro_batch": tokens * cfg.model.max_position}
-
-
-def _engine_share(cfg: Any, shape: Shape, i: int, gpu: GPU, tp: int) -> float:
-    """GiB vLLM takes on GPU ``i``; PlacementError when that share cannot hold the weights and the KV cache
-    of one longest sequence."""
-    util = cfg.rollout.gpu_memory_utilization
-    share = util * gpu.memory_gib
-    width = BYTES[engine_dtype(cfg)]
-    weights = shape.params * width / tp / GIB
-    kv = 2 * shape.layers * shape.kv_dim * width * cfg.model.max_position / tp / GIB
-    if weights + kv > share:
-        raise PlacementError(
-            f"memory plan: GPU {i} ({gpu.name}, {gpu.memory_gib:.1f} GiB): vLLM's share "
-            f"rollout.gpu_memory_utilization={util} ({share:.1f} GiB) cannot hold the weights ({weights:.1f} "
-            f"GiB) and one {cfg.model.max_position}-token sequence's KV cache: raise it"
-            + (" or list more rollout.gpus" if cfg.rollout.gpus else "")
-        )
-    return share
-
-
-def _largest(gib: dict[str, float]) -> str:
-    top = sorted(gib.items(), key=lambda kv: -kv[1])[:3]
-    return ", ".join(f"{k} {v:.1f}" for k, v in top)

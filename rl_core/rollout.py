@@ -10,11 +10,8 @@ size. An engine lives across iterations; ``load_weights`` syncs a new checkpoint
 
 from __future__ import annotations
 
-import contextlib
 import gc
-import io
 import os
-import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -22,6 +19,7 @@ from typing import Any, Protocol
 from rl_core.faults import fault
 from rl_core.paths import vllm_cache_root
 from rl_core.vision import suppress, unsampleable_ids
+from rl_core.vllm_args import captured_stderr, visible_gpus
 
 
 @dataclass(frozen=True)
@@ -68,18 +66,6 @@ class RolloutEngine(Protocol):
     def close(self) -> None: ...
 
 
-@contextlib.contextmanager
-def _captured_stderr() -> Any:
-    """vLLM draws progress bars on stderr whatever TQDM_DISABLE says: hold them back, show them on failure."""
-    buf = io.StringIO()
-    try:
-        with contextlib.redirect_stderr(buf):
-            yield
-    except BaseException:
-        sys.stderr.write(buf.getvalue())
-        raise
-
-
 class VLLMEngine:
     """vLLM ``LLM`` in this process (engine core in-process by default on CPU: starts in seconds)."""
 
@@ -91,10 +77,13 @@ class VLLMEngine:
         max_model_len: int,
         device_args: dict[str, Any],
         multiprocess: bool,
+        gpus: tuple[int, ...] = (),
     ):
         """``device_args``: the LLM(...) arguments that depend on the device (rl_core.placement: on CPU the
         KV cache's bytes, eager, no chunked prefill; on a GPU its memory share, CUDA graphs, chunked prefill,
-        tensor parallel and sleep mode)."""
+        tensor parallel and sleep mode). ``gpus``: the engine's GPUs when they are not this process's first
+        ones (rl_core.placement: its own rollout.gpus, or tensor parallel): its engine core then runs in a
+        process of its own that sees only them."""
         os.environ["VLLM_CACHE_ROOT"] = vllm_cache_root()
         self.multiprocess = multiprocess
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if multiprocess else "0"
@@ -121,7 +110,7 @@ class VLLMEngine:
         # unfreezes it when it shuts down.
         gc.collect()
         gc.freeze()
-        with _captured_stderr():
+        with captured_stderr(), visible_gpus(gpus):
             self.llm = LLM(
                 model=str(engine_folder(ckpt_dir)),
                 dtype=dtype,
@@ -185,7 +174,7 @@ class VLLMEngine:
             kwargs: dict[str, Any] = {"weights_iterator": iter(engine_weights(weights, self.tied).items())}
         else:
             kwargs = {"weights_path": str(engine_folder(ckpt_dir))}
-        with _captured_stderr():
+        with captured_stderr():
             self.llm.collective_rpc("reload_weights", kwargs=kwargs)
         # Prompt KV cached under the old weights would otherwise be served.
         self.llm.reset_prefix_cache()
@@ -354,7 +343,7 @@ def start_engine(
     the CPU, in ``rollout_cfg.dtype``). Its owner (a run's context) keeps it across iterations and syncs
     the weights it needs with ``sync_weights``, which remembers the digest the engine holds so that a stage
     skips a sync that is already done."""
-    from rl_core.placement import cpu_vllm_args
+    from rl_core.vllm_args import cpu_vllm_args
 
     dtype = "float32" if rollout_cfg.dtype == "auto" else rollout_cfg.dtype
     if placement is not None:
@@ -369,7 +358,8 @@ def start_engine(
             dtype=dtype,
             max_model_len=max_model_len,
             device_args=args,
-            multiprocess=rollout_cfg.multiprocess,
+            multiprocess=rollout_cfg.multiprocess or bool(placement and placement.engine_processes),
+            gpus=placement.rollout_gpus if placement is not None and placement.engine_processes else (),
         )
     elif kind == "hf":
         workload = None if placement is None else placement.workloads["hf_engine"]

@@ -116,13 +116,19 @@ def _load_masters(model: Any, masters: dict[str, Any], what: str) -> None:
 
 
 def _engine_asleep(ctx: RunContext) -> None:
-    """A rollout engine colocated on the trainer's GPU gives its memory back while the trainer steps
-    (vLLM's sleep mode; rl_core.placement plans the GPU's memory so); the next generate wakes it."""
-    if ctx.placement.colocated and ctx.held.rollout is not None:
-        with ctx.held.engine_lock:
-            sleep = getattr(ctx.held.rollout, "sleep", None)
-            if sleep is not None:
-                sleep()
+    """The rollout engine and the LLM judge's, colocated on the trainer's GPU, give their memory back while
+    the trainer steps (vLLM's sleep mode; rl_core.placement plans the GPU's memory so); the next generate
+    (the next judging) wakes them."""
+    if not ctx.placement.colocated:
+        return
+    held = ctx.held
+    judge = held.judge.engine if held.judge is not None else None
+    for lock, engine in ((held.engine_lock, held.rollout), (held.judge_lock, judge)):
+        if engine is not None:
+            with lock:
+                sleep = getattr(engine, "sleep", None)
+                if sleep is not None:
+                    sleep()
 
 
 def _reference(ctx: RunContext, ref_ckpt: ArtifactRef) -> Any:

@@ -50,9 +50,10 @@ def _env(world_size: int, gpus: tuple[int, ...] = ()) -> dict[str, str]:
         RLFOUNDRY_STATE_DIR=str(state_dir()),
         PYTHONPATH=os.pathsep.join(p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH", "")) if p),
     )
-    if gpus:  # indices among the GPUs this process sees (a CUDA_VISIBLE_DEVICES of its own kept)
-        seen = [g for g in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if g.strip()]
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(seen[g] if seen else str(g) for g in gpus)
+    if gpus:
+        from rl_core.vllm_args import cuda_visible
+
+        env["CUDA_VISIBLE_DEVICES"] = cuda_visible(gpus, env)
     return env
 
 

@@ -43,7 +43,11 @@ def _server_launcher(ctx: RunContext) -> Any:
         from rl_core.placement import engine_dtype
 
         servers = RolloutServers(
-            ckpt_dir, ctx.cfg.rollout, max_model_len=ctx.max_model_len(), dtype=engine_dtype(ctx.cfg)
+            ckpt_dir,
+            ctx.cfg.rollout,
+            max_model_len=ctx.max_model_len(),
+            dtype=engine_dtype(ctx.cfg),
+            placement=ctx.placement,
         )
         return servers.start(ctx.cfg.rollout.servers), servers.restart, servers.stop, servers.token
 
@@ -57,7 +61,7 @@ def _reward_launcher(ctx: RunContext) -> Any:
     def launch(path: str) -> tuple[str, Any, Any]:
         from infra.reward_server import RewardServer
 
-        server = RewardServer(path, kv_cache_mb=ctx.cfg.reward.model.kv_cache_mb)
+        server = RewardServer(path, kv_cache_mb=ctx.cfg.reward.model.kv_cache_mb, placement=ctx.placement)
         return server.start(), server.restart, server.stop
 
     return launch

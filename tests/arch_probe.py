@@ -20,8 +20,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from rl_core.model import load_model, save_with_weights  # noqa: E402
-from rl_core.placement import cpu_vllm_args  # noqa: E402
 from rl_core.rollout import Request, SamplingSpec, VLLMEngine  # noqa: E402
+from rl_core.vllm_args import cpu_vllm_args  # noqa: E402
 from tests.model_folders import build_tokenizer  # noqa: E402
 
 

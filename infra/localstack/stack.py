@@ -202,8 +202,13 @@ def _s3_env() -> dict[str, str]:
 def start_rollout_servers(model_dir: Path, n: int, cfg: Any) -> list[str]:
     """Start ``n`` vLLM rollout servers (``infra.rollout_servers``, the settings of ``cfg.rollout``) on the
     checkpoint folder ``model_dir``; they outlive ``up`` and are recorded for ``down``. Their URLs: a run uses
-    them with ``rollout.server_urls``."""
+    them with ``rollout.server_urls``. Placed as a run of ``cfg`` with ``rollout.servers: n`` would place its
+    own (rl_core.placement: on a GPU machine each takes its share of ``rollout.gpus``)."""
     from infra.rollout_servers import RolloutServers
+    from rl_core.placement import Machine, engine_dtype, plan
+
+    rollout = cfg.rollout.model_copy(update={"servers": n, "server_urls": []})
+    placed = plan(cfg.model_copy(update={"rollout": rollout}), Machine.this())
 
     check_model_folder(model_dir)
     kept = [r for r in _read("rollout.json").get("servers", []) if Server.from_record(r).alive()]
@@ -216,6 +221,8 @@ def start_rollout_servers(model_dir: Path, n: int, cfg: Any) -> list[str]:
         tie_to_parent=False,
         token=token,
         env=_s3_env(),  # the servers fetch each new checkpoint from the store themselves
+        dtype=engine_dtype(cfg),
+        placement=placed,
     )
     _write(ROLLOUT_TOKEN_FILE, {"token": servers.token}, mode=0o600)
     urls = servers.start(n)

@@ -35,7 +35,7 @@ def checkpoints(tmp_path_factory):
 
 _IN_PROCESS = """
 import json, sys
-from rl_core.placement import cpu_vllm_args
+from rl_core.vllm_args import cpu_vllm_args
 from rl_core.rollout import Request, SamplingSpec, VLLMEngine
 a = json.load(sys.stdin)
 eng = VLLMEngine(

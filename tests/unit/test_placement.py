@@ -15,7 +15,6 @@ from rl_core.placement import (
     KNOWN_GPUS,
     Machine,
     PlacementError,
-    cpu_vllm_args,
     engine_dtype,
     model_shape,
     plan,
@@ -23,6 +22,7 @@ from rl_core.placement import (
 )
 from rl_core.runs import RUN_RECORD, create_or_resume
 from rl_core.store import Store
+from rl_core.vllm_args import cpu_vllm_args
 
 ROOT = Path(__file__).resolve().parents[2]
 CPU = Machine(cpu_bf16=True)
@@ -40,7 +40,7 @@ BF16 = {"dtype": "bf16", "zero_stage": 1}
 def test_cpu_machine_keeps_the_cpu_path():
     cfg = load_config(ROOT / "configs/smoke.yaml")
     p = plan(cfg, CPU)
-    assert {(w.device, w.dtype, w.attn) for k, w in p.workloads.items() if k != "rollout"} == {
+    assert {(w.device, w.dtype, w.attn) for k, w in p.workloads.items() if k not in ("rollout", "judge")} == {
         ("cpu", "float32", "sdpa")
     }
     assert p.workloads["rollout"].dtype == "float32"
