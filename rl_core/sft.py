@@ -28,6 +28,7 @@ from rl_core.model import (
     save_with_weights,
     stored_weights,
 )
+from rl_core.report import emit
 from rl_core.seeding import derive_seed
 from rl_core.stage import StageJob, StageResult
 from rl_core.vision import IMAGE_TOKEN, build_vlm, image_prefix, pixel_values, save_processor
@@ -146,6 +147,17 @@ def _segment_batch(
     return _pad(seqs, labs, pad_id(tok))
 
 
+def _warmup_batch(ctx: RunContext, tok: Any, src: Any, chosen: list[dict], flawed: list[bool]) -> tuple:
+    """One warm-up batch of ``chosen`` tasks: input ids, attention mask, labels and the model's extra inputs
+    (a multimodal task's pixel values)."""
+    if isinstance(ctx.env, Demonstrations):
+        return (*_segment_batch(tok, ctx.env, chosen, flawed), {})
+    if isinstance(ctx.env, Multimodal):
+        batch = _sft_batch(tok, ctx.env, chosen, flawed, image_prefix(src), ctx.cfg.model.chat_template)
+        return (*batch, {"pixel_values": pixel_values(src, [ctx.env.image(t) for t in chosen])})
+    return (*_sft_batch(tok, ctx.env, chosen, flawed, None, ctx.cfg.model.chat_template), {})
+
+
 def warmup_body(ctx: RunContext, job: StageJob) -> StageResult:
     cfg = ctx.cfg.warmup
     if cfg.steps == 0:  # no warm-up: the init checkpoint itself is the base policy
@@ -160,20 +172,11 @@ def warmup_body(ctx: RunContext, job: StageJob) -> StageResult:
     multimodal = isinstance(ctx.env, Multimodal)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
     losses = []
+    every = max(1, cfg.steps // 10)
     for step in range(cfg.steps):
         idx = torch.randint(len(pool), (cfg.batch_size,), generator=gen).tolist()
         flawed = (torch.rand(cfg.batch_size, generator=gen) < cfg.teacher_error_rate).tolist()
-        chosen = [pool[i] for i in idx]
-        extra = {}
-        if isinstance(ctx.env, Demonstrations):
-            ids, attn, labels = _segment_batch(tok, ctx.env, chosen, flawed)
-        elif multimodal:
-            ids, attn, labels = _sft_batch(
-                tok, ctx.env, chosen, flawed, image_prefix(src), ctx.cfg.model.chat_template
-            )
-            extra["pixel_values"] = pixel_values(src, [ctx.env.image(t) for t in chosen])
-        else:
-            ids, attn, labels = _sft_batch(tok, ctx.env, chosen, flawed, None, ctx.cfg.model.chat_template)
+        ids, attn, labels, extra = _warmup_batch(ctx, tok, src, [pool[i] for i in idx], flawed)
         lr = cfg.lr * min(1.0, (step + 1) / max(1, cfg.steps // 10))
         for g in opt.param_groups:
             g["lr"] = lr
@@ -184,6 +187,9 @@ def warmup_body(ctx: RunContext, job: StageJob) -> StageResult:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         losses.append(float(loss))
+        if (step + 1) % every == 0 or step + 1 == cfg.steps:  # minutes on a CPU: say how far it is
+            loss_now = sum(losses[-every:]) / len(losses[-every:])
+            emit({"kind": "status", "text": f"warm-up step {step + 1}/{cfg.steps}: loss {loss_now:.3f}"})
     with tempfile.TemporaryDirectory() as d:
         if ctx.cfg.model.path:  # the user's folder as it was, with the new weights (as train writes them)
             weights = stored_weights(model.state_dict(), folder_dtype(src))  # a bf16 folder stays bf16

