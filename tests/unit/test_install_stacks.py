@@ -15,7 +15,8 @@ ROOT = Path(__file__).resolve().parents[2]
 def _make(
     tmp_path: Path, *args: str, gpus: int | None = None, dry_run: bool = True
 ) -> subprocess.CompletedProcess:
-    """``make -n venv`` (``make venv`` when not ``dry_run``; another target if one is in ``args``) with a PATH whose nvidia-smi lists ``gpus``
+    """``make -n venv`` (``make venv`` when not ``dry_run``; the target ``args`` name instead, if any) with a
+    PATH whose nvidia-smi lists ``gpus``
     GPUs (None: no nvidia-smi at all), run on a copy of the Makefile so that the checkout's .venv stamp
     does not decide what is printed."""
     bin_dir = tmp_path / "bin"
@@ -101,7 +102,8 @@ def test_the_demo_writes_its_curve_beside_its_run_not_into_the_checkout(tmp_path
     out = _make(tmp_path, "demo")
     assert out.returncode == 0, out.stderr
     assert "--curve .state/demo/demo_curve.json" in out.stdout
-    assert "plot_curve.py .state/demo/demo_curve.json" in out.stdout and "benchmarks/results" not in out.stdout
+    assert "plot_curve.py .state/demo/demo_curve.json" in out.stdout
+    assert "benchmarks/results" not in out.stdout
     moved = _make(tmp_path, "demo", "RLFOUNDRY_STATE_DIR=/srv/rl")  # a state dir of the user's own
     assert "--curve /srv/rl/demo/demo_curve.json" in moved.stdout
     # the committed figure is refreshed only on purpose
