@@ -22,7 +22,7 @@ STAMP   := $(VENV)/.installed-$(DEVICE)
 
 export TQDM_DISABLE := 1
 
-.PHONY: demo demo-figure test test-fast test-profile soak lint format bench clean-state venv system-deps lock device-check gpu-wheels
+.PHONY: demo demo-figure docs test test-fast test-profile soak lint format bench clean-state venv system-deps lock device-check gpu-wheels
 
 venv: $(STAMP)
 
@@ -75,7 +75,7 @@ demo-figure:
 # on the machine, and the deployment tests, whose Prefect server (SQLite) logged "database is locked" under
 # the other worker's load. Each phase writes its per-test durations (printed, and JUnit XML under
 # test-reports/); both phases run even when the first fails, then the profile (the slowest tests, seconds per
-# module) is printed, so CI's log shows where the time went. Budget: 35 min on a fresh 2-core clone (README).
+# module) is printed, so CI's log shows where the time went. Budget: 35 min on a fresh 2-core clone (docs/development.md).
 SERIAL_TESTS := tests/sandbox tests/integration/test_serve.py tests/integration/test_schedule.py tests/integration/test_work_pool.py
 REPORTS := test-reports
 PYTEST_REPORT = --durations=0 --junitxml=$(REPORTS)/$(1).xml
@@ -123,7 +123,7 @@ lock:
 # benchmarks/gpu_check.py needs beyond them, at the versions constraints.txt pins, into .whl/ (about 2 MB);
 # infra/gpu_check.sh installs them there. DeepSpeed is a source package: built here, pure Python (its ops
 # build on first use where they are needed).
-GPU_WHEELS := hjson pydantic pydantic_core annotated-types typing-inspection typing_extensions tenacity
+GPU_WHEELS := hjson pydantic pydantic-core annotated-types typing-inspection typing-extensions tenacity
 gpu-wheels: $(STAMP)
 	rm -rf .whl && mkdir -p .whl
 	$(BIN)/pip wheel -q --no-deps --no-build-isolation -w .whl "deepspeed==$$(sed -n 's/^deepspeed==//p' constraints.txt)"
@@ -131,6 +131,11 @@ gpu-wheels: $(STAMP)
 	  --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform any -d .whl \
 	  $$(for p in $(GPU_WHEELS); do grep -i "^$$p==" constraints.txt || { echo "gpu-wheels: $$p not in constraints.txt" >&2; exit 1; }; done)
 	ls .whl
+
+# The documentation site (MkDocs, docs/ -> site/); strict: a broken link or a page missing from the nav fails.
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict
+	@echo "open site/index.html"
 
 clean-state:
 	rm -rf .state

@@ -69,7 +69,7 @@ def test_show_json_has_base_and_every_stage(smoke_run):
 # (tests/pinned/smoke_hashes.json: CPU model and the ISA its kernels dispatch on; tests/machine.py). The float
 # kernels give other last bits on another CPU, so the pin is compared on that machine only; on every machine
 # the run must reproduce itself (the crash chain below ends with these hashes, replay reproduces each stage).
-# A change that moves them on the recording machine changes what a run computes: say so in the README and
+# A change that moves them on the recording machine changes what a run computes: say so in the docs and
 # record the new ones (`python -m tests.machine` prints the fingerprint).
 
 

@@ -1,6 +1,7 @@
-"""The README's tutorial is a test: the files of "Your model, your environment, your reward" are extracted
-from README.md as written (each code block names its file on its first line) into a folder outside the
-project, and the YAML is run with ``rlfoundry run`` exactly as the README says (``PYTHONPATH=.``)."""
+"""The docs' tutorials are tests: the files of "Your model, your environment, your reward"
+(docs/guides/your-model.md) and of "Your checkpoint and your dataset" (docs/guides/dataset.md) are extracted
+from the pages as written (each code block names its file on its first line) into a folder outside the
+project, and the YAML is run with ``rlfoundry run`` exactly as the page says (``PYTHONPATH=.``)."""
 
 from __future__ import annotations
 
@@ -18,16 +19,17 @@ from tests.conftest import cli, cli_env, show_json
 from tests.model_folders import write_llama_folder, write_qwen3_folder
 
 ROOT = Path(__file__).resolve().parents[2]
-HEADING = "### Your model, your environment, your reward"
-BOXED = "#### Tutorial: your checkpoint and your dataset"
+HEADING = "# Your model, your environment, your reward"
+BOXED = "## Tutorial: your checkpoint and your dataset"
+PAGES = {HEADING: "docs/guides/your-model.md", BOXED: "docs/guides/dataset.md"}
 
 
 def tutorial_files(heading: str = HEADING) -> dict[str, str]:
     """{relative path: content} of every code block in the tutorial section whose first line is a comment
     naming a file (``# mytask/__init__.py``)."""
-    text = (ROOT / "README.md").read_text()
-    assert heading in text, f"the README lost its tutorial section {heading!r}"
-    section = re.split(r"\n#{2,4} ", text.split(heading, 1)[1])[0]
+    text = (ROOT / PAGES[heading]).read_text()
+    assert heading in text, f"{PAGES[heading]} lost its tutorial section {heading!r}"
+    section = re.split(r"\n#{2,4} ", text.split(heading, 1)[1])[0]  # "# file" lines are in code blocks
     files = {}
     for body in re.findall(r"```(?:python|yaml)\n(.*?)```", section, flags=re.S):
         first = body.splitlines()[0]
@@ -104,8 +106,9 @@ def _local(uri: str) -> Path:
 
 @pytest.mark.slow
 def test_checkpoint_and_dataset_tutorial_runs(tmp_path):
-    """The README's second tutorial: a Qwen3-shaped folder (tied, bf16, 5 shards, ChatML with a system turn
-    and an empty think block, two EOS ids) trained on a JSONL file with math-verify, as the README says."""
+    """The second tutorial (docs/guides/dataset.md): a Qwen3-shaped folder (tied, bf16, 5 shards, ChatML
+    with a system turn and an empty think block, two EOS ids) trained on a JSONL file with math-verify, as
+    the page says."""
     import torch
     from safetensors import safe_open
     from transformers import AutoModelForCausalLM

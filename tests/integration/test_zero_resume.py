@@ -25,7 +25,7 @@ from rl_core.paths import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 STAGES = ("0", "1", "2", "3")
-LOSS_TOL, WEIGHT_TOL = 1e-4, 1e-5  # README "Training on several processes" documents them
+LOSS_TOL, WEIGHT_TOL = 1e-4, 1e-5  # docs/guides/scale-out.md documents them
 
 
 def _job(tmp: Path, nproc: int, name: str, *more: str) -> dict:
