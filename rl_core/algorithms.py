@@ -10,11 +10,12 @@ Adding an algorithm is writing the function(s) and registering them; the PPO loo
     def mean_baseline(rewards, group_ids):
         return rewards - rewards.mean()
 
-The options of ``register`` are the algorithm's defaults and switches: ``aggregation`` (unless
-``train.loss_agg`` is set; ``fixed_aggregation`` refuses another), ``clip`` (unless ``train.clip_low`` /
-``clip_high`` are set), ``drop_zero_std`` (DAPO's dynamic sampling: groups whose rewards are all equal carry
-no signal and leave the batch), ``overlong`` (DAPO's soft overlong penalty), ``critic`` (PPO: a value model
-trained beside the policy, per-token GAE advantages computed in the train stage; ``rl_core.critic``).
+The options of ``register`` are the algorithm's switches: ``drop_zero_std`` (DAPO's dynamic sampling: groups
+whose rewards are all equal carry no signal and leave the batch), ``overlong`` (DAPO's soft overlong
+penalty), and its traits (``rl_core.config_pg.AlgorithmTraits``, what a config is checked and completed
+with; declared there for the built-in algorithms): ``aggregation``, ``fixed_aggregation``, ``clip``,
+``critic`` (PPO: a value model trained beside the policy, per-token GAE advantages computed in the train
+stage; ``rl_core.critic``).
 
 >>> grpo(np.array([1.0, 0.0, 1.0, 1.0]), np.array([0, 0, 1, 1])).round(4).tolist()
 [1.0, -1.0, 0.0, 0.0]
@@ -32,6 +33,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from rl_core.config_pg import ALGORITHM_TRAITS, AlgorithmTraits
 from rl_core.losses import (
     Aggregation,
     LossFn,
@@ -50,22 +52,38 @@ class Algorithm:
     name: str
     advantage: AdvantageFn
     loss: LossFn = clipped_surrogate
-    aggregation: Aggregation = "token_mean"
-    fixed_aggregation: bool = False
-    clip: tuple[float, float] = (0.2, 0.28)
+    traits: AlgorithmTraits = AlgorithmTraits()
     drop_zero_std: bool = False
     overlong: bool = False
-    critic: bool = False
+
+    @property
+    def aggregation(self) -> Aggregation:
+        return self.traits.aggregation
+
+    @property
+    def critic(self) -> bool:
+        return self.traits.critic
 
 
 ALGORITHMS: dict[str, Algorithm] = {}
 
 
-def register(name: str, **options: Any) -> Callable[[AdvantageFn], AdvantageFn]:
-    """Register the decorated advantage estimator, with ``options`` (``Algorithm``'s fields), as ``name``."""
+def register(
+    name: str,
+    *,
+    loss: LossFn = clipped_surrogate,
+    drop_zero_std: bool = False,
+    overlong: bool = False,
+    **traits: Any,
+) -> Callable[[AdvantageFn], AdvantageFn]:
+    """Register the decorated advantage estimator as ``name``, with its loss and switches; ``traits``
+    (``AlgorithmTraits``' fields) declare a new algorithm's defaults in the schema (a built-in's are
+    there)."""
+    if traits or name not in ALGORITHM_TRAITS:
+        ALGORITHM_TRAITS[name] = AlgorithmTraits(**traits)
 
     def deco(fn: AdvantageFn) -> AdvantageFn:
-        ALGORITHMS[name] = Algorithm(name, fn, **options)
+        ALGORITHMS[name] = Algorithm(name, fn, loss, ALGORITHM_TRAITS[name], drop_zero_std, overlong)
         return fn
 
     return deco
@@ -83,7 +101,7 @@ def grpo(rewards: np.ndarray, group_ids: np.ndarray) -> np.ndarray:
     return group_advantages(rewards, group_ids, scale_by_std=True)
 
 
-@register("drgrpo", aggregation="seq_mean_token_sum_norm")
+@register("drgrpo")
 def drgrpo(rewards: np.ndarray, group_ids: np.ndarray) -> np.ndarray:
     """Dr.GRPO: ``r - group mean`` (no std scaling), each sequence's token sum over a constant (no length
     bias)."""
@@ -109,14 +127,11 @@ def rloo(rewards: np.ndarray, group_ids: np.ndarray) -> np.ndarray:
 
 
 register("dapo", drop_zero_std=True, overlong=True)(grpo)
-# GSPO's clip range is the paper's: a sequence-level ratio moves far less than a token's.
-GSPO = {"aggregation": "seq_mean_token_mean", "fixed_aggregation": True, "clip": (3e-4, 4e-4)}
-register("gspo", loss=gspo_surrogate, **GSPO)(grpo)
-# No lower bound on CISPO's weight (MiniMax-M1 sets eps_low large); its upper bound is DAPO's.
-register("cispo", loss=cispo_surrogate, clip=(1.0, 0.28))(grpo)
+register("gspo", loss=gspo_surrogate)(grpo)  # traits (clip, aggregation): rl_core.config_pg
+register("cispo", loss=cispo_surrogate)(grpo)
 
 
-@register("ppo", critic=True)
+@register("ppo")
 def terminal_return(rewards: np.ndarray, group_ids: np.ndarray) -> np.ndarray:
     """PPO: the score stage's column is the sequence's return (its reward, at the last completion token);
     the per-token advantages are GAE over the critic's values, in the train stage (``rl_core.critic``)."""

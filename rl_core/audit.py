@@ -34,7 +34,7 @@ import numpy as np
 import pandas as pd
 
 from envs.base import WritesPython
-from rl_core.audit_code import CODE_FLAGS, code_flags
+from rl_core.audit_code import code_flags
 from rl_core.audit_text import (
     code_text,
     empty_answer,
@@ -44,33 +44,11 @@ from rl_core.audit_text import (
     prompt_independent,
     repetition,
 )
+from rl_core.config_reward import CATEGORIES, EXPLOIT, GRADER_FLAGS, zeroed_flags
 from rl_core.context import RunContext
 from rl_core.stage import StageJob, StageResult
 
 log = logging.getLogger("rlfoundry.audit")
-
-GRADER_FLAGS = ("exited_before_tests", "non_plain_return")
-EXPLOIT = (*CODE_FLAGS, *GRADER_FLAGS, "judge_injection")
-HEURISTIC = ("empty_answer", "prompt_independent", "length_outlier", "repetition", "judge_address")
-CATEGORIES = {"exploit": EXPLOIT, "heuristic": HEURISTIC, "all": EXPLOIT + HEURISTIC}
-
-
-def zeroed_flags(names: list[str]) -> set[str]:
-    """The flags ``reward.audit.zero`` names (flags and categories); an unknown name is an error.
-
-    >>> sorted(zeroed_flags(["heuristic"]))
-    ['empty_answer', 'judge_address', 'length_outlier', 'prompt_independent', 'repetition']
-    """
-    out: set[str] = set()
-    for n in names:
-        if n in CATEGORIES:
-            out |= set(CATEGORIES[n])
-        elif n in CATEGORIES["all"]:
-            out.add(n)
-        else:
-            known = ", ".join([*CATEGORIES, *CATEGORIES["all"]])
-            raise ValueError(f"reward.audit.zero: unknown flag or category {n!r} (known: {known})")
-    return out
 
 
 def _list(v: Any) -> list[str]:

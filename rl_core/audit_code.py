@@ -37,18 +37,6 @@ import ast
 import re
 import warnings
 
-CODE_FLAGS = (
-    "exit_call",
-    "tamper_builtins",
-    "tamper_harness",
-    "always_equal",
-    "reads_files",
-    "fake_output",
-    "stall",
-    "spawns_process",
-    "dynamic_code",
-)
-
 _BUILTIN_NAMES = frozenset(dir(__import__("builtins")))
 # dotted call/attribute prefixes -> flag (matched against the resolved dotted name, aliases followed)
 _DOTTED = {

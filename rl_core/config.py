@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from rl_core.config_device import RolloutDeviceFields, TrainDeviceFields
 from rl_core.config_layout import CheckpointLayoutFields, StoreLockFields, TrainLayoutFields
 from rl_core.config_pg import PolicyGradientFields
-from rl_core.config_reward import AuditSettings, JudgeSettings, RewardModelSettings
+from rl_core.config_reward import AuditSettings, JudgeSettings, RewardModelSettings, check_reward_names
 from rl_core.config_sampling import SamplingFields
 from rl_core.overrides import ConfigError, format_validation_error, parse_overrides, set_dotted
 
@@ -243,10 +243,7 @@ class RewardSection(_Section):
 
     @model_validator(mode="after")
     def _rewards_known(self) -> RewardSection:
-        from rl_core.rewards import reward_function  # imports a user's reward module to check it exists
-
-        for name in self.weights:
-            reward_function(name)
+        check_reward_names(self.weights)
         if "reward_model" in self.weights and not self.model.path:
             raise ValueError("reward.weights has reward_model: set reward.model.path (reward-model train)")
         if "judge" in self.weights and not self.judge.model:

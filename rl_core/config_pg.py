@@ -4,17 +4,47 @@ algorithm, its loss options, the KL term and PPO's critic. Part of the one schem
 
     cfg = load_config("configs/smoke.yaml", ["train.algorithm=ppo", "train.kl_coef=0.01"])
 
-Unset options (``None``) take the algorithm's own value (``rl_core.algorithms``): after validation
-``clip_low``, ``clip_high`` and ``loss_agg`` always hold the value in use.
+Unset options (``None``) take the algorithm's own value (its ``AlgorithmTraits``, declared here for the
+built-in algorithms; ``rl_core.algorithms.register`` adds a user's): after validation ``clip_low``,
+``clip_high`` and ``loss_agg`` always hold the value in use.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import BaseModel, Field, model_validator
 
 CRITIC_FIELDS = ("gamma", "lam", "value_clip", "critic_lr")
+Aggregation = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"]
+
+
+@dataclass(frozen=True)
+class AlgorithmTraits:
+    """What a config is checked and completed with, per algorithm: its loss aggregation (unless
+    ``train.loss_agg`` is set; ``fixed_aggregation`` refuses another), its ratio clip (unless
+    ``train.clip_low`` / ``clip_high`` are set) and whether it trains a critic (PPO's value model)."""
+
+    aggregation: Aggregation = "token_mean"
+    fixed_aggregation: bool = False
+    clip: tuple[float, float] = (0.2, 0.28)
+    critic: bool = False
+
+
+# The built-in algorithms' traits, declared once: rl_core.algorithms registers their functions under these
+# names (and ``register`` adds a user's algorithm here with its own traits).
+ALGORITHM_TRAITS: dict[str, AlgorithmTraits] = {
+    "grpo": AlgorithmTraits(),
+    "drgrpo": AlgorithmTraits(aggregation="seq_mean_token_sum_norm"),
+    "rloo": AlgorithmTraits(),
+    "dapo": AlgorithmTraits(),
+    # GSPO's clip range is the paper's: a sequence-level ratio moves far less than a token's.
+    "gspo": AlgorithmTraits(aggregation="seq_mean_token_mean", fixed_aggregation=True, clip=(3e-4, 4e-4)),
+    # No lower bound on CISPO's weight (MiniMax-M1 sets eps_low large); its upper bound is DAPO's.
+    "cispo": AlgorithmTraits(clip=(1.0, 0.28)),
+    "ppo": AlgorithmTraits(critic=True),
+}
 
 
 class PolicyGradientFields(BaseModel):
@@ -33,7 +63,7 @@ class PolicyGradientFields(BaseModel):
         le=10.0,
         description="Upper ratio clip epsilon; unset = the algorithm's (0.28, clip-higher; gspo 4e-4).",
     )
-    loss_agg: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] | None = Field(
+    loss_agg: Aggregation | None = Field(
         None,
         description="How per-token losses are aggregated (token_mean = DAPO token-level); unset = the "
         "algorithm's (token_mean; drgrpo seq_mean_token_sum_norm; gspo per sequence).",
@@ -70,12 +100,10 @@ class PolicyGradientFields(BaseModel):
 
     @model_validator(mode="after")
     def _algorithm_fits(self) -> PolicyGradientFields:
-        from rl_core.algorithms import ALGORITHMS  # the registry (imports torch)
-
-        algo = ALGORITHMS.get(self.algorithm)
+        algo = ALGORITHM_TRAITS.get(self.algorithm)
         if algo is None:
             raise ValueError(
-                f"train.algorithm: {self.algorithm!r} is not one of {', '.join(sorted(ALGORITHMS))}"
+                f"train.algorithm: {self.algorithm!r} is not one of {', '.join(sorted(ALGORITHM_TRAITS))}"
             )
         if not algo.critic:
             for name in CRITIC_FIELDS:

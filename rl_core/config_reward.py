@@ -11,9 +11,76 @@ The reward model and the judge are reward components like any other: a key of ``
 
 from __future__ import annotations
 
-from typing import Literal
+import inspect
+from collections.abc import Callable, Iterable
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+# The built-in reward components, declared here once: rl_core.rewards registers a function under each of these
+# names and refuses any other. Every other ``reward.weights`` key is the user's: ``module:function`` or an
+# entry point of ``REWARD_ENTRY_POINTS``.
+BUILTIN_REWARDS = ("correct", "format", "partial", "reward_model", "judge")
+REWARD_ENTRY_POINTS = "rlfoundry.rewards"
+
+# The audit's flags, by category (rl_core.audit raises them; ``reward.audit.zero`` names them): attacks on the
+# grader's code (rl_core.audit_code), on the grader's verdict, on the judge; and heuristics.
+CODE_FLAGS = (
+    "exit_call",
+    "tamper_builtins",
+    "tamper_harness",
+    "always_equal",
+    "reads_files",
+    "fake_output",
+    "stall",
+    "spawns_process",
+    "dynamic_code",
+)
+GRADER_FLAGS = ("exited_before_tests", "non_plain_return")
+EXPLOIT = (*CODE_FLAGS, *GRADER_FLAGS, "judge_injection")
+HEURISTIC = ("empty_answer", "prompt_independent", "length_outlier", "repetition", "judge_address")
+CATEGORIES = {"exploit": EXPLOIT, "heuristic": HEURISTIC, "all": EXPLOIT + HEURISTIC}
+
+
+def zeroed_flags(names: list[str]) -> set[str]:
+    """The flags ``reward.audit.zero`` names (flags and categories); an unknown name is an error.
+
+    >>> sorted(zeroed_flags(["heuristic"]))
+    ['empty_answer', 'judge_address', 'length_outlier', 'prompt_independent', 'repetition']
+    """
+    out: set[str] = set()
+    for n in names:
+        if n in CATEGORIES:
+            out |= set(CATEGORIES[n])
+        elif n in CATEGORIES["all"]:
+            out.add(n)
+        else:
+            known = ", ".join([*CATEGORIES, *CATEGORIES["all"]])
+            raise ValueError(f"reward.audit.zero: unknown flag or category {n!r} (known: {known})")
+    return out
+
+
+def check_reward_names(names: Iterable[str]) -> None:
+    """Every ``reward.weights`` key is a built-in component or a user's function that imports and has the
+    signature (the user's module is imported to check it; nothing of the library is)."""
+    for name in names:
+        if name not in BUILTIN_REWARDS:
+            user_reward_function(name)
+
+
+def user_reward_function(name: str) -> Callable[..., Any]:
+    """The user's reward function a ``reward.weights`` key names (``module:function`` or an entry point),
+    imported and checked to be a function of (prompt, completion, outcome); an error names what is wrong."""
+    from envs.base import resolve  # the one resolver of user objects (environments and reward functions)
+
+    fn, target = resolve(name, dict.fromkeys(BUILTIN_REWARDS), REWARD_ENTRY_POINTS, "reward function")
+    try:
+        inspect.signature(fn).bind("prompt", "completion", None)
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"reward.weights: {name!r} ({target}) is not a function of (prompt, completion, outcome)"
+        ) from None
+    return fn
 
 
 class _Sub(BaseModel):
@@ -151,8 +218,6 @@ class AuditSettings(_Sub):
     @field_validator("zero")
     @classmethod
     def _known(cls, v: list[str]) -> list[str]:
-        from rl_core.audit import zeroed_flags
-
         zeroed_flags(v)
         return v
 

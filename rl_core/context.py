@@ -71,6 +71,9 @@ PLACEMENT = (
 # How far a run goes and where it evaluates, not what any stage computes: extending a run (more iterations,
 # other evaluation points) needs no --force and keeps every committed stage.
 SCHEDULE = (("experiment", "iterations"), ("eval", "every"))
+# How a checkpoint the train stage did not store is rebuilt: the train stage alone knows how and declares it
+# when its module loads (rl_core.train.rebuild), so that the context stays below the stages that use it.
+REBUILD_UNSTORED: Callable[[RunContext, ArtifactRef], None] | None = None
 
 
 def without_fields(data: dict[str, Any], fields: tuple[tuple[str, str], ...]) -> dict[str, Any]:
@@ -208,14 +211,17 @@ class RunContext:
     def local_checkpoint(self, ref: ArtifactRef) -> Path:
         """A verified local folder of a checkpoint. One the train stage did not store (between
         ``train.checkpoint_every`` points) is the local copy it wrote, or is rebuilt by re-running the train
-        stages since the last stored checkpoint (``rl_core.train.rebuild``)."""
+        stages since the last stored checkpoint (``REBUILD_UNSTORED``: ``rl_core.train.rebuild``)."""
         if ref.stored is not False:
             return self.store.local_dir(ref, cache_dir("checkpoints"))
         path = unstored_dir(ref)
         if not (path / ".complete").exists():
-            from rl_core.train import rebuild  # the train stage rebuilds what it did not store
-
-            rebuild(self, ref)
+            if REBUILD_UNSTORED is None:
+                raise RuntimeError(
+                    f"{ref.uri} was not stored (train.checkpoint_every) and only the train stage can rebuild "
+                    "it: import rl_core.train (the stage table does) before asking for it"
+                )
+            REBUILD_UNSTORED(self, ref)
         return path
 
     def max_model_len(self) -> int:

@@ -19,7 +19,8 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-Aggregation = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"]
+from rl_core.config_pg import Aggregation  # the loss aggregations, declared with the schema
+
 KLKind = Literal["k1", "k2", "k3"]
 
 

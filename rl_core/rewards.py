@@ -22,7 +22,6 @@ Batch components score a whole iteration at once (``batch_builtin``): ``judge``,
 
 from __future__ import annotations
 
-import inspect
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,15 +30,16 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from envs.base import Outcome, resolve
+from envs.base import Outcome
 from rl_core.algorithms import drgrpo, given_advantages, grpo, score
+from rl_core.config_reward import BUILTIN_REWARDS, REWARD_ENTRY_POINTS, user_reward_function
 from rl_core.context import RunContext
 from rl_core.stage import StageJob, StageResult
 
 log = logging.getLogger("rlfoundry.rewards")
 
 RewardFn = Callable[[str, str, Outcome], "float | None"]
-ENTRY_POINT_GROUP = "rlfoundry.rewards"
+ENTRY_POINT_GROUP = REWARD_ENTRY_POINTS
 _BUILTIN: dict[str, RewardFn] = {}
 
 
@@ -63,9 +63,15 @@ BatchRewardFn = Callable[[RunContext, list[str], list[str], list[Outcome]], Batc
 _BATCH: dict[str, BatchRewardFn] = {}
 
 
+def _declared(name: str) -> None:
+    if name not in BUILTIN_REWARDS:
+        raise ValueError(f"built-in reward {name!r}: declare it in rl_core.config_reward.BUILTIN_REWARDS")
+
+
 def batch_builtin(name: str) -> Callable[[BatchRewardFn], BatchRewardFn]:
     """Register a reward component scored once per iteration over every completion (a served reward model,
     an LLM judge): ``fn(ctx, prompts, completions, outcomes) -> BatchScores``."""
+    _declared(name)
 
     def deco(fn: BatchRewardFn) -> BatchRewardFn:
         _BATCH[name] = fn
@@ -76,6 +82,7 @@ def batch_builtin(name: str) -> Callable[[BatchRewardFn], BatchRewardFn]:
 
 def builtin(name: str) -> Callable[[RewardFn], RewardFn]:
     """Register one of the project's reward functions under ``name``."""
+    _declared(name)
 
     def deco(fn: RewardFn) -> RewardFn:
         _BUILTIN[name] = fn
@@ -125,19 +132,12 @@ def partial_credit(prompt: str, completion: str, outcome: Outcome) -> float | No
 
 def reward_function(name: str) -> RewardFn | BatchRewardFn:
     """The function a ``reward.weights`` key names: built-in (per row, or a batch component),
-    ``module:function``, or an entry point."""
+    ``module:function``, or an entry point (rl_core.config_reward.user_reward_function)."""
     if name in _BATCH:
         return _BATCH[name]
-    fn, target = resolve(name, _BUILTIN, ENTRY_POINT_GROUP, "reward function")
-    if target == "built-in":
-        return fn
-    try:
-        inspect.signature(fn).bind("prompt", "completion", None)
-    except (TypeError, ValueError):
-        raise ValueError(
-            f"reward.weights: {name!r} ({target}) is not a function of (prompt, completion, outcome)"
-        ) from None
-    return fn
+    if name in _BUILTIN:
+        return _BUILTIN[name]
+    return user_reward_function(name)
 
 
 def components(

@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from rl_core import safe_state
+from rl_core import context, safe_state
 from rl_core.algorithms import train_advantages, train_rows
 from rl_core.context import RunContext, unstored_dir
 from rl_core.manifest import ArtifactRef, Manifest
@@ -371,3 +371,6 @@ def train_body(ctx: RunContext, job: StageJob) -> StageResult:
         metrics={**metrics, "policy_sha256": weights_digest(ref.files), "world_size": 1, "tp_size": 1},
         seeds={"train": derive_seed(ctx.cfg.experiment.seed, job.iteration, "train")},
     )
+
+
+context.REBUILD_UNSTORED = rebuild  # RunContext.local_checkpoint rebuilds unstored checkpoints with it

@@ -23,6 +23,7 @@ from rl_core.algorithms import (
     zero_std_groups,
 )
 from rl_core.config import ConfigError, load_config
+from rl_core.config_pg import ALGORITHM_TRAITS
 from rl_core.critic import gae, terminal_rewards, value_loss
 from rl_core.losses import PolicyTerms, cispo_surrogate, clipped_surrogate, gspo_surrogate, policy_loss
 from rl_core.ppo import make_batch, ppo_update
@@ -232,6 +233,9 @@ def test_a_new_algorithm_is_one_registered_function(monkeypatch):
     """Registering an estimator and a loss is all it takes: the config accepts the name and the unchanged
     PPO loop trains with it."""
     monkeypatch.setattr("rl_core.algorithms.ALGORITHMS", dict(ALGORITHMS))
+    traits = dict(ALGORITHM_TRAITS)  # register declares the new algorithm's traits in the schema's table
+    monkeypatch.setattr("rl_core.config_pg.ALGORITHM_TRAITS", traits)
+    monkeypatch.setattr("rl_core.algorithms.ALGORITHM_TRAITS", traits)
 
     @register("reinforce", loss=reinforce_surrogate)
     def mean_baseline(rewards, group_ids):
@@ -254,3 +258,9 @@ def test_a_new_algorithm_is_one_registered_function(monkeypatch):
     # SGD lr 0.1 on -A log pi: the first completion's first token (A = +0.5) gained probability
     after = torch.log_softmax(eng.module.emb.weight, -1)[2, 3]
     assert after > torch.log_softmax(before, -1)[2, 3]
+
+
+def test_every_declared_algorithm_is_registered_and_no_other():
+    """The schema's table of traits and the registry of functions name the same algorithms."""
+    assert set(ALGORITHMS) == set(ALGORITHM_TRAITS)
+    assert ALGORITHMS["gspo"].traits.clip == (3e-4, 4e-4) and ALGORITHMS["ppo"].critic
