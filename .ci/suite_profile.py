@@ -27,8 +27,8 @@ def module_path(classname: str) -> str:
 
     >>> module_path("tests.integration.test_resume"), module_path("tests.unit.test_config.TestClass")
     ('tests/integration/test_resume.py', 'tests/unit/test_config.py')
-    >>> module_path("rl_core.replay")
-    'rl_core/replay.py'
+    >>> module_path("rl_core.pipeline.replay")
+    'rl_core/pipeline/replay.py'
     """
     parts = classname.split(".")
     if len(parts) > 1 and parts[0] == "":  # a module in a dot-folder (".ci.suite_profile")

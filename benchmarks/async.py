@@ -27,10 +27,10 @@ from benchmarks.common import SMOKE_SHAPE, add_smoke_flag, finish  # noqa: E402
 
 def arm(staleness: int, iterations: int, extra: list[str]) -> dict[str, Any]:
     from flows.experiment import experiment_flow
-    from rl_core.config import load_config
-    from rl_core.context import RunContext
-    from rl_core.report import subscribe
-    from rl_core.runs import create_or_resume
+    from rl_core.artifacts.report import subscribe
+    from rl_core.run.context import RunContext
+    from rl_core.run.runs import create_or_resume
+    from rl_core.schema.config import load_config
 
     root = Path(__file__).resolve().parents[1]
     sets = [f"experiment.iterations={iterations}", f"rollout.max_staleness={staleness}", *extra]

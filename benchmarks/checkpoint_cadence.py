@@ -45,9 +45,9 @@ POLICY = [
 def arm(every: int, iterations: int, sets: list[str], smoke: bool = False) -> dict[str, Any]:
     """One arm in this process: run the flow, then read back its train stages and what it wrote."""
     from benchmarks.orchestration import orchestrated
-    from rl_core.config import load_config
-    from rl_core.context import RunContext
-    from rl_core.stage import committed
+    from rl_core.artifacts.stage import committed
+    from rl_core.run.context import RunContext
+    from rl_core.schema.config import load_config
 
     root = Path(__file__).resolve().parents[1]
     policy = SMOKE_SHAPE if smoke else POLICY

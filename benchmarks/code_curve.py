@@ -37,10 +37,10 @@ def run(
     """Run the experiment of ``config``; the iteration events as they came, each with its wall time since the
     start (benchmarks/reasoning_gym_curve.py runs its own config through this too)."""
     from flows.experiment import experiment_flow
-    from rl_core.config import load_config
-    from rl_core.context import RunContext
-    from rl_core.report import subscribe
-    from rl_core.runs import create_or_resume
+    from rl_core.artifacts.report import subscribe
+    from rl_core.run.context import RunContext
+    from rl_core.run.runs import create_or_resume
+    from rl_core.schema.config import load_config
 
     cfg = load_config(config, sets)
     create_or_resume(RunContext(cfg, run_id), "new")
@@ -61,8 +61,8 @@ def run(
 
 def curve_rows(cfg: Any, run_id: str, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per iteration: time, reward, sandbox seconds and (where evaluated) the held-out figures."""
-    from rl_core.context import RunContext
-    from rl_core.stage import committed
+    from rl_core.artifacts.stage import committed
+    from rl_core.run.context import RunContext
 
     store = RunContext(cfg, run_id).store
     rows = []

@@ -123,8 +123,8 @@ def default_policy(overrides: list[str]) -> tuple[Any, list[dict], Any, Any]:
     """configs/default.yaml (with ``overrides``), its training tasks, and a fresh tokenizer and model built
     from them as the init stage does: the policy the engine benchmarks measure."""
     from envs.base import make_env
-    from rl_core.config import load_config
-    from rl_core.model import build_model, build_tokenizer
+    from rl_core.models.model import build_model, build_tokenizer
+    from rl_core.schema.config import load_config
 
     cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "default.yaml", overrides)
     tasks = make_env(cfg.task.env, cfg.task.env_args).tasks("train", cfg.task, 0)

@@ -56,9 +56,9 @@ def iterations_to(curve: list[dict[str, Any]], base: float, gain: float) -> int 
 
 def arm(workload: str, name: str, stamp: str, smoke: bool = False) -> dict[str, Any]:
     from flows.experiment import experiment_flow
-    from rl_core.config import load_config
-    from rl_core.context import RunContext
-    from rl_core.runs import create_or_resume
+    from rl_core.run.context import RunContext
+    from rl_core.run.runs import create_or_resume
+    from rl_core.schema.config import load_config
 
     iterations, extra = WORKLOADS[workload]
     if smoke:

@@ -5,10 +5,10 @@
 
 vLLM runs ``gc.collect()`` five times while an engine starts and twice when it shuts down; each full
 collection walks the whole heap of the process, and a flow's process holds torch, transformers, DeepSpeed,
-vLLM, Prefect and MLflow (millions of objects). ``rl_core.rollout.VLLMEngine`` collects once and freezes
-what is alive (``gc.freeze``) before it builds the engine, so that vLLM's collections walk only what the
-engine allocates. Each repeat is a process of its own that imports what a flow process imports, then starts
-the project's engine (engine core in-process, as by default), generates a batch, and closes it: arm
+vLLM, Prefect and MLflow (millions of objects). ``rl_core.generation.rollout.VLLMEngine`` collects once and
+freezes what is alive (``gc.freeze``) before it builds the engine, so that vLLM's collections walk only what
+the engine allocates. Each repeat is a process of its own that imports what a flow process imports, then
+starts the project's engine (engine core in-process, as by default), generates a batch, and closes it: arm
 ``frozen`` as the code does it, arm ``unfrozen`` with the freeze (and its one collection) turned off — the
 code before. The arms alternate, so both see the same machine load.
 
@@ -37,7 +37,7 @@ FLOW_IMPORTS = ("torch", "transformers", "deepspeed", "vllm", "vllm.entrypoints.
 
 
 class _NoFreeze:
-    """``gc`` as rl_core.rollout sees it in the ``unfrozen`` arm: its collection and freeze do nothing."""
+    """``gc`` as rl_core.generation.rollout sees it in the ``unfrozen`` arm: collect and freeze do nothing."""
 
     def collect(self, *_: Any) -> int:
         return 0
@@ -54,9 +54,9 @@ def arm(name: str, folder: str, max_model_len: int) -> dict[str, float]:
     for mod in FLOW_IMPORTS:
         importlib.import_module(mod)
     gc.unfreeze()  # a process forked from a frozen parent (the suite's fork server) starts as a fresh one
-    import rl_core.rollout as rollout
-    from rl_core.config import RolloutSection
-    from rl_core.rollout import Request, SamplingSpec, start_engine
+    import rl_core.generation.rollout as rollout
+    from rl_core.generation.rollout import Request, SamplingSpec, start_engine
+    from rl_core.schema.config import RolloutSection
 
     if name == "unfrozen":
         rollout.gc = _NoFreeze()  # type: ignore[assignment]
@@ -97,7 +97,7 @@ def main() -> None:
         args.repeats, args.overrides = 1, [*SMOKE_SHAPE, *args.overrides]
     smoke_state(args.smoke, "engine-start")
     from benchmarks.common import default_policy
-    from rl_core.model import save_checkpoint
+    from rl_core.models.model import save_checkpoint
 
     cfg, _, tok, model = default_policy(args.overrides)
     runs: dict[str, list[dict[str, float]]] = {"frozen": [], "unfrozen": []}

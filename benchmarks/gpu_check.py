@@ -6,8 +6,9 @@ vLLM there: its wheel is too large to carry).
     .venv/bin/python benchmarks/gpu_check.py --json          # the same where a GPU and the project are
     .venv/bin/python benchmarks/gpu_check.py --smoke --json  # on a CPU: tiny shape, fp32, figures meaningless
 
-What it does, through the code a run uses (rl_core.placement decides device, dtype and attention kernel):
-1. writes a Hugging Face folder with Qwen2.5-0.5B's exact config (vocab 151,936, 24 layers, hidden 896, 14
+What it does, through the code a run uses (rl_core.models.placement decides device, dtype and attention
+kernel): 1. writes a Hugging Face folder with Qwen2.5-0.5B's exact config (vocab 151,936, 24 layers, hidden
+896, 14
    query and 2 key/value heads, tied embeddings, bf16 safetensors; random weights and a word-level tokenizer
    covering the whole vocabulary: no hub here);
 2. plans the placement of ``train.dtype=bf16`` ZeRO-1 with that folder as ``model.path`` on this machine and
@@ -23,10 +24,10 @@ What it does, through the code a run uses (rl_core.placement decides device, dty
 Reported: generation tokens/s (new tokens) and train tokens/s (real prompt + completion tokens per second of
 update), peak GPU memory per phase (allocated and reserved), the mismatch (mean and max |engine - trainer|
 logprob per token), and the model FLOP utilisation of the train updates against the GPU's dense bf16 peak
-(``rl_core.machine.KNOWN_GPUS``): four forwards per update (the anchor's recompute, the update's forward
-and its backward as two), a forward of t tokens 2·N·t (N the matmul parameters, the tied head once) plus
-causal attention's 2·layers·hidden·t². ``ratio`` = packed / padded train tokens/s (higher: packing pays more).
-"""
+(``rl_core.models.machine.KNOWN_GPUS``): four forwards per update (the anchor's recompute, the update's
+forward and its backward as two), a forward of t tokens 2·N·t (N the matmul parameters, the tied head once)
+plus causal attention's 2·layers·hidden·t². ``ratio`` = packed / padded train tokens/s (higher: packing pays
+more)."""
 
 from __future__ import annotations
 
@@ -146,7 +147,7 @@ def generate(folder: Path, placement: Any, args: argparse.Namespace, vocab: int)
     """The HF engine's completions of seeded random prompts, timed after a one-request warm-up."""
     import numpy as np
 
-    from rl_core.rollout import HFEngine, Request, SamplingSpec
+    from rl_core.generation.rollout import HFEngine, Request, SamplingSpec
 
     wl = placement.workloads["hf_engine"]
     engine = HFEngine(folder, dtype=wl.dtype, workload=wl)
@@ -207,9 +208,9 @@ def train_arm(
     import torch
 
     from benchmarks.packing import forward_padding
-    from rl_core.model import load_model
-    from rl_core.ppo import make_batch, ppo_update
-    from rl_core.train_engine import make_train_engine
+    from rl_core.models.model import load_model
+    from rl_core.training.ppo import make_batch, ppo_update
+    from rl_core.training.train_engine import make_train_engine
 
     wl = placement.workloads["trainer"]
     train = cfg.train.model_copy(update={"packing": pack is not None, "pack_tokens": pack or 0})
@@ -227,7 +228,7 @@ def train_arm(
     best = min(clock)
     flops = train_flops(shape, lengths)
     gpu = torch.cuda.get_device_name(wl.device) if wl.device.startswith("cuda") else ""
-    from rl_core.machine import peak_tflops
+    from rl_core.models.machine import peak_tflops
 
     peak = peak_tflops(gpu) if gpu else 0.0
     result = {
@@ -260,7 +261,7 @@ def train_arm(
 
 
 def config(folder: Path, args: argparse.Namespace) -> Any:
-    from rl_core.config import config_from_dict
+    from rl_core.schema.config import config_from_dict
 
     return config_from_dict(
         {
@@ -312,8 +313,8 @@ def main() -> None:
         args.micro_batch_size, args.repeats, args.pack_tokens = 4, 1, 48
     args.dtype = args.dtype or ("fp32" if args.smoke else "bf16")
 
-    from rl_core.machine import Machine
-    from rl_core.placement import plan
+    from rl_core.models.machine import Machine
+    from rl_core.models.placement import plan
 
     machine = Machine.this()
     if not machine.gpus and not (args.smoke or args.on_cpu):

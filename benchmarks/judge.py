@@ -7,7 +7,8 @@
    with ``task.train_size`` 5000; its held-out agreement with the verifier (``judge_report.json``), per kind
    of answer (right, the teacher's off-by-one, one digit changed, a random number, an injected "Score: 9",
    garbage) and pairwise (right vs wrong, in both orders).
-2. The judge component (``rl_core.judge.judge_reward``) on each engine (HF, vLLM) over a batch of held-out
+2. The judge component (``rl_core.scoring.judge.judge_reward``) on each engine (HF, vLLM) over a batch of
+held-out
    answers the size of a smoke iteration (32: 8 prompts x 4) and of a default one (512: 64 x 8; answers of
    the six kinds in turn): ``judge_seconds`` (the second call: the engine already started), tokens, the
    agreement of its reward (>= 1/2) with the verifier, self- and pairwise agreement.
@@ -35,11 +36,11 @@ ROOT = Path(__file__).resolve().parents[1]
 def component(folder: Path, engine: str, prompts_n: int, n: int, store: str) -> dict[str, Any]:
     """The component over ``prompts_n`` held-out prompts x ``n`` answers (kinds in turn), called twice."""
     from envs.base import Outcome, make_env
-    from rl_core.config import load_config
-    from rl_core.context import RunContext
-    from rl_core.judge import judge_reward
-    from rl_core.judge_train import KINDS, labelled, wrong_answer
-    from rl_core.store import Store
+    from rl_core.artifacts.store import Store
+    from rl_core.run.context import RunContext
+    from rl_core.schema.config import load_config
+    from rl_core.scoring.judge import judge_reward
+    from rl_core.scoring.judge_train import KINDS, labelled, wrong_answer
 
     sets = [f"reward.judge.model={folder}", f"reward.judge.engine={engine}", "reward.weights.judge=1.0"]
     sets.append("task.heldout_size=64")
@@ -81,8 +82,8 @@ def main() -> None:
     add_smoke_flag(ap)
     args = ap.parse_args()
     smoke_state(args.smoke, "judge")
-    from rl_core.config import load_config
-    from rl_core.judge_train import train_judge
+    from rl_core.schema.config import load_config
+    from rl_core.scoring.judge_train import train_judge
 
     tasks, shapes = (500, ((8, 4),)) if args.smoke else (5000, ((8, 4), (64, 8)))
     steps = 10 if args.smoke else args.steps

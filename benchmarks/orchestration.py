@@ -46,7 +46,7 @@ WORKLOADS: dict[str, list[str]] = {
 
 
 def _config(workload: str, iterations: int, smoke: bool = False) -> Any:
-    from rl_core.config import load_config
+    from rl_core.schema.config import load_config
 
     root = Path(__file__).resolve().parents[1]
     sets = [*WORKLOADS[workload], f"experiment.iterations={iterations}", "experiment.name=orchestration"]
@@ -57,9 +57,9 @@ def _config(workload: str, iterations: int, smoke: bool = False) -> Any:
 def orchestrated(cfg: Any, run_id: str) -> list[float]:
     """Seconds of each iteration through ``experiment_flow`` (the gap between its iteration events)."""
     from flows.experiment import experiment_flow
-    from rl_core.context import RunContext
-    from rl_core.report import subscribe
-    from rl_core.runs import create_or_resume
+    from rl_core.artifacts.report import subscribe
+    from rl_core.run.context import RunContext
+    from rl_core.run.runs import create_or_resume
 
     create_or_resume(RunContext(cfg, run_id), "new")
     stamps: dict[int, float] = {}
@@ -79,10 +79,10 @@ def orchestrated(cfg: Any, run_id: str) -> list[float]:
 def bare(cfg: Any, run_id: str) -> list[float]:
     """Seconds of each iteration of the stage bodies called in a plain loop (inputs from the table, held in
     memory; no manifests, no Prefect, no MLflow)."""
-    from rl_core.context import RunContext
-    from rl_core.episodes import policy_engine
-    from rl_core.stage import StageJob, committed
-    from rl_core.stages import ITERATION, STAGES, resolve_inputs
+    from rl_core.artifacts.stage import StageJob, committed
+    from rl_core.generation.episodes import policy_engine
+    from rl_core.pipeline.stages import ITERATION, STAGES, resolve_inputs
+    from rl_core.run.context import RunContext
 
     ctx = RunContext(cfg, run_id)
     done: dict[tuple[str, int], Any] = {}

@@ -77,7 +77,7 @@ def forward_padding(batch: Any, micro: int, budget: int | None) -> float:
     """Padding share of the update's forwards (mini-batches in the update's first-epoch order)."""
     import torch
 
-    from rl_core.packing import pack_plan, padding_fraction
+    from rl_core.training.packing import pack_plan, padding_fraction
 
     order = torch.randperm(len(batch), generator=torch.Generator().manual_seed(batch.seed))
     real = total = 0
@@ -96,7 +96,7 @@ def forward_padding(batch: Any, micro: int, budget: int | None) -> float:
 def tokenizer(cfg: Any) -> Any:
     """The tool-use policy's tokenizer, trained on its environment's corpus as the init stage does."""
     from envs.base import env_class
-    from rl_core.model import build_tokenizer
+    from rl_core.models.model import build_tokenizer
 
     env = env_class(cfg.task.env)()
     return build_tokenizer(env.corpus(env.tasks("train", cfg.task, 0)), cfg.model.vocab_size)
@@ -106,7 +106,7 @@ def top_ops(engine: Any, batch: Any, cfg: Any, n: int = 6) -> dict[str, float]:
     """Milliseconds of self CPU time of the ``n`` costliest ops over one more update (torch profiler)."""
     from torch.profiler import ProfilerActivity, profile
 
-    from rl_core.ppo import ppo_update
+    from rl_core.training.ppo import ppo_update
 
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         ppo_update(engine, batch, cfg.train)
@@ -117,9 +117,9 @@ def top_ops(engine: Any, batch: Any, cfg: Any, n: int = 6) -> dict[str, float]:
 def arm(cfg: Any, tok: Any, df: Any, budget: int | None) -> dict[str, Any]:
     """A fresh policy (same seed every arm) on a torch engine, its batch (packed when ``budget`` is not None)
     and the losses of its first, untimed update."""
-    from rl_core.model import build_model
-    from rl_core.ppo import make_batch, ppo_update
-    from rl_core.train_engine import make_train_engine
+    from rl_core.models.model import build_model
+    from rl_core.training.ppo import make_batch, ppo_update
+    from rl_core.training.train_engine import make_train_engine
 
     model = build_model(cfg.model.model_copy(update={"max_position": 512}), tok, seed=0)
     engine = make_train_engine("torch", model, cfg.train)
@@ -159,7 +159,7 @@ def workload(
     """Every arm (padded, then packed at each budget) on the length table ``path`` (its first ``rollouts``
     rows; all by default), timed in turns (one update of each arm per round) so that a burst of load on the
     machine hits every arm alike."""
-    from rl_core.ppo import ppo_update
+    from rl_core.training.ppo import ppo_update
 
     table = json.loads(path.read_text())
     table["rollouts"] = table["rollouts"][:rollouts]
@@ -190,7 +190,7 @@ def workload(
 
 
 def main() -> None:
-    from rl_core.config import load_config
+    from rl_core.schema.config import load_config
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", action="store_true", help="print the JSON result as the last line")

@@ -47,9 +47,9 @@ def run(algo: str, sets: list[str]) -> float:
 
 def curve(algo: str, iterations: int) -> dict[str, Any]:
     """The run's held-out figures at every evaluated iteration, and its mean training reward per iteration."""
-    from rl_core.context import state_dir
-    from rl_core.stage import committed
-    from rl_core.store import Store
+    from rl_core.artifacts.stage import committed
+    from rl_core.artifacts.store import Store
+    from rl_core.run.context import state_dir
 
     store, run_id = Store(str(state_dir() / "store")), f"pg-{algo}"
     points, reward = [], []

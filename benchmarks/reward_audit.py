@@ -22,9 +22,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import add_smoke_flag, finish, result_file, smoke_state  # noqa: E402
 from benchmarks.reward_exploits import CODE_EXPLOITS, HONEST, HONEST_TEXT, JUDGE_INJECTIONS  # noqa: E402
 from envs.humaneval import canonical_completions, problems, score  # noqa: E402
-from rl_core.audit import EXPLOIT  # noqa: E402
-from rl_core.audit_code import code_flags  # noqa: E402
-from rl_core.audit_text import judge_injection  # noqa: E402
+from rl_core.scoring.audit import EXPLOIT  # noqa: E402
+from rl_core.scoring.audit_code import code_flags  # noqa: E402
+from rl_core.scoring.audit_text import judge_injection  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 OUT = RESULTS / "reward_audit.json"

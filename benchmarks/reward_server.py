@@ -6,9 +6,9 @@
 One reward server (``infra.reward_server``: vLLM's pooling runner) on a reward model trained for the smoke
 config's arithmetic (``rlfoundry reward-model train``, or ``--model FOLDER``); the same rollouts (prompt +
 completion texts drawn from the task: the answer or a wrong one, ``--rollouts`` of them, a default config's
-iteration is 512) scored by the score stage's client (``rl_core.reward_client.RewardClient``) twice per
-repeat: ``batched`` (``--batch-size`` texts per request, as ``reward.model.batch_size``) and ``one_by_one``
-(one request per rollout). Best of ``--repeats``; the two modes' scores must agree within 1e-4.
+iteration is 512) scored by the score stage's client (``rl_core.scoring.reward_client.RewardClient``) twice
+per repeat: ``batched`` (``--batch-size`` texts per request, as ``reward.model.batch_size``) and
+``one_by_one`` (one request per rollout). Best of ``--repeats``; the two modes' scores must agree within 1e-4.
 
 The last line is one JSON object; ``ratio`` is batched / one-by-one throughput (goal >= 4).
 """
@@ -31,7 +31,7 @@ SMOKE_TRAINING = ["reward.model.train_steps=10", "reward.model.train_tasks=500"]
 
 def _rollouts(cfg, n: int) -> list[str]:
     from envs.base import make_env
-    from rl_core.reward_model import preference_pairs, score_text
+    from rl_core.scoring.reward_model import preference_pairs, score_text
 
     tasks = make_env(cfg.task.env, cfg.task.env_args).tasks("train", cfg.task, cfg.experiment.seed)
     pairs = preference_pairs(cfg.task.env, cfg.task.env_args, tasks, seed=0)
@@ -61,13 +61,13 @@ def main() -> None:
     if args.smoke:
         args.rollouts, args.batch_size, args.repeats = 16, 8, 1
     smoke_state(args.smoke, "reward-server")
-    from rl_core.paths import configure_env
+    from rl_core.artifacts.paths import configure_env
 
     configure_env()
     from infra.reward_server import RewardServer
-    from rl_core.config import load_config
-    from rl_core.reward_client import RewardClient
-    from rl_core.reward_model import train_reward_model
+    from rl_core.schema.config import load_config
+    from rl_core.scoring.reward_client import RewardClient
+    from rl_core.scoring.reward_model import train_reward_model
 
     sets = SMOKE_TRAINING if args.smoke else []
     cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "smoke.yaml", sets)

@@ -68,13 +68,13 @@ def main() -> None:
         args.overrides = [*SMOKE_SHAPE, *args.overrides]
     smoke_state(args.smoke, "rollout")
 
-    from rl_core.paths import configure_env
+    from rl_core.artifacts.paths import configure_env
 
     configure_env()
     import torch
 
     from benchmarks.common import default_policy
-    from rl_core.model import save_checkpoint
+    from rl_core.models.model import save_checkpoint
 
     cfg, tasks, tok, model = default_policy(args.overrides)
     prompts = [tok(t["prompt"], add_special_tokens=False)["input_ids"] for t in tasks[: args.prompts]]

@@ -45,8 +45,8 @@ def _reference_run(state: Path, smoke: bool) -> None:
 
 
 def _stage(ctx: Any, inputs: dict[str, Any], out: str) -> tuple[dict[str, Any], float]:
-    from rl_core.stage import StageJob
-    from rl_core.train import train_body
+    from rl_core.artifacts.stage import StageJob
+    from rl_core.training.train import train_body
 
     t0 = time.perf_counter()
     result = train_body(ctx, StageJob(1, inputs, out))
@@ -54,11 +54,11 @@ def _stage(ctx: Any, inputs: dict[str, Any], out: str) -> tuple[dict[str, Any], 
 
 
 def measure(state: Path, smoke: bool = False) -> dict[str, Any]:
-    from rl_core.config import config_from_dict
-    from rl_core.context import RunContext
-    from rl_core.runs import run_config
-    from rl_core.stage import committed
-    from rl_core.store import Store
+    from rl_core.artifacts.stage import committed
+    from rl_core.artifacts.store import Store
+    from rl_core.run.context import RunContext
+    from rl_core.run.runs import run_config
+    from rl_core.schema.config import config_from_dict
 
     _reference_run(state, smoke)
     store = Store(f"file://{state}/store")

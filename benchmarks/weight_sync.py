@@ -3,12 +3,12 @@
     .venv/bin/python benchmarks/weight_sync.py --json [--set model.hidden_size=512 --set model.num_layers=8]
     .venv/bin/python benchmarks/weight_sync.py --smoke --json   # the smoke model, 1 repeat
 
-The engine is the project's own (``rl_core.rollout.VLLMEngine``, engine core in-process as by default). Three
-figures per repeat, best of ``--repeats``: ``copy_s`` (clone every tensor of the state dict: the floor for
-moving the weights anywhere), ``memory_sync_s`` (what the train stage's output now takes to reach the engine:
-the state dict handed to vLLM's ``reload_weights`` as an iterator, plus the prefix-cache reset) and
-``disk_sync_s`` (the previous path: write model.safetensors, reload it from the folder). After each sync the
-engine's greedy outputs are checked against the weights it was given.
+The engine is the project's own (``rl_core.generation.rollout.VLLMEngine``, engine core in-process as by
+default). Three figures per repeat, best of ``--repeats``: ``copy_s`` (clone every tensor of the state dict:
+the floor for moving the weights anywhere), ``memory_sync_s`` (what the train stage's output now takes to
+reach the engine: the state dict handed to vLLM's ``reload_weights`` as an iterator, plus the prefix-cache
+reset) and ``disk_sync_s`` (the previous path: write model.safetensors, reload it from the folder). After each
+sync the engine's greedy outputs are checked against the weights it was given.
 
 The last line is one JSON object; ``ratio`` is copy_s / memory_sync_s (1.0 = syncing costs no more than
 copying the weights once).
@@ -48,12 +48,12 @@ def main() -> None:
     if args.smoke:
         args.repeats, args.overrides = 1, [*SMOKE_SHAPE, *args.overrides]
     smoke_state(args.smoke, "weight-sync")
-    from rl_core.paths import configure_env
+    from rl_core.artifacts.paths import configure_env
 
     configure_env()
     from benchmarks.common import default_policy
-    from rl_core.model import WEIGHTS, save_checkpoint, save_weights
-    from rl_core.rollout import Request, SamplingSpec, start_engine
+    from rl_core.generation.rollout import Request, SamplingSpec, start_engine
+    from rl_core.models.model import WEIGHTS, save_checkpoint, save_weights
 
     cfg, tasks, tok, model = default_policy(args.overrides)
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}

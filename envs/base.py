@@ -143,7 +143,7 @@ class BatchSteps(Protocol):
 @runtime_checkable
 class WritesPython(Protocol):
     """The completion is Python that the environment's grader runs: the reward audit checks its source
-    (``rl_core.audit_code``) for attacks on the grader."""
+    (``rl_core.scoring.audit_code``) for attacks on the grader."""
 
     def solution_source(self, prompt: str, completion: str) -> str: ...
 

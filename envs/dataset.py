@@ -25,11 +25,10 @@ usual.
 Every training prompt is used once per epoch (``order: epochs``, the default): iteration k draws positions
 ``[(k-1)P, kP)`` of a sequence of seeded permutations, one per epoch, so the order is a function of the seed
 and the iteration alone — the same across a crash and resume, and under asynchronous RL. The files' sha256 are
-part of the base model's identity (``rl_core.context.base_id``) and recorded with the run (``run.json``): a
-file changed since the run started is refused on resume, naming it. A bad file — unreadable, a row without
+part of the base model's identity (``rl_core.run.context.base_id``) and recorded with the run (``run.json``):
+a file changed since the run started is refused on resume, naming it. A bad file — unreadable, a row without
 its field, an empty split, a held-out row that is also a training row — fails when the config is loaded,
-naming the file, the row and the field.
-"""
+naming the file, the row and the field."""
 
 from __future__ import annotations
 

@@ -2,7 +2,8 @@
 
 - ``experiment``: one parameter ``config`` typed by the pydantic Config, so the UI renders it as a form with
   every field's default and description; ``run_id`` optional (a new id when empty; an existing run with the
-  same config is resumed: ``rl_core.runs.create_or_resume``, the rule ``rlfoundry run`` / ``resume`` follow).
+  same config is resumed: ``rl_core.run.runs.create_or_resume``, the rule ``rlfoundry run`` / ``resume``
+  follow).
 - ``evaluation-sweep`` (cron): evaluates every checkpoint of the chosen runs that has no evaluation yet. A
   checkpoint the run already evaluated is reused; a new one is evaluated into ``<run>/sweep/iter-K/evaluate``
   (commit-or-skip like every stage, so each checkpoint is evaluated once however often the sweep fires).
@@ -26,9 +27,9 @@ from prefect.artifacts import create_markdown_artifact
 from pydantic import Field
 
 from flows.form_policy import FormPolicy
-from rl_core.config import Config
-from rl_core.runs import OptionalRunId, RunId, check_run_id
-from rl_core.stages import STAGES
+from rl_core.pipeline.stages import STAGES
+from rl_core.run.runs import OptionalRunId, RunId, check_run_id
+from rl_core.schema.config import Config
 
 StageName = Literal[tuple(STAGES)]  # type: ignore[valid-type]  (the stage table's names: the form's choices)
 
@@ -55,8 +56,8 @@ def experiment(config: Config, run_id: OptionalRunId = "") -> dict[str, Any]:
             policy.check(config)
         config = Config.model_validate(config)
     from flows.experiment import experiment_flow, with_result_storage
-    from rl_core.context import RunContext
-    from rl_core.runs import create_or_resume, new_run_id
+    from rl_core.run.context import RunContext
+    from rl_core.run.runs import create_or_resume, new_run_id
 
     rid = run_id or new_run_id()
     ctx = RunContext(config, rid)
@@ -91,8 +92,8 @@ def _check_store(store: str) -> None:
 
 
 def _store(store: str) -> Any:
-    from rl_core.config import load_config
-    from rl_core.context import open_store
+    from rl_core.run.context import open_store
+    from rl_core.schema.config import load_config
 
     return open_store(load_config(), store or None)
 
@@ -127,10 +128,10 @@ def evaluation_sweep(
 
 def _sweep_run(st: Any, rid: str) -> dict[int, dict[str, Any]]:
     """{iteration: accuracy and who evaluated it} for every trained checkpoint of run ``rid``."""
-    from rl_core.context import RunContext
-    from rl_core.evaluate import evaluate_body
-    from rl_core.runs import run_config
-    from rl_core.stage import committed, run_stage
+    from rl_core.artifacts.stage import committed, run_stage
+    from rl_core.evaluation.evaluate import evaluate_body
+    from rl_core.run.context import RunContext
+    from rl_core.run.runs import run_config
 
     cfg = run_config(st, rid)
     ctx = RunContext(cfg, rid, store=st)
@@ -176,7 +177,7 @@ def replay_stage(
     """
     import json
 
-    from rl_core.replay import replay
+    from rl_core.pipeline.replay import replay
     from tasks.common import replay_hooks
 
     check_run_id(run_id)
@@ -329,7 +330,7 @@ def deploy_to_pool(
     """
     from prefect.client.orchestration import get_client
 
-    from rl_core.paths import PROJECT_ROOT
+    from rl_core.artifacts.paths import PROJECT_ROOT
 
     if pool_type not in POOL_TYPES:
         raise WorkPoolError(f"work pool type {pool_type!r} is not one of {', '.join(POOL_TYPES)}")

@@ -15,10 +15,10 @@ from prefect import flow
 from prefect.runtime import flow_run
 
 from flows.iteration import run_iterations
-from rl_core.config import Config
-from rl_core.manifest import Manifest
-from rl_core.report import emit
-from rl_core.stages import STAGES
+from rl_core.artifacts.manifest import Manifest
+from rl_core.artifacts.report import emit
+from rl_core.pipeline.stages import STAGES
+from rl_core.schema.config import Config
 from tasks.common import context, lineage, lineage_writer, task_for
 from tasks.generate import start_rollout_engine
 

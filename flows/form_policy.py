@@ -32,7 +32,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from rl_core.config import Config
+from rl_core.schema.config import Config
 
 SCHEMA_KEY = "RlfoundryFormPolicy"
 PATH_FIELDS = (("model", "path"), ("reward.model", "path"), ("reward.judge", "model"))
@@ -58,8 +58,8 @@ def builtin_envs() -> list[str]:
 
 def builtin_rewards() -> list[str]:
     from envs.base import installed
-    from rl_core import judge, reward_client  # noqa: F401  (register the batch components)
-    from rl_core.rewards import _BATCH, _BUILTIN, ENTRY_POINT_GROUP
+    from rl_core.scoring import judge, reward_client  # noqa: F401  (register the batch components)
+    from rl_core.scoring.rewards import _BATCH, _BUILTIN, ENTRY_POINT_GROUP
 
     return sorted(set(_BUILTIN) | set(_BATCH) | set(installed(ENTRY_POINT_GROUP)))
 

@@ -14,8 +14,8 @@ score_rewards) are submitted to run beside train k (and evaluate k) on Prefect's
 fixed by the stage table, not by whichever finishes first: a stage's inputs are always the same committed
 outputs, so a resumed or replayed asynchronous run reproduces an uninterrupted one bit for bit.
 
-Nothing passes between the tasks but the committed manifests in the store: each task resolves its inputs
-from them (rl_core.stages); the rollout and train engines are held by the run's context across iterations.
+Nothing passes between the tasks but the committed manifests in the store: each task resolves its inputs from
+them (rl_core.pipeline.stages); the rollout and train engines are held by the run's context across iterations.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from rl_core.config import Config
-from rl_core.manifest import Manifest
-from rl_core.stages import ITERATION, STAGES
+from rl_core.artifacts.manifest import Manifest
+from rl_core.pipeline.stages import ITERATION, STAGES
+from rl_core.schema.config import Config
 from tasks.common import lineage, lineage_writer, task_for
 
 ROLLOUT_STAGES = ("generate", "execute_envs", "audit", "score_rewards")

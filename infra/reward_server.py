@@ -1,7 +1,7 @@
 """The reward server: vLLM's pooling runner (``vllm serve FOLDER --runner pooling``) on a reward model folder
-(``rl_core/reward_model.py``), a process of its own on 127.0.0.1. Its ``/classify`` endpoint scores token ids
-with the model's scalar head (``use_activation: false``: the raw score, not a sigmoid of it); vLLM batches
-concurrent requests itself; ``/health`` answers once it is ready.
+(``rl_core/scoring/reward_model.py``), a process of its own on 127.0.0.1. Its ``/classify`` endpoint scores
+token ids with the model's scalar head (``use_activation: false``: the raw score, not a sigmoid of it); vLLM
+batches concurrent requests itself; ``/health`` answers once it is ready.
 
 Started by the flow when ``reward.weights`` has ``reward_model`` and ``reward.model.url`` is empty (tied to
 the flow's process: it ends with it, and a dead one is restarted by the score stage's client), or by
@@ -23,8 +23,8 @@ from typing import Any
 
 from infra.localstack.process import Server, ServerError, spawn
 from infra.rollout_servers import vllm_server_env
-from rl_core.paths import free_port, state_dir
-from rl_core.vllm_args import cpu_vllm_args, cuda_visible, vllm_flags
+from rl_core.artifacts.paths import free_port, state_dir
+from rl_core.models.vllm_args import cpu_vllm_args, cuda_visible, vllm_flags
 
 SERVED_NAME = "reward"
 
@@ -55,8 +55,8 @@ class RewardServer:
         tie_to_parent: bool = True,
         placement: Any = None,
     ):
-        """``placement``: the run's (rl_core.placement.plan): on a GPU machine the server's vLLM arguments
-        (``reward_vllm``: its memory share) and its GPU, the rollout engine's first; None (or a CPU
+        """``placement``: the run's (rl_core.models.placement.plan): on a GPU machine the server's vLLM
+        arguments (``reward_vllm``: its memory share) and its GPU, the rollout engine's first; None (or a CPU
         machine's): a KV cache of ``kv_cache_mb`` on the CPU."""
         self.path = check_reward_folder(path)
         self.kv_cache_mb = kv_cache_mb
@@ -99,12 +99,12 @@ class RewardServer:
             "0",
             "--max-num-seqs",
             "256",
-            *vllm_flags(device),  # rl_core.placement's decision (on the CPU: eager, a fixed KV cache)
+            *vllm_flags(device),  # rl_core.models.placement's decision (on the CPU: eager, a fixed KV cache)
         ]
 
     def _env(self) -> dict[str, str]:
         env = vllm_server_env()
-        if self.gpus:  # its GPU only (rl_core.placement)
+        if self.gpus:  # its GPU only (rl_core.models.placement)
             env["CUDA_VISIBLE_DEVICES"] = cuda_visible(self.gpus, dict(os.environ))
         return env
 

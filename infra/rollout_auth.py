@@ -7,10 +7,10 @@
   server started without a token refuses every guarded request (it never runs open).
 - ``StoreCheckpointLoader`` (``--worker-extension-cls infra.rollout_auth.StoreCheckpointLoader``): the
   worker method ``load_checkpoint(store_root, ref)`` that the weight sync calls: the server fetches the
-  committed checkpoint from the store itself (``rl_core.store.Store.local_dir``: every file's sha256 checked
-  against the reference, into the server's own cache), then reloads its weights from that folder. So a server
-  that shares nothing with the flow but the store (a pod, its own mount namespace, an empty cache) takes every
-  new policy; and the flow's path is never what it reads.
+  committed checkpoint from the store itself (``rl_core.artifacts.store.Store.local_dir``: every file's sha256
+  checked against the reference, into the server's own cache), then reloads its weights from that folder. So a
+  server that shares nothing with the flow but the store (a pod, its own mount namespace, an empty cache)
+  takes every new policy; and the flow's path is never what it reads.
 """
 
 from __future__ import annotations
@@ -68,13 +68,13 @@ class StoreCheckpointLoader:
     def load_checkpoint(self, store_root: str, ref: dict[str, Any]) -> str:
         """Fetch checkpoint ``ref`` (an ``ArtifactRef`` as JSON) from the store at ``store_root``, verified,
         and load it; returns the digest of the weights now served."""
-        from rl_core.engine_view import engine_folder
-        from rl_core.manifest import ArtifactRef
-        from rl_core.paths import cache_dir
-        from rl_core.store import Store
+        from rl_core.artifacts.manifest import ArtifactRef
+        from rl_core.artifacts.paths import cache_dir
+        from rl_core.artifacts.store import Store
+        from rl_core.models.engine_view import engine_folder
 
         checkpoint = ArtifactRef.model_validate(ref)
         local = Store(store_root).local_dir(checkpoint, cache_dir("server-checkpoints"))
-        # a tied model as its untied view: vLLM's reload does not re-tie (rl_core.engine_view)
+        # a tied model as its untied view: vLLM's reload does not re-tie (rl_core.models.engine_view)
         self.reload_weights(weights_path=str(engine_folder(local)))  # type: ignore[attr-defined]
         return checkpoint.sha256

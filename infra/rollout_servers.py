@@ -3,14 +3,14 @@ policy's checkpoint folder, tied to the process that started them, on 127.0.0.1;
 --rollout-servers N`` (``infra.localstack.stack``), kept until ``rlfoundry down``.
 
 Each is ``vllm serve``'s OpenAI-compatible API server with the settings the in-process engine uses (its dtype,
-processed logprobs, prefix caching, and the device arguments rl_core.placement decides: on the CPU eager, no
-chunked prefill, a fixed KV cache; on a GPU machine its memory share, CUDA graphs, chunked prefill, and its
-own share of ``rollout.gpus``) plus ``VLLM_SERVER_DEV_MODE=1`` for the
-``/collective_rpc`` weight sync — a development endpoint that calls any worker method — so every route but
-``/health`` needs the servers' token (``infra/rollout_auth.py``: ``TokenAuth``, a random one per
-``RolloutServers`` unless given), and the servers listen on 127.0.0.1 (on a cluster: a private network and the
-token from a Secret, ``infra/k8s/rollout-servers.yaml``). The sync sends the committed checkpoint's store
-reference; each server fetches and verifies it itself (``StoreCheckpointLoader``).
+processed logprobs, prefix caching, and the device arguments rl_core.models.placement decides: on the CPU
+eager, no chunked prefill, a fixed KV cache; on a GPU machine its memory share, CUDA graphs, chunked prefill,
+and its own share of ``rollout.gpus``) plus ``VLLM_SERVER_DEV_MODE=1`` for the ``/collective_rpc`` weight sync
+— a development endpoint that calls any worker method — so every route but ``/health`` needs the servers'
+token (``infra/rollout_auth.py``: ``TokenAuth``, a random one per ``RolloutServers`` unless given), and the
+servers listen on 127.0.0.1 (on a cluster: a private network and the token from a Secret,
+``infra/k8s/rollout-servers.yaml``). The sync sends the committed checkpoint's store reference; each server
+fetches and verifies it itself (``StoreCheckpointLoader``).
 
     servers = RolloutServers(ckpt_dir, rollout_cfg, max_model_len=64, logs=state / "logs")
     urls = servers.start(2)          # waits until each answers /health; servers.token authorises the run
@@ -29,9 +29,9 @@ from typing import Any
 
 from infra.localstack.process import Server, clean_env, spawn
 from infra.rollout_auth import TOKEN_ENV
-from rl_core.engine_view import engine_folder
-from rl_core.paths import PROJECT_ROOT, free_port, state_dir, vllm_cache_root
-from rl_core.vllm_args import cuda_visible, vllm_flags
+from rl_core.artifacts.paths import PROJECT_ROOT, free_port, state_dir, vllm_cache_root
+from rl_core.models.engine_view import engine_folder
+from rl_core.models.vllm_args import cuda_visible, vllm_flags
 
 
 def vllm_server_env(**extra: str) -> dict[str, str]:
@@ -62,11 +62,11 @@ class RolloutServers:
         dtype: str | None = None,
         placement: Any = None,
     ):
-        """``dtype``: the engines' (rl_core.placement.engine_dtype of the run); None: rollout.dtype, with
-        ``auto`` meaning float32 (never vLLM's own "auto", the folder's dtype). ``placement``: the run's
-        (rl_core.placement.plan): on a GPU machine the servers' vLLM arguments and each server's GPUs; None
-        (or a CPU machine's): the CPU arguments the in-process engine gets."""
-        from rl_core.vllm_args import cpu_vllm_args
+        """``dtype``: the engines' (rl_core.models.placement.engine_dtype of the run); None: rollout.dtype,
+        with ``auto`` meaning float32 (never vLLM's own "auto", the folder's dtype). ``placement``: the run's
+        (rl_core.models.placement.plan): on a GPU machine the servers' vLLM arguments and each server's GPUs;
+        None (or a CPU machine's): the CPU arguments the in-process engine gets."""
+        from rl_core.models.vllm_args import cpu_vllm_args
 
         self.ckpt_dir = str(ckpt_dir)
         on_gpu = placement is not None and bool(placement.server_gpus)
@@ -87,7 +87,7 @@ class RolloutServers:
             "-m",
             "vllm.entrypoints.openai.api_server",
             "--model",
-            str(engine_folder(self.ckpt_dir)),  # a tied model's untied view (rl_core.engine_view)
+            str(engine_folder(self.ckpt_dir)),  # a tied model's untied view (rl_core.models.engine_view)
             "--served-model-name",
             "policy",
             "--host",
@@ -105,7 +105,7 @@ class RolloutServers:
             "--enable-prefix-caching",
             "--max-num-seqs",
             "256",
-            *vllm_flags(self.device_args),  # as the in-process engine's (rl_core.placement)
+            *vllm_flags(self.device_args),  # as the in-process engine's (rl_core.models.placement)
             *("--middleware", "infra.rollout_auth.TokenAuth"),
             *("--worker-extension-cls", "infra.rollout_auth.StoreCheckpointLoader"),
         ]

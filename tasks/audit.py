@@ -1,11 +1,11 @@
-"""Prefect task of the audit stage: every rollout flagged for reward hacking (rl_core.stages)."""
+"""Prefect task of the audit stage: every rollout flagged for reward hacking (rl_core.pipeline.stages)."""
 
 from __future__ import annotations
 
 from prefect import task as prefect_task
 
-from rl_core.config import Config
-from rl_core.manifest import Manifest
+from rl_core.artifacts.manifest import Manifest
+from rl_core.schema.config import Config
 from tasks.common import run_table_stage
 
 

@@ -12,14 +12,14 @@ import functools
 import importlib
 from typing import Any
 
-from rl_core.config import Config, config_hash
-from rl_core.context import RunContext
-from rl_core.lineage import Lineage, LineageWriter
-from rl_core.manifest import Manifest
-from rl_core.stage import committed, run_stage
-from rl_core.stages import STAGES
-from rl_core.store import with_retries
-from rl_core.store_lock import run_shared_stage
+from rl_core.artifacts.manifest import Manifest
+from rl_core.artifacts.stage import committed, run_stage
+from rl_core.artifacts.store import with_retries
+from rl_core.artifacts.store_lock import run_shared_stage
+from rl_core.pipeline.stages import STAGES
+from rl_core.run.context import RunContext
+from rl_core.run.lineage import Lineage, LineageWriter
+from rl_core.schema.config import Config, config_hash
 
 _CONTEXTS: dict[tuple[str, str], RunContext] = {}
 
@@ -40,7 +40,7 @@ def _server_launcher(ctx: RunContext) -> Any:
 
     def launch(ckpt_dir: str) -> tuple[list[str], Any, Any, str]:
         from infra.rollout_servers import RolloutServers
-        from rl_core.placement import engine_dtype
+        from rl_core.models.placement import engine_dtype
 
         servers = RolloutServers(
             ckpt_dir,
@@ -88,7 +88,7 @@ def _writer(cfg_json: str) -> LineageWriter:
 
 
 def lineage_writer(cfg: Config) -> LineageWriter:
-    """The background writer of ``cfg``'s lineage records in this process (rl_core.lineage)."""
+    """The background writer of ``cfg``'s lineage records in this process (rl_core.run.lineage)."""
     return _writer(cfg.model_dump_json())
 
 
@@ -106,7 +106,7 @@ def run_table_stage(cfg: Config, run_id: str, name: str, iteration: int, mlflow_
     def owner(stage: str) -> str:
         return ctx.base_id if STAGES[stage].base else run_id
 
-    from rl_core.stages import resolve_inputs
+    from rl_core.pipeline.stages import resolve_inputs
 
     inputs = resolve_inputs(spec, cfg, iteration, lambda s, k: committed(ctx.store, owner(s), k, s))
     chash = ctx.base_hash if spec.base else ctx.config_hash

@@ -1,11 +1,13 @@
-"""Prefect task of the curriculum stage: the task sampler's state after this iteration (rl_core.stages)."""
+"""Prefect task of the curriculum stage: the task sampler's state after this iteration.
+
+The stage is declared in rl_core.pipeline.stages."""
 
 from __future__ import annotations
 
 from prefect import task as prefect_task
 
-from rl_core.config import Config
-from rl_core.manifest import Manifest
+from rl_core.artifacts.manifest import Manifest
+from rl_core.schema.config import Config
 from tasks.common import run_table_stage
 
 

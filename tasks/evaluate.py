@@ -1,11 +1,13 @@
-"""Prefect task of the evaluate stage: held-out greedy accuracy and pass@k of the policy (rl_core.stages)."""
+"""Prefect task of the evaluate stage: held-out greedy accuracy and pass@k of the policy.
+
+The stage is declared in rl_core.pipeline.stages."""
 
 from __future__ import annotations
 
 from prefect import task as prefect_task
 
-from rl_core.config import Config
-from rl_core.manifest import Manifest
+from rl_core.artifacts.manifest import Manifest
+from rl_core.schema.config import Config
 from tasks.common import run_table_stage
 
 

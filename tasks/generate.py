@@ -1,11 +1,13 @@
-"""Prefect task of the generate stage: sample policy completions with the rollout engine (rl_core.stages)."""
+"""Prefect task of the generate stage: sample policy completions with the rollout engine.
+
+The stage is declared in rl_core.pipeline.stages."""
 
 from __future__ import annotations
 
 from prefect import task as prefect_task
 
-from rl_core.config import Config
-from rl_core.manifest import Manifest
+from rl_core.artifacts.manifest import Manifest
+from rl_core.schema.config import Config
 from tasks.common import run_table_stage
 
 
@@ -18,8 +20,8 @@ def task(cfg: Config, run_id: str, iteration: int, mlflow_run: str | None = None
 def start_rollout_engine(cfg: Config, run_id: str) -> None:
     """Start the run's rollout engine on the warmed-up base model before any stage runs, so a resumed process
     sets up its threads and memory exactly as an uninterrupted one did."""
-    from rl_core.episodes import policy_engine
-    from rl_core.stage import committed
+    from rl_core.artifacts.stage import committed
+    from rl_core.generation.episodes import policy_engine
     from tasks.common import context
 
     ctx = context(cfg, run_id)

@@ -1,12 +1,12 @@
 """Prefect task of the train stage: one policy update, which writes the next policy version and the
-optimizer state (rl_core.stages)."""
+optimizer state (rl_core.pipeline.stages)."""
 
 from __future__ import annotations
 
 from prefect import task as prefect_task
 
-from rl_core.config import Config
-from rl_core.manifest import Manifest
+from rl_core.artifacts.manifest import Manifest
+from rl_core.schema.config import Config
 from tasks.common import run_table_stage
 
 

@@ -19,9 +19,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from rl_core.model import load_model, save_with_weights  # noqa: E402
-from rl_core.rollout import Request, SamplingSpec, VLLMEngine  # noqa: E402
-from rl_core.vllm_args import cpu_vllm_args  # noqa: E402
+from rl_core.generation.rollout import Request, SamplingSpec, VLLMEngine  # noqa: E402
+from rl_core.models.model import load_model, save_with_weights  # noqa: E402
+from rl_core.models.vllm_args import cpu_vllm_args  # noqa: E402
 from tests.model_folders import build_tokenizer  # noqa: E402
 
 
@@ -119,14 +119,14 @@ def main() -> None:
     result = {}
     for arch, tie in (arg.split(":") for arg in sys.argv[2:]):
         if tie == "tied-raw":
-            import rl_core.engine_view
+            import rl_core.models.engine_view
 
-            real = rl_core.engine_view.engine_folder
-            rl_core.engine_view.engine_folder = lambda ckpt: Path(ckpt)  # type: ignore[assignment]
+            real = rl_core.models.engine_view.engine_folder
+            rl_core.models.engine_view.engine_folder = lambda ckpt: Path(ckpt)  # type: ignore[assignment]
             try:
                 result[f"{arch}-{tie}"] = probe(arch, True, out / "raw")
             finally:
-                rl_core.engine_view.engine_folder = real
+                rl_core.models.engine_view.engine_folder = real
         else:
             result[f"{arch}-{tie}"] = probe(arch, tie == "tied", out)
     print(json.dumps(result))

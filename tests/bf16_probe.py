@@ -35,8 +35,8 @@ def _same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
 
 
 def main() -> None:
-    from rl_core.config import config_from_dict
-    from rl_core.train_engine import make_train_engine
+    from rl_core.schema.config import config_from_dict
+    from rl_core.training.train_engine import make_train_engine
 
     out: dict[str, Any] = {}
     ids = torch.randint(0, 64, (4, 16), generator=torch.Generator().manual_seed(1))

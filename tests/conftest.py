@@ -116,7 +116,7 @@ def prefect_api(session_home: Path):
     """One Prefect API server for the whole session (127.0.0.1, UI on for the browser test), shared by every
     `rlfoundry` subprocess; it dies with pytest however pytest ends."""
     from infra.localstack import prefect_server
-    from rl_core.paths import free_port
+    from rl_core.artifacts.paths import free_port
 
     home = session_home
     port = free_port()
@@ -355,8 +355,8 @@ ENGINE_PROMPTS = ["12+34=", "7-9=", "55+5=", "3+4=", "81-19=", "40+2="]
 def two_policies(folder: Path, max_position: int = 64) -> tuple[object, Path, Path]:
     """Two different random tiny policies with one tokenizer, saved as checkpoint folders ``A`` (an engine
     starts on it) and ``B`` (synced in later); returns (tokenizer, A, B)."""
-    from rl_core.config import ModelSection
-    from rl_core.model import build_model, build_tokenizer, save_checkpoint
+    from rl_core.models.model import build_model, build_tokenizer, save_checkpoint
+    from rl_core.schema.config import ModelSection
 
     tok = build_tokenizer([*ENGINE_PROMPTS] + [str(i) for i in range(200)], 64)
     cfg = ModelSection(

@@ -64,7 +64,7 @@ PRELOAD = (
 PACKAGES = ("rl_core", "envs")
 # Never imported by the server: it reads settings a test sets (Prefect's API URL and home) at import.
 NOT_PRELOADED = ("prefect",)
-# What rl_core.paths.configure_env sets before libraries import, the same for every command.
+# What rl_core.artifacts.paths.configure_env sets before libraries import, the same for every command.
 IMPORT_ENV = {
     "HF_HUB_OFFLINE": "1",
     "TRANSFORMERS_VERBOSITY": "error",

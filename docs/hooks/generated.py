@@ -1,6 +1,7 @@
 """MkDocs hook: the pages that are generated, so that they cannot drift from what they describe.
 
-- ``reference/configuration.md``: every field of the pydantic schema (``rl_core.config.Config``) — its type,
+- ``reference/configuration.md``: every field of the pydantic schema (``rl_core.schema.config.Config``) — its
+type,
   default, constraints and description, the one declaration the schema has;
 - ``reference/cli.md``: every command of the typer app (``flows.cli.app``) with its arguments and options;
 - ``benchmarks.md``: the table of every result file under ``benchmarks/results/`` (what it measured, on what
@@ -70,7 +71,7 @@ def config_reference() -> str:
     """One table per section of the schema (and per nested settings block), every field in it."""
     from pydantic import BaseModel
 
-    from rl_core.config import Config
+    from rl_core.schema.config import Config
 
     out: list[str] = []
 

@@ -113,7 +113,7 @@ class CodeEnv:
         return flawed_answer(task)
 
     def demonstration(self, task: dict[str, Any], flawed: bool) -> list[tuple[str, bool]]:
-        """The warm-up's (text, is_model_turn) segments, as ``rl_core/sft.py`` reads them today."""
+        """The warm-up's (text, is_model_turn) segments, as ``rl_core/training/sft.py`` reads them today."""
         return [(task["prompt"], False), (self.flawed(task) if flawed else task["answer"], True)]
 
     def corpus(self, tasks: list[dict[str, Any]]) -> list[str]:

@@ -23,7 +23,7 @@ def checked_run_id(value: str | None) -> str | None:
     """Every run id from the command line passes ``check_run_id`` before anything is read or written."""
     if value is None:
         return None
-    from rl_core.runs import RunIdError, check_run_id
+    from rl_core.run.runs import RunIdError, check_run_id
 
     try:
         return check_run_id(value)
@@ -42,8 +42,8 @@ ConfigArg = Annotated[Path, typer.Argument(help="Experiment YAML (see configs/).
 
 def store_for(run_store: str | None) -> Any:
     """The store at ``run_store``, or the configured one."""
-    from rl_core.config import load_config
-    from rl_core.context import open_store
+    from rl_core.run.context import open_store
+    from rl_core.schema.config import load_config
 
     return open_store(load_config(), run_store)
 

@@ -4,10 +4,9 @@ stage, with a progress display (one line per iteration above a bar).
     rlfoundry run configs/default.yaml --set train.lr=1e-4 [--run-id ID] [--curve curve.json]
     rlfoundry resume RUN_ID [--set key=value --force]
 
-Whether the run id may be created or continued is ``rl_core.runs.create_or_resume`` (the experiment deployment
-uses the same rule). Without PREFECT_API_URL (or ``rlfoundry up``), the run gets a private Prefect server that
-dies with it (``infra.localstack.prefect_server.ensure_api``).
-"""
+Whether the run id may be created or continued is ``rl_core.run.runs.create_or_resume`` (the experiment
+deployment uses the same rule). Without PREFECT_API_URL (or ``rlfoundry up``), the run gets a private Prefect
+server that dies with it (``infra.localstack.prefect_server.ensure_api``)."""
 
 from __future__ import annotations
 
@@ -71,7 +70,7 @@ def run(
     curve: Annotated[Path | None, typer.Option(help="Write the per-iteration curve (JSON) here.")] = None,
 ) -> None:
     """Start an experiment; prints the run id."""
-    from rl_core.config import ConfigError, load_config
+    from rl_core.schema.config import ConfigError, load_config
 
     try:
         cfg = load_config(config, set_ or [])
@@ -94,8 +93,8 @@ def resume(
     store: StoreOpt = None,
 ) -> None:
     """Continue a crashed or stopped run from its last committed stage."""
-    from rl_core.config import ConfigError, apply_overrides, config_from_dict
-    from rl_core.runs import RunError, run_config
+    from rl_core.run.runs import RunError, run_config
+    from rl_core.schema.config import ConfigError, apply_overrides, config_from_dict
 
     try:
         cfg = run_config(store_for(store), run_id)
@@ -116,11 +115,11 @@ def launch(
 ) -> None:
     """Create or resume the run record (``create_or_resume``), then run the experiment flow with progress."""
     from infra.localstack.prefect_server import ensure_api
-    from rl_core.config import ConfigError
-    from rl_core.context import RunContext
-    from rl_core.report import subscribe
-    from rl_core.runs import RunError, create_or_resume, new_run_id
-    from rl_core.store import StoreUnavailable
+    from rl_core.artifacts.report import subscribe
+    from rl_core.artifacts.store import StoreUnavailable
+    from rl_core.run.context import RunContext
+    from rl_core.run.runs import RunError, create_or_resume, new_run_id
+    from rl_core.schema.config import ConfigError
 
     rid = run_id or new_run_id()
     ctx = RunContext(cfg, rid)
@@ -158,7 +157,7 @@ def launch(
 
 def _summary(cfg: Any, rid: str, run_uri: str, result: dict[str, Any]) -> None:
     from infra.localstack.stack import is_up, status
-    from rl_core.lineage import tracking_uri
+    from rl_core.run.lineage import tracking_uri
 
     base, final = result["base_accuracy"], result["final"]["accuracy"]
     typer.echo(

@@ -33,9 +33,9 @@ ROLLOUT_COLUMNS = (
 
 
 def stage_name(value: str) -> str:
-    """``--stage`` must name a stage of the stage table (``rl_core.stages.STAGES``), imported only once a
-    value is given (the import loads torch, which ``rlfoundry --help`` must not wait for)."""
-    from rl_core.stages import STAGES
+    """``--stage`` must name a stage of the stage table (``rl_core.pipeline.stages.STAGES``), imported only
+    once a value is given (the import loads torch, which ``rlfoundry --help`` must not wait for)."""
+    from rl_core.pipeline.stages import STAGES
 
     if value not in STAGES:
         raise typer.BadParameter(f"{value!r} is not a stage; the stages: {', '.join(STAGES)}")
@@ -53,8 +53,8 @@ def show(
     store: StoreOpt = None,
 ) -> None:
     """Iterations x stages with status, timings, metrics, artifact URIs and policy sha256."""
-    from rl_core.runs import RunError
-    from rl_core.show import collect, render
+    from rl_core.pipeline.show import collect, render
+    from rl_core.run.runs import RunError
 
     try:
         data = collect(store_for(store), run_id)
@@ -76,8 +76,8 @@ def replay(
         list[str],
         typer.Option(
             "--stage",
-            help="Stage to replay (a name from rl_core.stages.STAGES; a wrong one lists them). Repeatable: "
-            "the stages replay in the order given, in one process, their engines started once.",
+            help="Stage to replay (a name from rl_core.pipeline.stages.STAGES; a wrong one lists them). "
+            "Repeatable: the stages replay in the order given, in one process, their engines started once.",
             metavar="STAGE",
             callback=stage_names,
         ),
@@ -89,12 +89,12 @@ def replay(
 
     One ``--stage``: the JSON report of that stage. Several: ``{"identical", "stages": {name: report}}``.
     Exit 0 when every replayed output is identical, 1 when one differs."""
-    from rl_core.paths import configure_env
+    from rl_core.artifacts.paths import configure_env
 
     configure_env()
-    from rl_core.replay import replay_stages
-    from rl_core.runs import RunError
-    from rl_core.store import ArtifactError
+    from rl_core.artifacts.store import ArtifactError
+    from rl_core.pipeline.replay import replay_stages
+    from rl_core.run.runs import RunError
     from tasks.common import replay_hooks
 
     try:
@@ -126,7 +126,7 @@ def rollouts(
     ] = None,
 ) -> None:
     """Best, worst and random samples of an iteration: prompt, completion, reward components, env outcome."""
-    from rl_core.inspect_run import samples
+    from rl_core.pipeline.inspect_run import samples
 
     try:
         data = samples(store_for(store), run_id, iteration, k, image_dir=images)
@@ -163,7 +163,7 @@ def lineage(
     store: StoreOpt = None,
 ) -> None:
     """Walk back from a checkpoint to the rollouts, rewards and parent checkpoints that produced it."""
-    from rl_core.inspect_run import lineage as walk
+    from rl_core.pipeline.inspect_run import lineage as walk
 
     try:
         chain = walk(store_for(store), run_id, iteration)

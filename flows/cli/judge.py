@@ -1,5 +1,5 @@
 """``judge train``: build and fine-tune a tiny LLM judge for a config's task, labelled by the task's verifier
-(``rl_core.judge_train``), saved as a Hugging Face folder for ``reward.judge.model``.
+(``rl_core.scoring.judge_train``), saved as a Hugging Face folder for ``reward.judge.model``.
 
     rlfoundry judge train --config configs/smoke.yaml --out /tmp/judge --steps 300 --json
 """
@@ -29,8 +29,8 @@ def judge_train(
     as_json: JsonOpt = False,
 ) -> None:
     """Train a judge on the config's training tasks; prints its held-out agreement with the verifier."""
-    from rl_core.config import ConfigError, load_config
-    from rl_core.judge_train import train_judge
+    from rl_core.schema.config import ConfigError, load_config
+    from rl_core.scoring.judge_train import train_judge
 
     try:
         cfg = load_config(config, set_ or [])

@@ -26,7 +26,7 @@ from flows.cli.common import SetOpt, fail
 
 if TYPE_CHECKING:
     from flows.form_policy import FormPolicy
-    from rl_core.config import Config
+    from rl_core.schema.config import Config
 
 
 class PoolType(enum.StrEnum):
@@ -152,7 +152,7 @@ def down() -> None:
 
 
 def _load(config: Path, overrides: list[str] | None = None) -> Config:
-    from rl_core.config import ConfigError, load_config
+    from rl_core.schema.config import ConfigError, load_config
 
     try:
         return load_config(config, overrides or [])
@@ -163,7 +163,7 @@ def _load(config: Path, overrides: list[str] | None = None) -> Config:
 def _prepare(config: Path, overrides: list[str] | None = None) -> tuple[Config, str]:
     """The served config and the Prefect API URL, with the project root as the working directory (the
     deployments' entrypoints are relative to it)."""
-    from rl_core.paths import PROJECT_ROOT, configure_env
+    from rl_core.artifacts.paths import PROJECT_ROOT, configure_env
 
     cfg = _load(config, overrides)
     configure_env()

@@ -1,6 +1,6 @@
-"""``reward-model train``: build and train the reward model of a config's task (``rl_core/reward_model.py``)
-and save it as a Hugging Face folder that ``rlfoundry up --reward-server`` or a run (``reward.model.path``)
-serves.
+"""``reward-model train``: build and train the reward model of a config's task
+(``rl_core/scoring/reward_model.py``) and save it as a Hugging Face folder that ``rlfoundry up
+--reward-server`` or a run (``reward.model.path``) serves.
 
     rlfoundry reward-model train --config configs/smoke.yaml --out runs/rm --json
     rlfoundry up --reward-server runs/rm
@@ -19,7 +19,7 @@ import typer
 from flows.cli.common import JsonOpt, SetOpt, fail
 
 reward_model_app = typer.Typer(
-    no_args_is_help=True, help="The served reward model (rl_core/reward_model.py)."
+    no_args_is_help=True, help="The served reward model (rl_core/scoring/reward_model.py)."
 )
 
 
@@ -34,8 +34,8 @@ def train(
 ) -> None:
     """Train a reward model on preference pairs from the config's task (answer vs a wrong answer); prints its
     held-out pairwise accuracy."""
-    from rl_core.config import ConfigError, load_config
-    from rl_core.reward_model import train_reward_model
+    from rl_core.schema.config import ConfigError, load_config
+    from rl_core.scoring.reward_model import train_reward_model
 
     try:
         cfg = load_config(config, overrides or [])

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from infra.localstack.process import Server, clean_env, spawn
-from rl_core.paths import free_port, state_dir
+from rl_core.artifacts.paths import free_port, state_dir
 
 
 def server_env(port: int, home: Path, *, ui: bool) -> dict[str, str]:

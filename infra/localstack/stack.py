@@ -27,7 +27,7 @@ from typing import Any
 
 from infra.localstack import prefect_server
 from infra.localstack.process import Server, ServerError, clean_env, spawn
-from rl_core.paths import free_port, state_dir
+from rl_core.artifacts.paths import free_port, state_dir
 
 BUCKET = "rlfoundry"
 
@@ -203,9 +203,9 @@ def start_rollout_servers(model_dir: Path, n: int, cfg: Any) -> list[str]:
     """Start ``n`` vLLM rollout servers (``infra.rollout_servers``, the settings of ``cfg.rollout``) on the
     checkpoint folder ``model_dir``; they outlive ``up`` and are recorded for ``down``. Their URLs: a run uses
     them with ``rollout.server_urls``. Placed as a run of ``cfg`` with ``rollout.servers: n`` would place its
-    own (rl_core.placement: on a GPU machine each takes its share of ``rollout.gpus``)."""
+    own (rl_core.models.placement: on a GPU machine each takes its share of ``rollout.gpus``)."""
     from infra.rollout_servers import RolloutServers
-    from rl_core.placement import Machine, engine_dtype, plan
+    from rl_core.models.placement import Machine, engine_dtype, plan
 
     rollout = cfg.rollout.model_copy(update={"servers": n, "server_urls": []})
     placed = plan(cfg.model_copy(update={"rollout": rollout}), Machine.this())
@@ -285,7 +285,7 @@ def apply_env() -> dict[str, str]:
     if not (os.environ.get("AWS_ACCESS_KEY_ID") and os.environ.get("AWS_SECRET_ACCESS_KEY")):
         want.update(credentials())
     if rollout_server_urls():  # the token of up's rollout servers, for runs that use them
-        from rl_core.rollout_server import ROLLOUT_TOKEN_ENV
+        from rl_core.generation.rollout_server import ROLLOUT_TOKEN_ENV
 
         want[ROLLOUT_TOKEN_ENV] = _read(ROLLOUT_TOKEN_FILE).get("token", "")
     applied = {}

@@ -69,8 +69,8 @@ def test_ppo_critic_is_stored_reloaded_and_replayed_bit_for_bit(state):
     data = _run(state, "ppo")
     one, two = _train(data, 1), _train(data, 2)
     assert one["value_loss"] > 0 and two["value_loss"] > 0 and two["reward_kl_mean"] != 0.0
-    from rl_core.stage import committed
-    from rl_core.store import Store
+    from rl_core.artifacts.stage import committed
+    from rl_core.artifacts.store import Store
 
     store = Store(str(state / "store"))
     m1, m2 = (committed(store, "pg-ppo", k, "train") for k in (1, 2))
@@ -97,7 +97,8 @@ class _Payload:
 @pytest.mark.parametrize("planted", ["optimizer", "critic"])
 def test_a_pickle_planted_in_the_store_is_refused_and_never_runs(state, tmp_path, planted):
     """Whoever can write the bucket can rewrite a state file and the manifest hash that guards it: the train
-    stage that reads it refuses it as a pickle, naming it, and the payload never runs (rl_core.safe_state)."""
+    stage that reads it refuses it as a pickle, naming it, and the payload never runs
+    (rl_core.artifacts.safe_state)."""
     import hashlib
     import io
     import json

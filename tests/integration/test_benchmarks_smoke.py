@@ -109,7 +109,7 @@ def test_benchmark_smoke(bench: str, tmp_path: Path) -> None:
     # OpenMP threads spun waiting on each other: the suite's OMP_WAIT_POLICY=PASSIVE (tests/conftest.py) stops
     # the spinning. (OMP_NUM_THREADS=1 is no option for a fork server's child, whose OpenMP runtime kept the
     # server's thread count: vLLM's CPU attention refused the mismatch.)
-    env = cli_env(state)  # vLLM caches in the machine's folder (rl_core.paths.vllm_cache_root)
+    env = cli_env(state)  # vLLM caches in the machine's folder (rl_core.artifacts.paths.vllm_cache_root)
     before = files(BENCHMARKS / "results"), listing(ROOT / ".state")
     # a child of the fork server (tests/forkserver.py): the script's own process, its imports done once
     done = run_script(f"benchmarks/{bench}.py", ["--smoke", "--json"], env, timeout=840)

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rl_core.losses import token_logprobs
-from rl_core.model import load_model, save_weights
-from rl_core.rollout import HFEngine, Request, SamplingSpec, VLLMEngine
-from rl_core.vllm_args import cpu_vllm_args
+from rl_core.generation.rollout import HFEngine, Request, SamplingSpec, VLLMEngine
+from rl_core.models.model import load_model, save_weights
+from rl_core.models.vllm_args import cpu_vllm_args
+from rl_core.training.losses import token_logprobs
 from tests.conftest import ENGINE_PROMPTS, two_policies
 
 PROMPTS = ENGINE_PROMPTS

@@ -13,9 +13,9 @@ import pandas as pd
 import pandas.testing as pdt
 import pytest
 
-from rl_core.config import load_config
-from rl_core.context import RunContext
-from rl_core.outcomes import env_outcomes
+from rl_core.generation.outcomes import env_outcomes
+from rl_core.run.context import RunContext
+from rl_core.schema.config import load_config
 from tests.conftest import python_in_private_netns
 
 

@@ -13,11 +13,11 @@ import pandas as pd
 import pytest
 
 from envs.base import Outcome, make_env
-from rl_core.config import load_config
-from rl_core.context import RunContext
-from rl_core.judge import judge_reward
-from rl_core.judge_text import parse_score
-from rl_core.store import Store
+from rl_core.artifacts.store import Store
+from rl_core.run.context import RunContext
+from rl_core.schema.config import load_config
+from rl_core.scoring.judge import judge_reward
+from rl_core.scoring.judge_text import parse_score
 from tests.conftest import replayed_identical, run_cli
 
 

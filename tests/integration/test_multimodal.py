@@ -11,8 +11,8 @@ import pandas as pd
 import pytest
 
 from envs.shapes import ShapesEnv
-from rl_core.config import load_config
-from rl_core.vision import image_prefix
+from rl_core.models.vision import image_prefix
+from rl_core.schema.config import load_config
 from tests.conftest import replayed_identical, run_cli
 
 SMALL = [

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from rl_core.model import load_tokenizer
+from rl_core.models.model import load_tokenizer
 from tests.conftest import replayed_identical, run_cli
 
 SMALL = [

@@ -82,7 +82,7 @@ def test_the_folder_is_the_base_policy_unchanged(own_run):
     # every later checkpoint is the same folder with new weights
     for it in data["iterations"]:
         ckpt = _uri_path(it["stages"]["train"]["artifacts"]["checkpoint"])
-        from rl_core.model import is_weight_file
+        from rl_core.models.model import is_weight_file
 
         assert {f.name for f in ckpt.iterdir() if not is_weight_file(f.name)} == {
             f.name for f in folder.iterdir() if not is_weight_file(f.name)
@@ -166,7 +166,7 @@ def test_no_warmup_on_the_hf_engine(own_run, tmp_path):
     data = _show(tmp_path, "plain")
     base = data["base"]
     assert base["warmup"]["artifacts"]["checkpoint"] == base["init"]["artifacts"]["checkpoint"]
-    from rl_core.model import weights_digest
+    from rl_core.models.model import weights_digest
 
     assert base["policy_sha256"] == weights_digest({f.name: _sha(f) for f in folder.iterdir()})  # its shards
     (it,) = data["iterations"]
@@ -181,7 +181,7 @@ def test_tied_sharded_weights_stay_tied_and_the_engine_follows_every_update(own_
     from safetensors import safe_open
     from transformers import AutoModelForCausalLM
 
-    from rl_core.model import INDEX, weights_digest
+    from rl_core.models.model import INDEX, weights_digest
 
     folder, state = own_run
     assert (folder / INDEX).exists() and not (folder / "model.safetensors").exists()

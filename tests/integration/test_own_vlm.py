@@ -17,9 +17,9 @@ from tests.conftest import run_cli
 def write_llava_folder(out: Path) -> Path:
     """save_pretrained a random tiny LLaVA, its tokenizer and image processor (what a user would bring)."""
     from envs.shapes import ShapesEnv
-    from rl_core.config import load_config
-    from rl_core.model import build_tokenizer, save_checkpoint
-    from rl_core.vision import IMAGE_TOKEN, build_vlm, save_processor
+    from rl_core.models.model import build_tokenizer, save_checkpoint
+    from rl_core.models.vision import IMAGE_TOKEN, build_vlm, save_processor
+    from rl_core.schema.config import load_config
 
     cfg = load_config("configs/shapes.yaml")
     env = ShapesEnv()
@@ -62,7 +62,7 @@ def test_users_llava_folder_trains_with_rl_on_the_hf_engine(tmp_path):
 
 
 def test_a_llava_folder_without_its_image_processor_is_refused(tmp_path):
-    from rl_core.policy_folder import ModelFolderError, check_policy_folder
+    from rl_core.models.policy_folder import ModelFolderError, check_policy_folder
 
     folder = write_llava_folder(tmp_path / "my-llava")
     info = check_policy_folder(str(folder), chat_template=False, max_model_len=32, vllm=False)

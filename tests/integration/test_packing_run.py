@@ -29,10 +29,10 @@ SETS = [
 ]
 PADDED_TRAIN = """
 import json, sys
-from rl_core.config import config_from_dict
-from rl_core.context import RunContext, open_store
-from rl_core.stage import StageJob
-from rl_core.stages import STAGES
+from rl_core.schema.config import config_from_dict
+from rl_core.run.context import RunContext, open_store
+from rl_core.artifacts.stage import StageJob
+from rl_core.pipeline.stages import STAGES
 
 cfg = config_from_dict(json.load(open(sys.argv[1]))["config"], "run.json")
 cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"packing": False, "pack_tokens": 0})})

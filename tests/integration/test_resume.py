@@ -200,7 +200,7 @@ CADENCE = ["--set", "experiment.iterations=4", "--set", "train.checkpoint_every=
 
 def _drop_local_copies(run_dir: Path) -> list[str]:
     """Remove this machine's local folders of the run's unstored checkpoints; their digests."""
-    from rl_core.paths import cache_dir
+    from rl_core.artifacts.paths import cache_dir
 
     dropped = []
     for path in sorted(run_dir.glob("iter-*/train/_manifest.json")):

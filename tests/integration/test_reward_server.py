@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 
 from infra.reward_server import RewardServer
-from rl_core.reward_client import RewardClient, RewardServerError
+from rl_core.scoring.reward_client import RewardClient, RewardServerError
 from tests.conftest import replayed_identical, run_cli, show_json
 
 TEXTS = [f"{a}+{b}={a + b + d}" for a in range(30) for b in range(20) for d in (0, 3)]  # 1200 texts
@@ -25,8 +25,8 @@ def hf_scores(folder: Path, texts: list[str]) -> list[float]:
     import torch
     from transformers import AutoModelForSequenceClassification
 
-    from rl_core.model import load_tokenizer
-    from rl_core.reward_model import encode, rewards
+    from rl_core.models.model import load_tokenizer
+    from rl_core.scoring.reward_model import encode, rewards
 
     tok = load_tokenizer(folder)
     model = AutoModelForSequenceClassification.from_pretrained(str(folder)).eval()

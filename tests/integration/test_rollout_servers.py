@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from infra.rollout_servers import RolloutServers
-from rl_core.config import RolloutSection
-from rl_core.rollout import Request, SamplingSpec
-from rl_core.rollout_server import ServerEngine
+from rl_core.generation.rollout import Request, SamplingSpec
+from rl_core.generation.rollout_server import ServerEngine
+from rl_core.schema.config import RolloutSection
 from tests.conftest import ENGINE_PROMPTS, replayed_identical, run_cli, show_json
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -23,8 +23,8 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
     """Two tied Llama folders with one tokenizer (Qwen2.5/Llama-3.2-style tied embeddings, which vLLM's
-    reload alone never re-ties: the servers load the untied view, rl_core/engine_view.py)."""
-    from rl_core.model import load_tokenizer
+    reload alone never re-ties: the servers load the untied view, rl_core/models/engine_view.py)."""
+    from rl_core.models.model import load_tokenizer
     from tests.model_folders import write_llama_folder
 
     root = tmp_path_factory.mktemp("ckpts")
@@ -35,8 +35,8 @@ def checkpoints(tmp_path_factory):
 
 _IN_PROCESS = """
 import json, sys
-from rl_core.vllm_args import cpu_vllm_args
-from rl_core.rollout import Request, SamplingSpec, VLLMEngine
+from rl_core.models.vllm_args import cpu_vllm_args
+from rl_core.generation.rollout import Request, SamplingSpec, VLLMEngine
 a = json.load(sys.stdin)
 eng = VLLMEngine(
     a["ckpt"], dtype="float32", max_model_len=256, device_args=cpu_vllm_args(256, 64), multiprocess=False
@@ -89,7 +89,7 @@ def _refused_without_the_token(url: str) -> None:
 def test_servers_match_the_in_process_engine_take_weights_and_survive_a_kill(checkpoints, tmp_path, s3):
     """... and the weights come from the store: the servers keep a cache of their own (empty at the start),
     the sync names the checkpoint's S3 reference, never a path of this process."""
-    from rl_core.store import Store
+    from rl_core.artifacts.store import Store
 
     tok, a, b = checkpoints
     store = Store("s3://rlf-test/ckpts")

@@ -7,8 +7,8 @@ import pytest
 from typer.testing import CliRunner
 
 from flows.cli import app
-from rl_core.config import load_config
-from rl_core.runs import RunIdError
+from rl_core.run.runs import RunIdError
+from rl_core.schema.config import load_config
 from tests.conftest import cli_env, run_cli
 
 # Each command that takes a run id, with the bad ids it is tried with (rotated so that every id is tried).

@@ -12,8 +12,8 @@ import pandas as pd
 import pytest
 
 from infra.localstack.s3_server import S3Server
-from rl_core.manifest import Manifest, Timings
-from rl_core.store import ArtifactError, Store
+from rl_core.artifacts.manifest import Manifest, Timings
+from rl_core.artifacts.store import ArtifactError, Store
 from tests.conftest import S3_KEY as KEY
 from tests.conftest import S3_SECRET as SECRET
 from tests.conftest import cli, cli_env
@@ -49,7 +49,7 @@ def test_store_roundtrip_and_corruption_on_s3(s3):
 def test_shared_stage_lock_on_s3(s3):
     """The store lock on S3's conditional create: four runs at once build a shared stage once; a lock from
     another host whose heartbeat stopped is taken over after the stale time, not before."""
-    from rl_core.store_lock import StageLock
+    from rl_core.artifacts.store_lock import StageLock
     from tests.unit.test_store_lock import PREFIX, _plant, race
 
     store = Store("s3://rlf-test/locks")

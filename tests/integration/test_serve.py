@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from rl_core.config import load_config
+from rl_core.schema.config import load_config
 from tests.conftest import cli_env, prefect_api_call, serving
 
 # Prefect 3.7's background task mark_deployments_ready, fired by a serving runner's heartbeat, fails at

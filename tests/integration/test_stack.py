@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 KEY, SECRET = "stack-test-key", "stack-secret-5b1f0e2a9c77d3"
 # What a run's process does first (flows/cli): point itself at the running stack; prints the rollout token.
 _APPLIED = (
-    "import os; from infra.localstack.stack import apply_env; from rl_core.rollout_server import "
+    "import os; from infra.localstack.stack import apply_env; from rl_core.generation.rollout_server import "
     "ROLLOUT_TOKEN_ENV; apply_env(); print(os.environ.get(ROLLOUT_TOKEN_ENV, ''))"
 )
 
@@ -40,7 +40,7 @@ def _listening(pid: int) -> set[str]:
 
 def _rollout_servers_from_up(fs, env: dict[str, str]) -> list[str]:
     """`rlfoundry up --rollout-servers 1` on the smoke run's warm-up checkpoint (this machine's copy)."""
-    from rl_core.paths import cache_dir
+    from rl_core.artifacts.paths import cache_dir
 
     (warm,) = fs.glob("rlfoundry/runs/_base/*/iter-0000/warmup/_manifest.json")
     model = cache_dir("checkpoints") / json.loads(fs.cat(warm))["outputs"]["checkpoint"]["sha256"]

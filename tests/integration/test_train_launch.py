@@ -53,7 +53,7 @@ def _hashes(state: Path, run_id: str) -> list[str]:
 
 def _job_processes() -> list[str]:
     out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
-    return [line for line in out.splitlines() if "rl_core.train_launch" in line]
+    return [line for line in out.splitlines() if "rl_core.training.train_launch" in line]
 
 
 @pytest.fixture(scope="module")
@@ -68,14 +68,14 @@ def state(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_two_ranks_match_one_process(state: Path, layout: str, monkeypatch: pytest.MonkeyPatch):
-    from rl_core.config import config_from_dict
-    from rl_core.context import RunContext
-    from rl_core.manifest import ArtifactRef
-    from rl_core.model import load_model
-    from rl_core.runs import run_config
-    from rl_core.stage import StageJob
-    from rl_core.store import Store
-    from rl_core.train_launch import launch_train
+    from rl_core.artifacts.manifest import ArtifactRef
+    from rl_core.artifacts.stage import StageJob
+    from rl_core.artifacts.store import Store
+    from rl_core.models.model import load_model
+    from rl_core.run.context import RunContext
+    from rl_core.run.runs import run_config
+    from rl_core.schema.config import config_from_dict
+    from rl_core.training.train_launch import launch_train
 
     monkeypatch.setenv("RLFOUNDRY_STATE_DIR", str(state))
     zero, tp = LAYOUTS[layout]

@@ -113,8 +113,8 @@ def test_checkpoint_and_dataset_tutorial_runs(tmp_path):
     from safetensors import safe_open
     from transformers import AutoModelForCausalLM
 
-    from rl_core.model import INDEX, folder_dtype, is_weight_file, load_tokenizer
-    from rl_core.train import read_optimizer_file
+    from rl_core.models.model import INDEX, folder_dtype, is_weight_file, load_tokenizer
+    from rl_core.training.train import read_optimizer_file
 
     files = tutorial_files(BOXED)
     assert set(files) == {"boxed.yaml"}

@@ -14,10 +14,10 @@ import pandas as pd
 import pandas.testing as pdt
 import pytest
 
-from rl_core.config import ConfigError, load_config
-from rl_core.context import RunContext
-from rl_core.outcomes import env_outcomes
-from rl_core.rewards import advantages, combine, components, outcome_records
+from rl_core.generation.outcomes import env_outcomes
+from rl_core.run.context import RunContext
+from rl_core.schema.config import ConfigError, load_config
+from rl_core.scoring.rewards import advantages, combine, components, outcome_records
 from tests.conftest import python_in_private_netns
 
 PACKAGE = '''

@@ -21,8 +21,8 @@ import psutil
 import pytest
 import yaml
 
-from rl_core.paths import free_port
-from rl_core.stages import ITERATION_STAGES
+from rl_core.artifacts.paths import free_port
+from rl_core.pipeline.stages import ITERATION_STAGES
 from tests.conftest import _delete_deployments, cli, cli_env, prefect_api_call, run_cli
 
 # Prefect 3.7's background task mark_deployments_ready, fired when a worker polls its pool, fails at once on

@@ -1,15 +1,14 @@
 """Optimizer state across ZeRO stages and world sizes: every ZeRO stage (0-3) x {same world size,
-1 -> 2, 2 -> 1} continues from its stored weights and optimizer state (``rl_core.zero_state``'s
+1 -> 2, 2 -> 1} continues from its stored weights and optimizer state (``rl_core.training.zero_state``'s
 world-size-free form, as resume and replay read it) — bit for bit at the same layout, within ``LOSS_TOL`` /
 ``WEIGHT_TOL`` at another world size (the ranks sum gradients in another order: float32 rounding, nothing
 more).
 
-Three torchrun jobs of ``rl_core.dp_check`` (real DeepSpeed, gloo): one rank stores each stage's state after 2
-of 4 steps; two ranks do the same and continue from the one-rank states; one rank only continues from the
-two-rank states (compared with the first job's uninterrupted run). The first two also continue once without
-the optimizer state: the control, showing that a lost or ignored state is far outside the tolerance (so the
-comparisons can fail).
-"""
+Three torchrun jobs of ``rl_core.training.dp_check`` (real DeepSpeed, gloo): one rank stores each stage's
+state after 2 of 4 steps; two ranks do the same and continue from the one-rank states; one rank only continues
+from the two-rank states (compared with the first job's uninterrupted run). The first two also continue once
+without the optimizer state: the control, showing that a lost or ignored state is far outside the tolerance
+(so the comparisons can fail)."""
 
 from __future__ import annotations
 
@@ -21,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from rl_core.paths import free_port
+from rl_core.artifacts.paths import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 STAGES = ("0", "1", "2", "3")
@@ -37,7 +36,7 @@ def _job(tmp: Path, nproc: int, name: str, *more: str) -> dict:
     }
     env.update(OMP_NUM_THREADS="1", TQDM_DISABLE="1")
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}"]
-    cmd += ["--master_addr=127.0.0.1", f"--master_port={free_port()}", "-m", "rl_core.dp_check"]
+    cmd += ["--master_addr=127.0.0.1", f"--master_port={free_port()}", "-m", "rl_core.training.dp_check"]
     cmd += ["--zero-stage", *STAGES, "--steps", "4", "--resume-at", "2", "--save", str(tmp / name)]
     cmd += ["--out", str(tmp / f"{name}.json"), *more]
     r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)

@@ -1,5 +1,6 @@
-"""The policy-gradient family (rl_core/algorithms.py, rl_core/losses.py, rl_core/critic.py) against values
-worked out by hand in the comments; GSPO's sequence ratio split over ranks; a new algorithm registered in a
+"""The policy-gradient family (rl_core/training/algorithms.py, rl_core/training/losses.py,
+rl_core/training/critic.py) against values worked out by hand in the comments; GSPO's sequence ratio split
+over ranks; a new algorithm registered in a
 test runs through the unchanged PPO loop."""
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ import pandas as pd
 import pytest
 import torch
 
-from rl_core.algorithms import (
+from rl_core.schema.config import ConfigError, load_config
+from rl_core.schema.config_pg import ALGORITHM_TRAITS
+from rl_core.training.algorithms import (
     ALGORITHMS,
     given_advantages,
     kl_in_reward,
@@ -22,11 +25,15 @@ from rl_core.algorithms import (
     train_rows,
     zero_std_groups,
 )
-from rl_core.config import ConfigError, load_config
-from rl_core.config_pg import ALGORITHM_TRAITS
-from rl_core.critic import gae, terminal_rewards, value_loss
-from rl_core.losses import PolicyTerms, cispo_surrogate, clipped_surrogate, gspo_surrogate, policy_loss
-from rl_core.ppo import make_batch, ppo_update
+from rl_core.training.critic import gae, terminal_rewards, value_loss
+from rl_core.training.losses import (
+    PolicyTerms,
+    cispo_surrogate,
+    clipped_surrogate,
+    gspo_surrogate,
+    policy_loss,
+)
+from rl_core.training.ppo import make_batch, ppo_update
 from tests.unit.test_anchor import COMPLETIONS, PROMPTS, Engine
 
 
@@ -232,10 +239,10 @@ def reinforce_surrogate(x: PolicyTerms):
 def test_a_new_algorithm_is_one_registered_function(monkeypatch):
     """Registering an estimator and a loss is all it takes: the config accepts the name and the unchanged
     PPO loop trains with it."""
-    monkeypatch.setattr("rl_core.algorithms.ALGORITHMS", dict(ALGORITHMS))
+    monkeypatch.setattr("rl_core.training.algorithms.ALGORITHMS", dict(ALGORITHMS))
     traits = dict(ALGORITHM_TRAITS)  # register declares the new algorithm's traits in the schema's table
-    monkeypatch.setattr("rl_core.config_pg.ALGORITHM_TRAITS", traits)
-    monkeypatch.setattr("rl_core.algorithms.ALGORITHM_TRAITS", traits)
+    monkeypatch.setattr("rl_core.schema.config_pg.ALGORITHM_TRAITS", traits)
+    monkeypatch.setattr("rl_core.training.algorithms.ALGORITHM_TRAITS", traits)
 
     @register("reinforce", loss=reinforce_surrogate)
     def mean_baseline(rewards, group_ids):

@@ -8,8 +8,8 @@ import pandas as pd
 import pytest
 import torch
 
-from rl_core.config import ConfigError, load_config
-from rl_core.ppo import make_batch, ppo_update
+from rl_core.schema.config import ConfigError, load_config
+from rl_core.training.ppo import make_batch, ppo_update
 
 
 class Counting(torch.nn.Module):

@@ -5,8 +5,8 @@ import pytest
 from envs.arithmetic import ArithmeticEnv, ArithmeticOptions, parse_answer
 from envs.arithmetic import make_tasks as _make_tasks
 from envs.base import make_env, registered
-from rl_core.config import load_config
-from rl_core.evaluate import pass_at_k
+from rl_core.evaluation.evaluate import pass_at_k
+from rl_core.schema.config import load_config
 
 
 def make_tasks(split, task_cfg, seed):

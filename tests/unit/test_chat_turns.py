@@ -1,14 +1,14 @@
 """Multi-turn observations as the chat template's turns, token in / token out: the prompt's tokens, the
-model's own turn exactly as sampled, then the observation's text as ``rl_core.model.observation_text`` reads
-it off the template — together the very tokens the template gives the whole conversation. No process: the
-tokenizers of tests/model_folders.py (Qwen3's ChatML with a system turn and an empty think block; a
+model's own turn exactly as sampled, then the observation's text as ``rl_core.models.model.observation_text``
+reads it off the template — together the very tokens the template gives the whole conversation. No process:
+the tokenizers of tests/model_folders.py (Qwen3's ChatML with a system turn and an empty think block; a
 Mistral-style template)."""
 
 from __future__ import annotations
 
 import pytest
 
-from rl_core.model import observation_text, prompt_ids
+from rl_core.models.model import observation_text, prompt_ids
 from tests.model_folders import build_qwen3_tokenizer, build_tokenizer
 
 

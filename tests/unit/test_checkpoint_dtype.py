@@ -11,15 +11,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from rl_core.model import (
+from rl_core.artifacts.safe_state import dumps, loads
+from rl_core.models.model import (
     folder_dtype,
     load_model,
     save_with_weights,
     stored_weights,
 )
-from rl_core.safe_state import dumps, loads
-from rl_core.train import MASTERS, _load_masters, optimizer_file, read_optimizer_file
-from rl_core.train_engine import make_train_engine
+from rl_core.training.train import MASTERS, _load_masters, optimizer_file, read_optimizer_file
+from rl_core.training.train_engine import make_train_engine
 from tests.model_folders import write_llama_folder
 
 

@@ -7,7 +7,7 @@ import string
 
 from envs.base import make_env
 from envs.computer import ComputerEnv
-from rl_core.config import TaskSection
+from rl_core.schema.config import TaskSection
 
 TASK = {
     "task_id": "t",

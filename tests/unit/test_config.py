@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from rl_core.config import ConfigError, config_hash, load_config
+from rl_core.schema.config import ConfigError, config_hash, load_config
 
 CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.yaml"))
 
@@ -78,7 +78,7 @@ def test_cross_field_checks():
 def test_every_field_is_described():
     from pydantic import BaseModel
 
-    from rl_core.config import Config
+    from rl_core.schema.config import Config
 
     def walk(model: type[BaseModel], prefix: str = ""):
         for name, f in model.model_fields.items():
@@ -96,7 +96,7 @@ def test_config_hash_changes_with_content():
 
 
 def test_apply_overrides_refuses_unknown_fields():
-    from rl_core.config import apply_overrides
+    from rl_core.schema.config import apply_overrides
 
     data = apply_overrides({"train": {"lr": 0.1}}, ["train.lr=0.2", "rollout.n=4"])
     assert data == {"train": {"lr": 0.2}, "rollout": {"n": 4}}
@@ -147,7 +147,7 @@ def test_the_hf_engine_samples_in_the_dtype_asked_for(tmp_path):
     """Issue 21 item 6: rollout.dtype was ignored by the HF engine; bf16 sampling now runs in bf16."""
     import torch
 
-    from rl_core.rollout import HFEngine, Request, SamplingSpec
+    from rl_core.generation.rollout import HFEngine, Request, SamplingSpec
     from tests.conftest import two_policies
 
     tok, a, _ = two_policies(tmp_path)

@@ -1,7 +1,8 @@
 """Issue 21 item 1: a resume never throws committed work away. Extending a run (more iterations, other
 evaluation points) needs no --force and keeps every committed stage; a change to what stages compute is
-refused, or with --force recorded as a new config version from the first iteration not yet committed; a
-change of the base model is refused even so; a committed stage is never cleared (rl_core.runs, rl_core.stage).
+refused, or with --force recorded as a new config version from the first iteration not yet committed; a change
+of the base model is refused even so; a committed stage is never cleared (rl_core.run.runs,
+rl_core.artifacts.stage).
 The end-to-end run with real stages: tests/integration/test_resume.py."""
 
 from __future__ import annotations
@@ -12,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from rl_core.config import config_from_dict
-from rl_core.context import RunContext, legacy_config_hash, run_config_hash
-from rl_core.runs import RUN_RECORD, RunError, config_for, create_or_resume, version_hashes
-from rl_core.stage import StageResult, committed, run_stage
-from rl_core.store import ArtifactError, Store
+from rl_core.artifacts.stage import StageResult, committed, run_stage
+from rl_core.artifacts.store import ArtifactError, Store
+from rl_core.run.context import RunContext, legacy_config_hash, run_config_hash
+from rl_core.run.runs import RUN_RECORD, RunError, config_for, create_or_resume, version_hashes
+from rl_core.schema.config import config_from_dict
 
 
 def _cfg(**sections: dict) -> object:

@@ -10,7 +10,7 @@ import pytest
 import envs.countup
 from envs.base import make_env, registered
 from envs.countup import ANSWER_TOKENS, count_range, count_up
-from rl_core.config import load_config
+from rl_core.schema.config import load_config
 
 CFG = load_config("configs/countup.yaml")
 

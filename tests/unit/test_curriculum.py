@@ -1,5 +1,6 @@
-"""The curriculum sampler (rl_core/curriculum.py): weights worked by hand, the cooldown of groups without a
-learning signal, the prior of unseen tasks, the weighted draw, the state update, and where the stage table
+"""The curriculum sampler (rl_core/generation/curriculum.py): weights worked by hand, the cooldown of groups
+without a learning signal, the prior of unseen tasks, the weighted draw, the state update, and where the stage
+table
 puts its state in the schedule."""
 
 from __future__ import annotations
@@ -10,10 +11,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from rl_core.config import load_config
-from rl_core.curriculum import STATE_DTYPES, draw, empty_state, update, weights
-from rl_core.overrides import ConfigError
-from rl_core.stages import ITERATION_STAGES, STAGES, resolve_inputs
+from rl_core.generation.curriculum import STATE_DTYPES, draw, empty_state, update, weights
+from rl_core.pipeline.stages import ITERATION_STAGES, STAGES, resolve_inputs
+from rl_core.schema.config import load_config
+from rl_core.schema.overrides import ConfigError
 from tests.unit.test_stages import _lookup, _uris
 
 

@@ -13,10 +13,10 @@ import pytest
 
 from envs.base import make_env
 from envs.dataset import DatasetEnv, check, epoch_order, final_answer
-from rl_core.config import ConfigError, load_config
-from rl_core.context import RunContext, base_id
-from rl_core.runs import RunError, create_or_resume
-from rl_core.store import Store
+from rl_core.artifacts.store import Store
+from rl_core.run.context import RunContext, base_id
+from rl_core.run.runs import RunError, create_or_resume
+from rl_core.schema.config import ConfigError, load_config
 
 ROWS = [
     {"problem": f"What is {i} + {i}?", "answer": str(2 * i), "solution": f"{i}+{i}={2 * i}"}

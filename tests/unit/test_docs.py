@@ -72,7 +72,7 @@ def _fields(model: type[BaseModel], path: str = "") -> list[tuple[str, str]]:
 
 
 def test_the_configuration_reference_has_every_field_of_the_schema() -> None:
-    from rl_core.config import Config
+    from rl_core.schema.config import Config
 
     page = generated.config_reference()
     tables = {}

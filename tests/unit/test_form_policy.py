@@ -12,7 +12,7 @@ from prefect.utilities.schema_tools.validation import validate
 
 from flows.deployments import deployments
 from flows.form_policy import FormPolicy, PolicyError
-from rl_core.config import load_config
+from rl_core.schema.config import load_config
 
 SERVED = load_config("configs/smoke.yaml")
 

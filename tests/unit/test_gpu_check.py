@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from benchmarks import gpu_check
-from rl_core.machine import Machine
-from rl_core.placement import PlacementError, plan
+from rl_core.models.machine import Machine
+from rl_core.models.placement import PlacementError, plan
 
 
 def test_matmul_params_are_what_the_model_multiplies_by() -> None:

@@ -1,5 +1,6 @@
-"""The LLM judge's text side (rl_core/judge_text.py), its settings and its training data: verdict parsing in
-many formats, template escaping against answers that try to close their tag or fake a score, the template
+"""The LLM judge's text side (rl_core/scoring/judge_text.py), its settings and its training data: verdict
+parsing in many formats, template escaping against answers that try to close their tag or fake a score, the
+template
 checks, and the examples' labels (the environment's verifier)."""
 
 from __future__ import annotations
@@ -7,11 +8,11 @@ from __future__ import annotations
 import pytest
 
 from envs.base import make_env
-from rl_core.config import ConfigError, load_config
-from rl_core.config_reward import JudgeSettings
-from rl_core.judge import judge_folder
-from rl_core.judge_text import parse_choice, parse_score, render
-from rl_core.judge_train import KINDS, examples
+from rl_core.schema.config import ConfigError, load_config
+from rl_core.schema.config_reward import JudgeSettings
+from rl_core.scoring.judge import judge_folder
+from rl_core.scoring.judge_text import parse_choice, parse_score, render
+from rl_core.scoring.judge_train import KINDS, examples
 
 
 @pytest.mark.parametrize(

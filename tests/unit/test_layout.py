@@ -34,6 +34,91 @@ def _imports(path: Path) -> set[str]:
     return found
 
 
+def _rl_core_imports(path: Path) -> set[str]:
+    """The rl_core rooms a module imports (anywhere in it: lazy imports count)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module] if node.module != "rl_core" else [f"rl_core.{a.name}" for a in node.names]
+        found |= {n.split(".")[1] for n in names if n.startswith("rl_core.")}
+    return found
+
+
+def _rooms() -> dict[str, set[str]]:
+    """Each room of rl_core and the rooms its ``__init__`` docstring says it may import ("May import:")."""
+    rooms = {}
+    for init in sorted((ROOT / "rl_core").glob("*/__init__.py")):
+        doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+        line = next((x for x in doc.splitlines() if x.startswith("May import:")), None)
+        assert line, f"{init.relative_to(ROOT)}: its docstring must say what the room may import"
+        rooms[init.parent.name] = {w.strip(" .,") for w in line.removeprefix("May import:").split(",")}
+    for room, allowed in rooms.items():
+        if allowed == {"every other room"}:
+            rooms[room] = set(rooms) - {room}
+        elif allowed == {"nothing of rl_core (the schema is the leaf every other room builds on)"}:
+            rooms[room] = set()
+    return rooms
+
+
+def test_rl_core_is_rooms_only():
+    """Every module of rl_core lives in a room (a subpackage with a docstring); none is left flat."""
+    flat = sorted(p.name for p in (ROOT / "rl_core").glob("*.py") if p.name != "__init__.py")
+    assert flat == []
+    assert set(_rooms()) == {
+        "schema", "artifacts", "models", "run", "generation", "training", "scoring", "evaluation", "pipeline"
+    }  # fmt: skip
+
+
+def test_each_room_imports_only_the_rooms_it_declares():
+    """The room rules, from the rooms' own docstrings: the schema imports nothing of the library, and no room
+    imports one that is not listed — so no import circle runs between files of different rooms."""
+    rooms = _rooms()
+    assert rooms["schema"] == set() and rooms["pipeline"] == set(rooms) - {"pipeline"}
+    broken = {}
+    for room in rooms:
+        for path in sorted((ROOT / "rl_core" / room).rglob("*.py")):
+            extra = _rl_core_imports(path) - rooms[room] - {room}
+            if extra:
+                broken[str(path.relative_to(ROOT))] = sorted(extra)
+    assert broken == {}
+
+
+def test_the_declared_rooms_form_floors():
+    """The rooms' allowances have no cycle (room A may import B and B A), so the rooms stack as floors."""
+    rooms = _rooms()
+    order: list[str] = []
+    while len(order) < len(rooms):
+        ready = [r for r in rooms if r not in order and rooms[r] <= set(order)]
+        assert ready, f"a cycle among {sorted(set(rooms) - set(order))}"
+        order += sorted(ready)
+    assert order[0] == "schema" and order[-1] == "pipeline"
+
+
+def test_the_flat_paths_still_import_for_one_release():
+    import importlib
+    import warnings
+
+    import rl_core
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        old = importlib.import_module("rl_core.config")
+        from rl_core.rollout import start_engine
+    new = importlib.import_module("rl_core.schema.config")
+    assert old is new and old.__spec__.name == "rl_core.schema.config"
+    from rl_core.generation.rollout import start_engine as moved
+
+    assert start_engine is moved
+    assert any(issubclass(w.category, DeprecationWarning) and "rl_core.schema.config" in str(w.message)
+               for w in caught)  # fmt: skip
+    assert set(rl_core.MOVED.values()) == {
+        f"rl_core.{p.parent.name}.{p.stem}" for p in (ROOT / "rl_core").glob("*/*.py") if p.stem != "__init__"
+    }
+
+
 @pytest.mark.parametrize("package", sorted(FORBIDDEN))
 def test_import_rules(package):
     broken = {str(p.relative_to(ROOT)): sorted(_imports(p) & FORBIDDEN[package]) for p in _modules([package])}

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from rl_core.lineage import LineageWriter
+from rl_core.run.lineage import LineageWriter
 
 
 def test_writes_run_in_order_and_flush_waits_only_for_what_is_due():

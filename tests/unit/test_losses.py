@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from rl_core.losses import aggregate, clipped_pg_loss, group_advantages, kl_estimate
+from rl_core.training.losses import aggregate, clipped_pg_loss, group_advantages, kl_estimate
 
 
 def test_grpo_advantage_hand_computed():

@@ -9,10 +9,10 @@ import pandas as pd
 import pytest
 import torch
 
-from rl_core.config import ConfigError, load_config
-from rl_core.losses import clipped_pg_loss, token_logprobs
-from rl_core.model import build_model, build_tokenizer
-from rl_core.packing import (
+from rl_core.models.model import build_model, build_tokenizer
+from rl_core.schema.config import ConfigError, load_config
+from rl_core.training.losses import clipped_pg_loss, token_logprobs
+from rl_core.training.packing import (
     PackPlan,
     block_causal_mask,
     pack,
@@ -22,8 +22,8 @@ from rl_core.packing import (
     padding_fraction,
     position_ids,
 )
-from rl_core.ppo import _logits, make_batch, ppo_update, sequence_logprobs
-from rl_core.train_engine import TorchTrainEngine
+from rl_core.training.ppo import _logits, make_batch, ppo_update, sequence_logprobs
+from rl_core.training.train_engine import TorchTrainEngine
 
 # fp32 on CPU: packed rows change the shapes of the matmuls, so sums run in another order (measured max
 # |diff| ~1e-6 on logits of magnitude ~1, ~1e-8 on gradients)

@@ -1,5 +1,6 @@
-"""Placement and precision decided once (rl_core/placement.py): what each workload gets on a CPU machine
-(exactly the CPU path as it was) and on described GPU machines (no GPU needed to test what would be chosen),
+"""Placement and precision decided once (rl_core/models/placement.py): what each workload gets on a CPU
+machine (exactly the CPU path as it was) and on described GPU machines (no GPU needed to test what would be
+chosen),
 the memory plan and the settings it refuses before any work; the run record keeps where a run ran."""
 
 from __future__ import annotations
@@ -9,9 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from rl_core.config import ConfigError, config_from_dict, load_config
-from rl_core.context import RunContext, run_config_hash
-from rl_core.placement import (
+from rl_core.artifacts.store import Store
+from rl_core.models.placement import (
     KNOWN_GPUS,
     Machine,
     PlacementError,
@@ -20,9 +20,10 @@ from rl_core.placement import (
     plan,
     trainer_terms,
 )
-from rl_core.runs import RUN_RECORD, create_or_resume
-from rl_core.store import Store
-from rl_core.vllm_args import cpu_vllm_args
+from rl_core.models.vllm_args import cpu_vllm_args
+from rl_core.run.context import RunContext, run_config_hash
+from rl_core.run.runs import RUN_RECORD, create_or_resume
+from rl_core.schema.config import ConfigError, config_from_dict, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 CPU = Machine(cpu_bf16=True)
@@ -44,8 +45,8 @@ def test_cpu_machine_keeps_the_cpu_path():
         ("cpu", "float32", "sdpa")
     }
     assert p.workloads["rollout"].dtype == "float32"
-    # What rl_core/rollout.py passed vLLM before placement existed: eager, no chunked prefill, 256 x the
-    # context per step, the configured KV cache.
+    # What rl_core/generation/rollout.py passed vLLM before placement existed: eager, no chunked prefill, 256
+    # x the context per step, the configured KV cache.
     assert p.vllm == {
         "enforce_eager": True,
         "enable_chunked_prefill": False,

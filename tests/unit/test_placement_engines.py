@@ -1,8 +1,9 @@
-"""Where the engines other than the in-process policy engine go (rl_core/placement.py): the rollout servers
-(`rollout.servers`, `rlfoundry up --rollout-servers`) get the same device arguments as the in-process engine,
-spelled as `vllm serve` flags that vLLM's own parser reads back, and on a GPU machine each its share of
-`rollout.gpus`; the LLM judge's engine sits beside the policy's with its own memory share and sleeps with it;
-an engine on GPUs that are not the process's first ones gets a process of its own that sees only them. No GPU
+"""Where the engines other than the in-process policy engine go (rl_core/models/placement.py): the rollout
+servers (`rollout.servers`, `rlfoundry up --rollout-servers`) get the same device arguments as the in-process
+engine, spelled as `vllm serve` flags that vLLM's own parser reads back, and on a GPU machine each its share
+of `rollout.gpus`; the LLM judge's engine sits beside the policy's with its own memory share and sleeps with
+it; an engine on GPUs that are not the process's first ones gets a process of its own that sees only them. No
+GPU
 and no server process needed: machines are described by name."""
 
 from __future__ import annotations
@@ -10,9 +11,9 @@ from __future__ import annotations
 import pytest
 
 from infra.rollout_servers import RolloutServers
-from rl_core.config import config_from_dict
-from rl_core.placement import Machine, PlacementError, plan
-from rl_core.vllm_args import cpu_vllm_args, cuda_visible, vllm_flags
+from rl_core.models.placement import Machine, PlacementError, plan
+from rl_core.models.vllm_args import cpu_vllm_args, cuda_visible, vllm_flags
+from rl_core.schema.config import config_from_dict
 
 CPU = Machine(cpu_bf16=True)
 FOUR_H200 = Machine.described("H200", 4)
@@ -141,7 +142,8 @@ def test_an_engine_on_gpus_of_its_own_runs_in_a_process_that_sees_only_them():
 def test_the_engine_is_started_with_those_gpus(monkeypatch):
     import os
 
-    from rl_core import rollout, vllm_args
+    from rl_core.generation import rollout
+    from rl_core.models import vllm_args
 
     seen = {}
 

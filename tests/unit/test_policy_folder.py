@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from rl_core.config import ConfigError, load_config
-from rl_core.model import build_tokenizer, load_tokenizer, prompt_ids, prompt_text, stop_ids
-from rl_core.policy_folder import ModelFolderError, check_policy_folder
+from rl_core.models.model import build_tokenizer, load_tokenizer, prompt_ids, prompt_text, stop_ids
+from rl_core.models.policy_folder import ModelFolderError, check_policy_folder
+from rl_core.schema.config import ConfigError, load_config
 from tests.model_folders import BOS, EOT, write_llama_folder
 
 
@@ -134,11 +134,12 @@ def test_chat_template_true_needs_one(tmp_path):
 
 
 def test_tied_embeddings_are_accepted_and_get_an_untied_engine_view(tmp_path):
-    """A tied causal LM is a policy as it is; the engine loads an untied view of it (rl_core.engine_view):
+    """A tied causal LM is a policy as it is; the engine loads an untied view of it
+    (rl_core.models.engine_view):
     the same files, a config without the tie, and the output embedding as a copy of the input one."""
     from safetensors import safe_open
 
-    from rl_core.engine_view import HEAD_FILE, engine_folder
+    from rl_core.models.engine_view import HEAD_FILE, engine_folder
 
     tied = write_llama_folder(tmp_path / "t", tie=True)
     assert check_policy_folder(str(tied), vllm=True)
@@ -157,7 +158,7 @@ def test_threads_building_one_view_at_once_all_get_it(tmp_path):
     """A pool starting its rollout servers builds the same view from several threads of one process."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from rl_core.engine_view import engine_folder
+    from rl_core.models.engine_view import engine_folder
 
     tied = write_llama_folder(tmp_path / "t", tie=True, seed=3)
     with ThreadPoolExecutor(4) as pool:
@@ -217,10 +218,10 @@ def _sha(p: Path) -> str:
 
 
 def test_init_stores_the_folder_unchanged_and_warmup_zero_passes_it_on(folder, tmp_path):
-    from rl_core.context import RunContext
-    from rl_core.sft import init_body, warmup_body
-    from rl_core.stage import StageJob
-    from rl_core.store import Store
+    from rl_core.artifacts.stage import StageJob
+    from rl_core.artifacts.store import Store
+    from rl_core.run.context import RunContext
+    from rl_core.training.sft import init_body, warmup_body
 
     (folder / ".cache").mkdir(exist_ok=True)  # a hub download's leftovers are not part of the model
     cfg = load_config(
@@ -251,11 +252,11 @@ def test_a_folder_behind_an_fsspec_url(folder, tmp_path):
     fetching its weights, then stored byte for byte; a changed folder is refused for a new run."""
     import fsspec
 
-    from rl_core.context import RunContext
-    from rl_core.policy_folder import check_stored_base
-    from rl_core.sft import init_body
-    from rl_core.stage import run_stage
-    from rl_core.store import Store
+    from rl_core.artifacts.stage import run_stage
+    from rl_core.artifacts.store import Store
+    from rl_core.models.policy_folder import check_stored_base
+    from rl_core.run.context import RunContext
+    from rl_core.training.sft import init_body
 
     fs = fsspec.filesystem("memory")
     for f in folder.iterdir():
@@ -280,7 +281,7 @@ def test_a_folder_behind_an_fsspec_url(folder, tmp_path):
 def test_hf_engine_stops_at_either_eos_id(folder):
     """The HF engine (the fallback) ends a completion at the first of the model's EOS ids, the second one
     (generation_config.json's <|eot|>) included."""
-    from rl_core.rollout import HFEngine, Request, SamplingSpec
+    from rl_core.generation.rollout import HFEngine, Request, SamplingSpec
 
     engine = HFEngine(folder)
     tok = engine.tokenizer

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from envs.base import make_env
-from rl_core.config import ConfigError, load_config
+from rl_core.schema.config import ConfigError, load_config
 
 ARITH = {
     "dataset": "basic_arithmetic",

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from rl_core.replay import diff_artifact, diff_tables
-from rl_core.store import Store
+from rl_core.artifacts.store import Store
+from rl_core.pipeline.replay import diff_artifact, diff_tables
 
 
 def _rollouts() -> pd.DataFrame:

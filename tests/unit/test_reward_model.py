@@ -8,11 +8,11 @@ import json
 
 import pytest
 
-from rl_core.config import load_config
-from rl_core.context import RunContext
-from rl_core.paths import free_port
-from rl_core.reward_client import RewardServerError, reward_model
-from rl_core.reward_model import Pair, preference_pairs, score_text, train_reward_model
+from rl_core.artifacts.paths import free_port
+from rl_core.run.context import RunContext
+from rl_core.schema.config import load_config
+from rl_core.scoring.reward_client import RewardServerError, reward_model
+from rl_core.scoring.reward_model import Pair, preference_pairs, score_text, train_reward_model
 from tests.conftest import run_cli
 
 TASKS = [
@@ -105,7 +105,7 @@ def test_up_refuses_a_reward_server_folder_that_is_no_reward_model(tmp_path):
 
 
 def test_a_config_with_reward_model_needs_its_folder():
-    from rl_core.config import ConfigError
+    from rl_core.schema.config import ConfigError
 
     with pytest.raises(ConfigError, match="reward.model.path"):
         load_config("configs/smoke.yaml", ["reward.weights={correct: 1.0, reward_model: 0.1}"])

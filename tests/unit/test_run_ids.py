@@ -1,12 +1,12 @@
-"""One rule for run ids (rl_core.runs.check_run_id) and the store's own naming: nothing outside the root.
+"""One rule for run ids (rl_core.run.runs.check_run_id) and the store's own naming: nothing outside the root.
 (The CLI, the deployments and an s3:// store: tests/integration/test_run_ids.py.)"""
 
 from __future__ import annotations
 
 import pytest
 
-from rl_core.runs import RESERVED, RunIdError, check_run_id
-from rl_core.store import ArtifactError, Store
+from rl_core.artifacts.store import ArtifactError, Store
+from rl_core.run.runs import RESERVED, RunIdError, check_run_id
 
 BAD = [
     "../escape-x",

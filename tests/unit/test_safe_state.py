@@ -1,7 +1,6 @@
-"""State files from the store cannot run code (rl_core.safe_state): what the trainer writes round-trips bit
-for bit, and anything else — a pickle above all — is refused with an error naming the file, its payload never
-run.
-"""
+"""State files from the store cannot run code (rl_core.artifacts.safe_state): what the trainer writes
+round-trips bit for bit, and anything else — a pickle above all — is refused with an error naming the file,
+its payload never run."""
 
 from __future__ import annotations
 
@@ -16,9 +15,9 @@ import pytest
 import torch
 from safetensors.torch import save as save_tensors
 
-from rl_core import safe_state
-from rl_core.safe_state import StateFileError
-from rl_core.train_engine import TorchTrainEngine
+from rl_core.artifacts import safe_state
+from rl_core.artifacts.safe_state import StateFileError
+from rl_core.training.train_engine import TorchTrainEngine
 
 URI = "s3://bucket/runs/r/iter-0002/train/optimizer.safetensors"
 
@@ -137,7 +136,7 @@ def test_the_same_state_is_the_same_bytes_in_any_process() -> None:
     import sys
 
     code = (
-        "import sys, torch, hashlib; from rl_core import safe_state; "
+        "import sys, torch, hashlib; from rl_core.artifacts import safe_state; "
         "t = {'format': 'x', 'step': 3, 'exp_avg': {'a': torch.arange(4.0), 'b': torch.ones(2, 2)}}; "
         "sys.stdout.write(hashlib.sha256(safe_state.dumps(t)).hexdigest())"
     )

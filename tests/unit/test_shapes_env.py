@@ -15,11 +15,9 @@ from PIL import Image
 
 from envs.base import make_env
 from envs.shapes import CELL, COLORS, GRID, QUESTIONS
-from rl_core.config import load_config
-from rl_core.model import build_tokenizer, load_model, save_checkpoint, save_weights
-from rl_core.ppo import make_batch, sequence_logprobs
-from rl_core.rollout import HFEngine, Request, SamplingSpec, start_engine
-from rl_core.vision import (
+from rl_core.generation.rollout import HFEngine, Request, SamplingSpec, start_engine
+from rl_core.models.model import build_tokenizer, load_model, save_checkpoint, save_weights
+from rl_core.models.vision import (
     IMAGE_TOKEN,
     allowed_token_ids,
     build_vlm,
@@ -27,6 +25,8 @@ from rl_core.vision import (
     pixel_values,
     save_processor,
 )
+from rl_core.schema.config import load_config
+from rl_core.training.ppo import make_batch, sequence_logprobs
 
 CFG = load_config("configs/shapes.yaml", ["task.train_size=300", "task.heldout_size=40"])
 

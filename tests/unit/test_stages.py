@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from rl_core.config import load_config
-from rl_core.manifest import ArtifactRef, Manifest, Timings
-from rl_core.stages import ITERATION_STAGES, STAGES, TABLE, resolve_inputs
-from rl_core.store import ArtifactError, Store
+from rl_core.artifacts.manifest import ArtifactRef, Manifest, Timings
+from rl_core.artifacts.store import ArtifactError, Store
+from rl_core.pipeline.stages import ITERATION_STAGES, STAGES, TABLE, resolve_inputs
+from rl_core.schema.config import load_config
 
 
 def _manifest(stage: str, k: int) -> Manifest:
@@ -134,7 +134,7 @@ def test_asynchronous_generate_samples_a_fixed_older_policy(staleness):
 def test_an_unstored_checkpoint_no_train_stage_made_is_an_error_naming_it(tmp_path):
     """A reference marked ``stored: false`` is rebuilt from the train stage that made it; with none committed
     (a hand-edited manifest, another run's reference) the error names the checkpoint and the run."""
-    from rl_core.context import RunContext
+    from rl_core.run.context import RunContext
 
     cfg = load_config(None, [f"store.uri={tmp_path}", "train.checkpoint_every=2"])
     ctx = RunContext(cfg, "r")

@@ -3,9 +3,9 @@
 import pandas as pd
 import pytest
 
-from rl_core.manifest import ArtifactRef
-from rl_core.stage import StageResult, run_stage
-from rl_core.store import ArtifactError, Store
+from rl_core.artifacts.manifest import ArtifactRef
+from rl_core.artifacts.stage import StageResult, run_stage
+from rl_core.artifacts.store import ArtifactError, Store
 
 
 def test_table_roundtrip_and_hash(tmp_path):
@@ -92,7 +92,7 @@ def test_corrupt_manifest_reported(tmp_path):
 
 
 def test_diff_tables_counts_rows_and_columns():
-    from rl_core.replay import diff_tables
+    from rl_core.pipeline.replay import diff_tables
 
     a = pd.DataFrame({"x": [1, 2, 3], "ids": [[1], [2], [3]], "y": ["a", "b", "c"]})
     b = a.copy()

@@ -1,7 +1,8 @@
-"""The store lock of a shared base-model stage (rl_core.store_lock) on a local store: runs racing for one
-stage build it once, a killed holder's lock is taken over (at once on this host, after the stale time from
-another host), a live holder on another host is waited for, and a holder that lost its lock commits nothing.
-The same on S3 (SeaweedFS): tests/integration/test_s3_store.py; two real runs, one killed mid-warm-up:
+"""The store lock of a shared base-model stage (rl_core.artifacts.store_lock) on a local store: runs racing
+for one stage build it once, a killed holder's lock is taken over (at once on this host, after the stale time
+from another host), a live holder on another host is waited for, and a holder that lost its lock commits
+nothing. The same on S3 (SeaweedFS): tests/integration/test_s3_store.py; two real runs, one killed
+mid-warm-up:
 tests/integration/test_shared_base.py."""
 
 from __future__ import annotations
@@ -12,9 +13,9 @@ import time
 
 import pytest
 
-from rl_core.stage import StageResult, committed
-from rl_core.store import Store
-from rl_core.store_lock import LockLost, StageLock, run_shared_stage
+from rl_core.artifacts.stage import StageResult, committed
+from rl_core.artifacts.store import Store
+from rl_core.artifacts.store_lock import LockLost, StageLock, run_shared_stage
 
 PREFIX = "_base/0123456789abcdef"
 NO_SUCH_PID = 4_194_304 + 17  # above Linux's largest pid_max: never a running process
@@ -132,7 +133,7 @@ def test_a_holder_that_lost_its_lock_commits_nothing(tmp_path):
 
 
 def test_lock_settings_are_checked(tmp_path):
-    from rl_core.config import ConfigError, load_config
+    from rl_core.schema.config import ConfigError, load_config
 
     with pytest.raises(ValueError, match="at most a third"):
         StageLock(_store(tmp_path), "file:///x/iter-0000/warmup", owner="r", stale_after_s=2, heartbeat_s=1)

@@ -11,8 +11,8 @@ import torch
 
 from envs.base import make_env
 from envs.tools import CalcError, ToolUseEnv, calculate
-from rl_core.config import TaskSection
-from rl_core.ppo import make_batch
+from rl_core.schema.config import TaskSection
+from rl_core.training.ppo import make_batch
 
 
 def test_calculator_is_a_parser_not_eval():

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from rl_core.config import ConfigError, config_from_dict
-from rl_core.context import RunContext, run_config_hash
-from rl_core.runs import RunError, create_or_resume
-from rl_core.store import Store
+from rl_core.artifacts.store import Store
+from rl_core.run.context import RunContext, run_config_hash
+from rl_core.run.runs import RunError, create_or_resume
+from rl_core.schema.config import ConfigError, config_from_dict
 
 
 def _cfg(**train):

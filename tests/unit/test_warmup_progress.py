@@ -8,11 +8,11 @@ import math
 import re
 from pathlib import Path
 
-from rl_core.config import load_config
-from rl_core.context import RunContext
-from rl_core.report import subscribe
-from rl_core.sft import init_body, warmup_body
-from rl_core.stage import StageJob
+from rl_core.artifacts.report import subscribe
+from rl_core.artifacts.stage import StageJob
+from rl_core.run.context import RunContext
+from rl_core.schema.config import load_config
+from rl_core.training.sft import init_body, warmup_body
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,4 +1,4 @@
-"""Checkpoint weights as files (rl_core/model.py): one model.safetensors exactly as before up to
+"""Checkpoint weights as files (rl_core/models/model.py): one model.safetensors exactly as before up to
 ``model.max_shard_size`` (the policy hashes of every existing run stay), shards with their index above it,
 a tied model's head left out, and a digest that covers the index and every shard."""
 
@@ -10,8 +10,8 @@ import pytest
 import torch
 from safetensors.torch import load, save
 
-from rl_core.config import ConfigError, load_config
-from rl_core.model import INDEX, WEIGHTS, weight_files, weights_digest
+from rl_core.models.model import INDEX, WEIGHTS, weight_files, weights_digest
+from rl_core.schema.config import ConfigError, load_config
 
 
 def _state() -> dict[str, torch.Tensor]:
@@ -60,7 +60,7 @@ def test_the_digest_covers_the_index_and_every_shard():
 
 
 def test_the_shard_size_is_checked_and_is_not_part_of_the_config_hash():
-    from rl_core.context import base_id, run_config_hash
+    from rl_core.run.context import base_id, run_config_hash
 
     assert load_config(None, ["model.max_shard_size=500MB"]).model.max_shard_bytes == 500_000_000
     with pytest.raises(ConfigError, match="model.max_shard_size"):

@@ -1,0 +1,74 @@
+"""Where rlfoundry keeps its state: ``$RLFOUNDRY_STATE_DIR`` or ``.state/`` in the project folder.
+
+The store, MLflow's SQLite database, Prefect's home and the engine caches all live under it, so one folder
+holds everything a run wrote (delete it to start clean).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+
+def state_dir() -> Path:
+    d = Path(os.environ.get("RLFOUNDRY_STATE_DIR") or PROJECT_ROOT / ".state").resolve()
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cache_dir(name: str) -> Path:
+    """A cache shared by every run on this machine (compiled ops, downloaded checkpoints)."""
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rlfoundry" / name
+    base.mkdir(parents=True, exist_ok=True)
+    return base
+
+
+def vllm_cache_root() -> str:
+    """vLLM's cache (what it learnt inspecting a model class, ~10 s of a fresh interpreter per engine start
+    when cold; compiled graphs): ``VLLM_CACHE_ROOT`` when set, else one folder per machine beside the compiled
+    ops, shared by every run and state dir (vLLM writes its entries atomically)."""
+    return os.environ.get("VLLM_CACHE_ROOT") or str(cache_dir("vllm"))
+
+
+def configure_env() -> None:
+    """Process defaults set before Prefect, MLflow and vLLM are imported: state under the state dir,
+    quiet logs, telemetry off. Values already in the environment win."""
+    s = state_dir()
+    defaults = {
+        "PREFECT_HOME": str(s / "prefect"),
+        "PREFECT_LOGGING_LEVEL": "WARNING",
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
+        "DO_NOT_TRACK": "true",
+        "MLFLOW_DISABLE_TELEMETRY": "true",
+        "MLFLOW_LOGGING_LEVEL": "WARNING",
+        "VLLM_NO_USAGE_STATS": "1",
+        "VLLM_LOGGING_LEVEL": "ERROR",
+        "VLLM_CACHE_ROOT": vllm_cache_root(),
+        "TOKENIZERS_PARALLELISM": "false",
+        "TQDM_DISABLE": "1",
+        "TRANSFORMERS_VERBOSITY": "error",
+        "HF_HUB_OFFLINE": "1",
+        "TORCH_EXTENSIONS_DIR": str(cache_dir("torch_extensions")),
+    }
+    for k, v in defaults.items():
+        os.environ.setdefault(k, v)
+    import logging
+    import warnings
+
+    # Library chatter (deprecations, "accelerator set to CPU") would bury the progress display.
+    warnings.filterwarnings("ignore", category=UserWarning)
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    for name in ("DeepSpeed", "deepspeed", "vllm", "torch.distributed", "transformers", "mlflow", "alembic"):
+        logging.getLogger(name).setLevel(logging.ERROR)

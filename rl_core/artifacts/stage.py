@@ -1,0 +1,117 @@
+"""The stage contract: run a stage once, commit it with a manifest, skip it when it is already committed.
+
+A stage run is (run id, iteration, stage). ``run_stage`` looks for its manifest: when it exists and records
+the same inputs and config hash, the stage is done and its manifest is returned as is. Anything else in the
+folder is garbage from a crashed attempt and is cleared. The stage body gets one typed ``StageJob`` (its
+iteration, its inputs, the folder to write into), writes its outputs and returns their references; the
+manifest (inputs, outputs with sha256, config hash, code version, seeds, timings, metrics) is written last,
+atomically. Which stages exist, what each reads and writes: ``rl_core.pipeline.stages``.
+
+    m = run_stage(store, "run1", 3, "generate", cfg_hash, {"policy": ckpt}, lambda job: body(ctx, job))
+"""
+
+from __future__ import annotations
+
+import functools
+import subprocess
+import time
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
+from typing import Any
+
+from rl_core.artifacts.faults import fault
+from rl_core.artifacts.manifest import ArtifactRef, Manifest, Timings
+from rl_core.artifacts.paths import PROJECT_ROOT
+from rl_core.artifacts.store import ArtifactError, Store
+
+
+@dataclass(frozen=True)
+class StageJob:
+    """Everything a stage body is given besides the run context: which iteration, the artifacts it reads (by
+    the names of its table entry's inputs) and the folder its outputs go to."""
+
+    iteration: int
+    inputs: dict[str, ArtifactRef]
+    out_uri: str
+
+
+@dataclass
+class StageResult:
+    """What a stage body returns."""
+
+    outputs: dict[str, ArtifactRef]
+    metrics: dict[str, Any] = field(default_factory=dict)
+    seeds: dict[str, Any] = field(default_factory=dict)
+
+
+@functools.cache
+def code_version() -> str:
+    try:
+        rev = subprocess.run(
+            ["git", "-C", str(PROJECT_ROOT), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        rev = ""
+    from importlib.metadata import version
+
+    return f"rlfoundry-{version('rlfoundry')}" + (f"+g{rev}" if rev else "")
+
+
+def committed(store: Store, run_id: str, iteration: int, stage: str) -> Manifest | None:
+    return store.read_manifest(store.stage_uri(run_id, iteration, stage))
+
+
+def run_stage(
+    store: Store,
+    run_id: str,
+    iteration: int,
+    stage: str,
+    config_hash: str,
+    inputs: dict[str, ArtifactRef],
+    body: Callable[[StageJob], StageResult],
+    accepted: Collection[str] = (),
+    guard: Callable[[], None] | None = None,
+) -> Manifest:
+    """Run ``body`` unless this stage is committed with the same inputs, under ``config_hash`` or one of the
+    ``accepted`` hashes (the run's earlier config versions); return the manifest. What an uncommitted
+    attempt left in the stage's folder is cleared; a committed stage is never cleared: one that does not
+    match (other inputs, a config the run never recorded) is an error naming it. ``guard`` is called right
+    before the commit and may refuse it by raising (a lock this process must still hold)."""
+    uri = store.stage_uri(run_id, iteration, stage)
+    existing = store.read_manifest(uri)
+    if existing is not None:
+        known = existing.config_hash == config_hash or existing.config_hash in accepted
+        if known and existing.same_inputs(inputs):
+            return existing.model_copy(update={"reused": True})
+        why = "other inputs than this run now gives it" if known else "a config this run does not record"
+        raise ArtifactError(
+            f"{uri} is committed with {why} (config hash {existing.config_hash[:12]}..., this run's "
+            f"{config_hash[:12]}...); committed work is never deleted: resume with the run's recorded "
+            "config, or start a new run"
+        )
+    store.clear(uri)
+    fault(f"{stage}:start", iteration)
+    t0 = time.perf_counter()
+    started = time.time()
+    result = body(StageJob(iteration, inputs, uri))
+    fault(f"{stage}:outputs", iteration)
+    if guard is not None:
+        guard()
+    manifest = Manifest(
+        run_id=run_id,
+        iteration=iteration,
+        stage=stage,
+        inputs=inputs,
+        outputs=result.outputs,
+        config_hash=config_hash,
+        code_version=code_version(),
+        seeds=result.seeds,
+        metrics=result.metrics,
+        timings=Timings(seconds=round(time.perf_counter() - t0, 4), started_at=started),
+    )
+    store.write_manifest(uri, manifest)
+    fault(f"{stage}:committed", iteration)
+    return manifest

@@ -1,0 +1,351 @@
+"""Artifact store over fsspec: ``file://`` (or a plain path) by default, ``s3://bucket/prefix`` at scale.
+
+On s3:// every call is retried with exponential backoff while the endpoint is unreachable (connection
+refused, timeouts, 5xx); when the retries are spent a ``StoreUnavailable`` names the endpoint. Nothing is
+committed by a failed call, so ``rlfoundry resume`` continues once the server is back.
+
+A stage run owns ``<root>/<run id>/iter-<KKKK>/<stage>/``. Its ``_manifest.json`` is written last and
+atomically: it is the commit marker. Every artifact is recorded with its sha256 and verified on read, so a
+corrupt or half-written artifact is reported with its path and never consumed.
+
+    store = Store("file:///tmp/rl")
+    ref = store.write_table(store.stage_uri("run1", 3, "generate") + "/rollouts.parquet", df)
+    df = store.read_table(ref)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import fsspec
+import pandas as pd
+import pydantic
+import tenacity
+
+from rl_core.artifacts.faults import fault, iteration_of
+from rl_core.artifacts.manifest import ArtifactRef, Manifest
+
+MANIFEST = "_manifest.json"
+
+
+class ArtifactError(RuntimeError):
+    """An artifact is missing, corrupt or unreadable; the message names its URI."""
+
+
+class StoreUnavailable(RuntimeError):
+    """The object store did not answer after every retry; the message names the endpoint."""
+
+
+T = TypeVar("T")
+log = logging.getLogger("rlfoundry.store")
+
+
+def transient(exc: BaseException) -> bool:
+    """A failure worth retrying: the endpoint is unreachable, timed out or answered 5xx."""
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, ConnectionError | TimeoutError):
+            return True
+        mod = type(e).__module__
+        name = type(e).__name__
+        if mod.startswith(("botocore", "aiohttp")) and (
+            "Connect" in name or "Timeout" in name or name in ("HTTPClientError", "ServerDisconnectedError")
+        ):
+            return True
+        status = getattr(e, "response", None)
+        if isinstance(status, dict) and status.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) >= 500:
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
+def s3_endpoint() -> str:
+    return (
+        os.environ.get("AWS_ENDPOINT_URL_S3")
+        or os.environ.get("AWS_ENDPOINT_URL")
+        or "the default AWS S3 endpoint"
+    )
+
+
+def with_retries(fn: Callable[[], T], *, what: str, attempts: int, max_wait_s: float) -> T:
+    """Call ``fn`` until it succeeds or ``attempts`` transient failures have passed (backoff 0.5 s doubling
+    up to ``max_wait_s``); then raise StoreUnavailable naming the endpoint. Other errors pass through."""
+    try:
+        for attempt in tenacity.Retrying(
+            stop=tenacity.stop_after_attempt(attempts),
+            wait=tenacity.wait_exponential(multiplier=0.5, max=max_wait_s),
+            retry=tenacity.retry_if_exception(transient),
+            before_sleep=lambda rs: log.warning(
+                "S3 endpoint %s: %s failed (attempt %d/%d), retrying",
+                s3_endpoint(),
+                what,
+                rs.attempt_number,
+                attempts,
+            ),
+        ):
+            with attempt:
+                return fn()
+    except tenacity.RetryError as e:
+        last = e.last_attempt.exception()
+        raise StoreUnavailable(
+            f"S3 endpoint {s3_endpoint()} unreachable: {what} failed {attempts} times "
+            f"({type(last).__name__}: {last})"
+        ) from last
+    raise AssertionError("unreachable")
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def sha256_file(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def dir_digest(file_hashes: dict[str, str]) -> str:
+    """One hash for a folder: sha256 over its sorted (relative name, file sha256) pairs."""
+    return sha256_bytes(json.dumps(sorted(file_hashes.items())).encode())
+
+
+class Store:
+    """Read and write artifacts under one root URI."""
+
+    def __init__(self, root: str, *, retries: int = 6, retry_max_wait_s: float = 20.0):
+        if "://" not in root:
+            root = "file://" + str(Path(root).resolve())
+        self.root = root.rstrip("/")
+        self.protocol = root.split("://", 1)[0]
+        self.retries, self.retry_max_wait_s = retries, retry_max_wait_s
+        options: dict[str, Any] = {}
+        if self.protocol == "s3":
+            # One attempt per call inside botocore/s3fs: the backoff is ours, so it is bounded and reported.
+            options = {
+                "config_kwargs": {"connect_timeout": 5, "read_timeout": 60, "retries": {"max_attempts": 1}}
+            }
+        self.fs, _ = fsspec.core.url_to_fs(self.root, **options)
+
+    def _io(self, what: str, fn: Callable[[], T]) -> T:
+        if self.is_local:
+            return fn()
+        return with_retries(fn, what=what, attempts=self.retries, max_wait_s=self.retry_max_wait_s)
+
+    # -- naming -------------------------------------------------------------------------------------
+    def run_uri(self, run_id: str) -> str:
+        """``<root>/<run_id>``. Users' ids are checked by ``rl_core.run.runs.check_run_id`` where they enter;
+        the store's own prefixes (``_base/<hash>``, ``<run>/sweep``) have several segments, and no segment may
+        climb out of the root."""
+        parts = run_id.split("/")
+        if any(p in ("", ".", "..") or "\\" in p for p in parts):
+            raise ArtifactError(f"run prefix {run_id!r} would leave the store {self.root}")
+        return f"{self.root}/{run_id}"
+
+    def stage_uri(self, run_id: str, iteration: int, stage: str) -> str:
+        return f"{self.run_uri(run_id)}/iter-{iteration:04d}/{stage}"
+
+    def _path(self, uri: str) -> str:
+        """The filesystem path of ``uri``, which must be the root or under it: every read, write and removal
+        goes through here, so neither a caller's URI nor one read from a (possibly tampered) manifest can
+        reach a file outside the store (``file:///etc/...``, another bucket, ``<root>/../x``)."""
+        if uri != self.root:
+            rest = uri[len(self.root) + 1 :] if uri.startswith(self.root + "/") else None
+            if rest is None or any(p in (".", "..") or "\\" in p for p in rest.split("/")):
+                raise ArtifactError(f"{uri} is outside the store {self.root}: refused")
+        return self.fs._strip_protocol(uri)
+
+    @property
+    def is_local(self) -> bool:
+        return self.protocol == "file"
+
+    # -- bytes ----------------------------------------------------------------------------------
+    def exists(self, uri: str) -> bool:
+        return self._io(f"stat {uri}", lambda: self.fs.exists(self._path(uri)))
+
+    def write_bytes(self, uri: str, data: bytes) -> ArtifactRef:
+        path = self._path(uri)
+        if self.is_local:
+            # Write-then-rename so that a reader never sees a half-written file.
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-")
+            with os.fdopen(fd, "wb") as f:
+                f.write(data[: len(data) // 2])
+                f.flush()
+                fault("write", iteration_of(uri))
+                f.write(data[len(data) // 2 :])
+            os.replace(tmp, path)
+        else:
+            self._io(f"write {uri}", lambda: self.fs.pipe_file(path, data))  # a single S3 PUT is atomic
+        return ArtifactRef(uri=uri, sha256=sha256_bytes(data))
+
+    def create_exclusive(self, uri: str, data: bytes) -> bool:
+        """Write ``uri`` only if nothing is there (True), else leave it alone (False): a conditional create
+        (``If-None-Match: *`` on S3; a hard link of a written file on a local or NFS folder, so a reader never
+        sees it half-written). What locks (``rl_core.artifacts.store_lock``) are built on."""
+        path = self._path(uri)
+        if self.is_local:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-")
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            try:
+                os.link(tmp, path)
+                return True
+            except FileExistsError:
+                return False
+            finally:
+                os.unlink(tmp)
+
+        def put() -> bool:
+            try:
+                self.fs.pipe_file(path, data, mode="create")
+                return True
+            except OSError as e:  # 412 Precondition Failed: the object exists (s3fs reports it as EINVAL)
+                self.fs.invalidate_cache(path)
+                if "pre-condition" in str(e).lower() or "precondition" in str(e).lower():
+                    return False
+                raise
+
+        return self._io(f"create {uri}", put)
+
+    def remove(self, uri: str) -> None:
+        """Delete one object (nothing when it is already gone)."""
+        path = self._path(uri)
+
+        def rm() -> None:
+            with contextlib.suppress(FileNotFoundError):
+                self.fs.rm_file(path)
+            if not self.is_local:
+                self.fs.invalidate_cache(path)
+
+        self._io(f"remove {uri}", rm)
+
+    def read_bytes_if_any(self, uri: str) -> bytes | None:
+        """The bytes at ``uri``, or None when nothing is there (no listing cache involved)."""
+        path = self._path(uri)
+
+        def cat() -> bytes | None:
+            try:
+                return self.fs.cat_file(path)
+            except FileNotFoundError:
+                return None
+
+        return self._io(f"read {uri}", cat)
+
+    def read_bytes(self, ref: ArtifactRef | str) -> bytes:
+        uri = ref.uri if isinstance(ref, ArtifactRef) else ref
+        try:
+            data = self._io(f"read {uri}", lambda: self.fs.cat_file(self._path(uri)))
+        except FileNotFoundError as e:
+            raise ArtifactError(f"artifact missing: {uri}") from e
+        if isinstance(ref, ArtifactRef) and sha256_bytes(data) != ref.sha256:
+            raise ArtifactError(
+                f"artifact corrupt: {uri} has sha256 {sha256_bytes(data)[:16]}..., "
+                f"manifest says {ref.sha256[:16]}..."
+            )
+        return data
+
+    def write_json(self, uri: str, obj: Any) -> ArtifactRef:
+        return self.write_bytes(uri, json.dumps(obj, indent=2, sort_keys=True).encode())
+
+    def read_json(self, ref: ArtifactRef | str) -> Any:
+        return json.loads(self.read_bytes(ref))
+
+    # -- tables ---------------------------------------------------------------------------------
+    def write_table(self, uri: str, df: pd.DataFrame) -> ArtifactRef:
+        buf = io.BytesIO()
+        df.to_parquet(buf, index=False)
+        return self.write_bytes(uri, buf.getvalue()).model_copy(update={"rows": len(df)})
+
+    def read_table(self, ref: ArtifactRef | str) -> pd.DataFrame:
+        data = self.read_bytes(ref)
+        uri = ref.uri if isinstance(ref, ArtifactRef) else ref
+        try:
+            return pd.read_parquet(io.BytesIO(data))
+        except Exception as e:
+            raise ArtifactError(f"artifact unreadable as parquet: {uri}: {e}") from e
+
+    # -- folders (checkpoints) ----------------------------------------------------------------------
+    def put_dir(self, local_dir: str | Path, uri: str) -> ArtifactRef:
+        """Upload a local folder; returns its reference (folder digest and per-file hashes)."""
+        local_dir = Path(local_dir)
+        hashes: dict[str, str] = {}
+        for p in sorted(local_dir.rglob("*")):
+            if p.is_file():
+                rel = p.relative_to(local_dir).as_posix()
+                data = p.read_bytes()
+                hashes[rel] = self.write_bytes(f"{uri}/{rel}", data).sha256
+        return ArtifactRef(uri=uri, sha256=dir_digest(hashes), files=hashes)
+
+    def local_dir(self, ref: ArtifactRef, cache_root: Path) -> Path:
+        """A verified local copy of a stored folder (the folder itself when the store is local)."""
+        if ref.files is None:
+            raise ArtifactError(f"artifact {ref.uri} is not a folder (its reference lists no files)")
+        files = ref.files
+        if self.is_local:
+            path = Path(self._path(ref.uri))
+            self._verify_dir(ref, files, path)
+            return path
+        dest = cache_root / ref.sha256
+        if not (dest / ".complete").exists():
+            tmp = Path(tempfile.mkdtemp(dir=cache_root, prefix=".dl-"))
+            for rel, sha in files.items():
+                (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+                (tmp / rel).write_bytes(self.read_bytes(ArtifactRef(uri=f"{ref.uri}/{rel}", sha256=sha)))
+            (tmp / ".complete").touch()
+            if dest.exists():
+                shutil.rmtree(dest)
+            os.replace(tmp, dest)
+        return dest
+
+    def _verify_dir(self, ref: ArtifactRef, files: dict[str, str], path: Path) -> None:
+        actual = {}
+        for rel in files:
+            f = path / rel
+            if not f.exists():
+                raise ArtifactError(f"artifact missing: {ref.uri}/{rel}")
+            actual[rel] = sha256_file(f)
+            if actual[rel] != files[rel]:
+                raise ArtifactError(f"artifact corrupt: {ref.uri}/{rel} does not match its manifest sha256")
+        if dir_digest(actual) != ref.sha256:
+            raise ArtifactError(f"artifact corrupt: {ref.uri} folder digest does not match its manifest")
+
+    # -- manifests --------------------------------------------------------------------------------
+    def write_manifest(self, stage_uri: str, manifest: Manifest) -> ArtifactRef:
+        return self.write_json(f"{stage_uri}/{MANIFEST}", manifest.model_dump(mode="json"))
+
+    def read_manifest(self, stage_uri: str) -> Manifest | None:
+        uri = f"{stage_uri}/{MANIFEST}"
+        if not self.exists(uri):
+            return None
+        try:
+            return Manifest.model_validate(self.read_json(uri))
+        except (json.JSONDecodeError, UnicodeDecodeError, pydantic.ValidationError) as e:
+            raise ArtifactError(f"manifest corrupt: {uri}: {e}") from e
+
+    def list_runs(self) -> list[str]:
+        base = self._path(self.root)
+        if not self.exists(self.root):
+            return []
+        names = self._io(f"list {self.root}", lambda: self.fs.ls(base, detail=False, refresh=True))
+        return sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in names)
+
+    def clear(self, uri: str) -> None:
+        """Remove a stage folder's leftovers from a crashed attempt."""
+        path = self._path(uri)
+        if self.exists(uri):
+            self._io(f"remove {uri}", lambda: self.fs.rm(path, recursive=True))

@@ -1,0 +1,83 @@
+"""Evaluation: greedy accuracy on the held-out set and unbiased pass@k from sampled completions.
+
+>>> round(pass_at_k(n=8, c=2, k=1), 4)
+0.25
+>>> pass_at_k(n=8, c=0, k=8)
+0.0
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from rl_core.artifacts.seeding import derive_seed
+from rl_core.artifacts.stage import StageJob, StageResult
+from rl_core.generation.episodes import sample_table
+from rl_core.generation.outcomes import env_outcomes
+from rl_core.generation.rollout import SamplingSpec
+from rl_core.run.context import RunContext
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased estimator 1 - C(n-c, k) / C(n, k) (Chen et al., 2021)."""
+    if n - c < k:
+        return 1.0
+    return float(1.0 - np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
+
+
+def evaluate_body(ctx: RunContext, job: StageJob) -> StageResult:
+    cfg, policy = ctx.cfg, job.inputs["policy"]
+    tasks = ctx.heldout_tasks
+    seeds = [derive_seed(cfg.experiment.seed, "eval", i) for i in range(len(tasks))]
+    # The same held-out seeds at every iteration: curves compare checkpoints, not sampling noise.
+    greedy = sample_table(
+        ctx,
+        policy,
+        tasks,
+        SamplingSpec(n=1, temperature=0.0, max_tokens=cfg.rollout.max_tokens),
+        seeds,
+        job.iteration,
+    )
+    g_out = env_outcomes(ctx, greedy)
+    sampled = sample_table(
+        ctx,
+        policy,
+        tasks,
+        SamplingSpec(n=cfg.eval.samples, temperature=cfg.eval.temperature, max_tokens=cfg.rollout.max_tokens),
+        seeds,
+        job.iteration,
+    )
+    s_out = env_outcomes(ctx, sampled)
+    n_correct = s_out.groupby("prompt_index")["correct"].sum().reindex(range(len(tasks)), fill_value=0)
+    table = pd.DataFrame(
+        {
+            "task_id": [t["task_id"] for t in tasks],
+            "prompt": [t["prompt"] for t in tasks],
+            "answer": [t["answer"] for t in tasks],
+            "op": [t.get("op", "") for t in tasks],
+            "greedy_completion": greedy["completion_text"].to_numpy(),
+            "greedy_correct": g_out["correct"].to_numpy(),
+            "samples": cfg.eval.samples,
+            "samples_correct": n_correct.to_numpy(),
+        }
+    )
+    ref = ctx.store.write_table(f"{job.out_uri}/eval.parquet", table)
+    metrics: dict[str, Any] = {
+        "accuracy": float(table["greedy_correct"].mean()),
+        "well_formed": float(g_out["well_formed"].mean()),
+        "problems": len(table),
+    }
+    for k in cfg.eval.pass_k:
+        metrics[f"pass@{k}"] = float(
+            np.mean([pass_at_k(cfg.eval.samples, int(c), k) for c in table["samples_correct"]])
+        )
+    for op, grp in table.groupby("op"):
+        metrics[f"accuracy_{op}"] = float(grp["greedy_correct"].mean())
+    return StageResult(
+        outputs={"eval": ref},
+        metrics=metrics,
+        seeds={"eval": "derive_seed(run_seed, 'eval', i)"},
+    )

@@ -1,0 +1,169 @@
+"""The stage body of execute_envs: every episode replayed into a fresh environment, its outcome stored.
+
+Where the environments run is ``task.executor``: inline, a pool of spawned processes held by the run's
+context, or Ray tasks (a local cluster on 127.0.0.1, or ``task.ray_address``). Rows are cut into chunks that
+keep their order, so all three give the same table. A user's environment package that is not installed on the
+Ray cluster is uploaded with the job (``runtime_env`` ``py_modules``, fixed when the process first joins the
+cluster); spawned processes import it from the parent's ``sys.path``.
+
+    out = env_outcomes(ctx, rollouts)   # one row per rollout row: prompt_index, sample_index, done, outcome
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+from envs.base import BatchSteps, check_outcome, make_env
+from rl_core.artifacts.paths import PROJECT_ROOT
+from rl_core.artifacts.stage import StageJob, StageResult
+from rl_core.run.context import RunContext
+
+
+def outcomes_for(
+    env_name: str, env_args: dict[str, Any], rows: list[dict[str, Any]], tasks: dict[str, dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """Each row's outcome from a fresh environment (pure: runs in any worker process or Ray task), checked
+    against the ``Outcome`` record (an outcome without ``correct`` or ``well_formed`` is an error here).
+
+    Multi-turn rows are replayed from their stored actions, and every observation the environment gives is
+    checked against the one the model saw: a difference (a non-hermetic environment) sets ``replay_mismatch``.
+    An environment that scores a batch at once (``BatchSteps``, e.g. one sandbox-pool call for every
+    completion) gets the single-turn rows in one call.
+    """
+    batch = make_env(env_name, env_args)
+    if isinstance(batch, BatchSteps) and not any("actions" in r for r in rows):
+        results = batch.step_many([(tasks[r["task_id"]], r["completion_text"]) for r in rows])
+        return [
+            {"prompt_index": int(r["prompt_index"]), "sample_index": int(r["sample_index"]), "done": res.done}
+            | check_outcome(env_name, res.outcome)
+            for r, res in zip(rows, results, strict=True)
+        ]
+    out = []
+    for r in rows:
+        env = make_env(env_name, env_args)
+        env.reset(tasks[r["task_id"]], int(r["seed"]))
+        key = {"prompt_index": int(r["prompt_index"]), "sample_index": int(r["sample_index"])}
+        if "actions" not in r:
+            res = env.step(r["completion_text"])
+            out.append({**key, "done": res.done, **check_outcome(env_name, res.outcome)})
+            continue
+        mismatch, res = False, None
+        seen = list(r["observations"])
+        for j, action in enumerate(r["actions"]):
+            res = env.step(str(action))
+            if j < len(seen) and (res.observation or "") != seen[j]:
+                mismatch = True
+            if res.done:
+                break
+        outcome = {**(res.outcome if res else {}), "truncated": not (res and res.done)}
+        if res is not None and res.done:
+            check_outcome(env_name, outcome)
+        out.append(
+            {
+                **key,
+                "done": bool(res and res.done),
+                "turns": int(r["turns"]),
+                "replay_mismatch": mismatch,
+                **outcome,
+            }
+        )
+    return out
+
+
+def _process_pool(ctx: RunContext) -> Any:
+    """The run's environment process pool, held by its context (spawned: safe beside the rollout engine's
+    threads)."""
+    if ctx.held.env_pool is None:
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor
+
+        from envs.sandbox.pool import exit_with_parent
+
+        ctx.held.env_pool = ProcessPoolExecutor(
+            ctx.cfg.task.env_workers, mp_context=mp.get_context("spawn"), initializer=exit_with_parent
+        )
+    return ctx.held.env_pool
+
+
+def _ray_map(
+    address: str,
+    workers: int,
+    env: tuple[str, dict[str, Any]],
+    chunks: list[list[dict[str, Any]]],
+    tasks: dict[str, dict[str, Any]],
+) -> list[list[dict[str, Any]]]:
+    import ray
+
+    from envs.base import env_source
+
+    # A user's environment package that is not installed on the cluster is sent with the job (Ray uploads
+    # the folder); the job's runtime environment is fixed when this process first joins the cluster.
+    source = env_source(env[0])
+    modules = {"py_modules": [str(source)]} if source is not None else {}
+    if not ray.is_initialized():
+        if address:
+            ray.init(address=address, log_to_driver=False, runtime_env=modules or None)
+        else:  # a local single-node cluster on 127.0.0.1
+            ray.init(
+                num_cpus=workers,
+                include_dashboard=False,
+                _node_ip_address="127.0.0.1",
+                log_to_driver=False,
+                runtime_env={"env_vars": {"PYTHONPATH": str(PROJECT_ROOT)}, **modules},
+            )
+    remote = ray.remote(num_cpus=1)(outcomes_for)
+    tasks_ref = ray.put(tasks)
+    return ray.get([remote.remote(*env, c, tasks_ref) for c in chunks])
+
+
+def env_outcomes(ctx: RunContext, df: pd.DataFrame) -> pd.DataFrame:
+    """Outcomes of every row, in row order.
+
+    Computed where ``task.executor`` says: inline, a local process pool, or Ray."""
+    tc = ctx.cfg.task
+    cols = [
+        c
+        for c in (
+            "prompt_index",
+            "sample_index",
+            "task_id",
+            "seed",
+            "completion_text",
+            "actions",
+            "observations",
+            "turns",
+        )
+        if c in df.columns
+    ]
+    rows = df[cols].to_dict("records")
+    for r in rows:
+        for c in ("actions", "observations"):
+            if c in r:
+                r[c] = [str(x) for x in r[c]]
+    tasks = {t["task_id"]: t for t in ctx.train_tasks + ctx.heldout_tasks}
+    needed = {r["task_id"] for r in rows}
+    tasks = {k: v for k, v in tasks.items() if k in needed}
+    if tc.executor == "inline" or len(rows) < 2:
+        return pd.DataFrame(outcomes_for(tc.env, tc.env_args, rows, tasks))
+    n_chunks = max(1, min(len(rows), tc.env_workers * 4))
+    size = -(-len(rows) // n_chunks)
+    chunks = [rows[i : i + size] for i in range(0, len(rows), size)]
+    if tc.executor == "ray":
+        parts = _ray_map(tc.ray_address, tc.env_workers, (tc.env, tc.env_args), chunks, tasks)
+    else:
+        pool = _process_pool(ctx)
+        n = len(chunks)
+        parts = list(pool.map(outcomes_for, [tc.env] * n, [tc.env_args] * n, chunks, [tasks] * n))
+    return pd.DataFrame([o for part in parts for o in part])
+
+
+def execute_envs_body(ctx: RunContext, job: StageJob) -> StageResult:
+    df = ctx.store.read_table(job.inputs["rollouts"])
+    out = env_outcomes(ctx, df)
+    ref = ctx.store.write_table(f"{job.out_uri}/env_results.parquet", out)
+    metrics = {"well_formed": float(out["well_formed"].mean()), "correct": float(out["correct"].mean())}
+    if "sandbox_s" in out:  # environments that run code report the sandbox time of each episode
+        metrics["sandbox_s"] = float(out["sandbox_s"].sum())
+    return StageResult(outputs={"env_results": ref}, metrics=metrics)

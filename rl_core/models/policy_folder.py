@@ -1,0 +1,253 @@
+"""Your own model as the policy: a Hugging Face ``save_pretrained`` folder named by ``model.path``.
+
+The folder (a local path, ``file://`` or an fsspec URL such as ``s3://bucket/model``) is checked before any
+work — a bad one stops the run with ``ModelFolderError`` naming the path and what is missing — and then put
+into the store unchanged as the run's base checkpoint, which vLLM, the HF engine and the trainer all load as
+is. What a policy folder must hold:
+
+- ``config.json`` with ``architectures``: a causal LM or a LLaVA-style VLM that transformers builds and, with
+  ``rollout.engine=vllm``, that vLLM's model registry lists; tied or untied embeddings (below);
+- ``model.safetensors``, or the shards ``model.safetensors.index.json`` names (as ``save_pretrained`` writes
+  a model above its ``max_shard_size``; the run's own checkpoints are sharded above ``model.max_shard_size``);
+- ``tokenizer.json`` (+ ``tokenizer_config.json``), with an EOS token here or in ``generation_config.json``;
+  a chat template that renders a user message, when one is used (``model.chat_template``);
+- for a VLM, the image processor (``preprocessor_config.json``, or ``processor_config.json`` holding it).
+
+Tied input/output embeddings (Qwen2.5/Qwen3 small models, Llama-3.2, Gemma) are trained tied and saved
+tied; vLLM, whose in-place reload never re-ties them, loads an untied view (``rl_core.models.engine_view``). A
+vision-language model with tied embeddings is refused for now.
+
+    info = check_policy_folder("/models/my-llama", chat_template="auto", max_model_len=512, vllm=True)
+    local = fetch_policy_folder("s3://bucket/my-llama", "/tmp/x")   # its files in a local folder
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from rl_core.models.model import INDEX, WEIGHTS, has_chat_template, load_tokenizer, render_prompt, stop_ids
+from rl_core.schema.config import ConfigError
+
+_LARGE = (".safetensors", ".bin", ".pt", ".pth", ".gguf")  # not fetched just to check the folder
+
+
+class ModelFolderError(ConfigError):
+    """``model.path`` is not a usable policy folder; the message names the path and what is wrong."""
+
+
+def _fs(path: str) -> tuple[Any, str]:
+    import fsspec
+
+    return fsspec.core.url_to_fs(path)
+
+
+def _files(path: str) -> tuple[Any, str, dict[str, int]]:
+    """The filesystem, the folder's path on it and its top-level files (name -> size)."""
+    fs, root = _fs(path)
+    if not fs.isdir(root):
+        raise ModelFolderError(f"model.path {path}: no such folder")
+    files = {}
+    for info in fs.ls(root, detail=True):
+        if info.get("type") == "file":
+            files[info["name"].rstrip("/").rsplit("/", 1)[-1]] = int(info.get("size") or 0)
+    return fs, root, files
+
+
+def fetch_policy_folder(path: str, dest: str | Path, *, large: bool = True) -> Path:
+    """``dest`` holding the policy folder's top-level files (not hidden ones; weights only when ``large``):
+    links to a local folder's files, copies of a remote one's."""
+    fs, root, files = _files(path)
+    local = "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,))
+    out = Path(dest)
+    out.mkdir(parents=True, exist_ok=True)
+    for name in sorted(files):
+        if name.startswith(".") or not (large or not name.endswith(_LARGE)):
+            continue
+        if local:
+            (out / name).symlink_to(Path(root) / name)
+        else:
+            fs.get(f"{root}/{name}", str(out / name))
+    return out
+
+
+def _header(path: str, fs: Any, root: str, name: str) -> dict[str, Any]:
+    try:
+        with fs.open(f"{root}/{name}", "rb") as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            return json.loads(f.read(n))
+    except (struct.error, ValueError, MemoryError, OSError) as e:
+        raise ModelFolderError(f"model.path {path}: {name} is not a safetensors file ({e})") from None
+
+
+def _weights(path: str, fs: Any, root: str, files: dict[str, int]) -> int:
+    """The parameter count from the safetensors headers (one ``model.safetensors``, or the shards its index
+    names, every tensor of the index in the shard it names); the folder's weights problem otherwise."""
+    if INDEX in files:
+        try:
+            with fs.open(f"{root}/{INDEX}", "rb") as f:
+                weight_map = json.loads(f.read())["weight_map"]
+        except (ValueError, KeyError, TypeError, OSError) as e:
+            raise ModelFolderError(f"model.path {path}: {INDEX} is not a shard index ({e})") from None
+        shards = sorted(set(weight_map.values()))
+        missing = [s for s in shards if s not in files]
+        if missing:
+            raise ModelFolderError(
+                f"model.path {path}: {INDEX} names shards that are not there: {missing[:3]}"
+            )
+        headers = {s: _header(path, fs, root, s) for s in shards}
+        for tensor, shard in weight_map.items():
+            if tensor not in headers[shard]:
+                raise ModelFolderError(
+                    f"model.path {path}: {INDEX} puts {tensor} in {shard}, which does not hold it"
+                )
+        shapes = [v["shape"] for h in headers.values() for k, v in h.items() if k != "__metadata__"]
+        return sum(math.prod(s) for s in shapes)
+    if WEIGHTS not in files:
+        found = [n for n in files if n.endswith(_LARGE)]
+        hint = f" (found {', '.join(sorted(found))}: re-save with safe_serialization=True)" if found else ""
+        raise ModelFolderError(f"model.path {path}: no weights ({WEIGHTS}){hint}")
+    shapes = [v["shape"] for k, v in _header(path, fs, root, WEIGHTS).items() if k != "__metadata__"]
+    if not shapes:
+        raise ModelFolderError(f"model.path {path}: {WEIGHTS} holds no tensors")
+    return sum(math.prod(s) for s in shapes)
+
+
+def _architecture(path: str, local: Path, vllm: bool, max_model_len: int) -> tuple[str, Any]:
+    """The folder's architecture, checked against transformers (the trainer, the HF engine) and vLLM."""
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(str(local))
+    except Exception as e:  # noqa: BLE001 - transformers raises many kinds; all mean the same here
+        raise ModelFolderError(
+            f"model.path {path}: config.json cannot be read by transformers ({e})"
+        ) from None
+    arch = (getattr(config, "architectures", None) or [""])[0]
+    if not arch:
+        raise ModelFolderError(f"model.path {path}: config.json names no architecture ('architectures')")
+    if vllm:
+        from vllm import ModelRegistry
+
+        if arch not in ModelRegistry.get_supported_archs():
+            raise ModelFolderError(
+                f"model.path {path}: architecture {arch} cannot be loaded by vLLM (not in its model "
+                "registry); use a vLLM-supported architecture or rollout.engine=hf"
+            )
+    import transformers
+
+    if not hasattr(transformers, arch):
+        raise ModelFolderError(f"model.path {path}: architecture {arch} is not a transformers model class")
+    text = config.get_text_config()
+    tied = getattr(text, "tie_word_embeddings", False) or getattr(config, "tie_word_embeddings", False)
+    if tied and text is not config:
+        raise ModelFolderError(
+            f"model.path {path}: a vision-language model with tied embeddings is not supported yet (causal "
+            "LMs are): save it untied"
+        )
+    longest = getattr(text, "max_position_embeddings", None)
+    if longest is not None and max_model_len > longest:
+        raise ModelFolderError(
+            f"model.path {path}: model.max_position={max_model_len} exceeds the model's "
+            f"max_position_embeddings={longest}"
+        )
+    return arch, config
+
+
+def _tokenizer(path: str, local: Path, chat_template: bool | str) -> Any:
+    """The folder's tokenizer, its EOS ids and (when used) its chat template, checked."""
+    try:
+        tok = load_tokenizer(local)
+    except Exception as e:  # noqa: BLE001
+        raise ModelFolderError(f"model.path {path}: the tokenizer cannot be loaded ({e})") from None
+    if not stop_ids(local, tok):
+        raise ModelFolderError(
+            f"model.path {path}: no EOS token (neither tokenizer_config.json's eos_token nor "
+            "generation_config.json's eos_token_id): generation could never stop"
+        )
+    if chat_template is True and not has_chat_template(tok):
+        raise ModelFolderError(f"model.path {path}: model.chat_template is true but the tokenizer has none")
+    if has_chat_template(tok) and chat_template is not False:
+        try:
+            ids = tok(render_prompt(tok, [{"role": "user", "content": "1+1="}]), add_special_tokens=False)
+        except Exception as e:  # noqa: BLE001 - Jinja errors of every kind
+            raise ModelFolderError(
+                f"model.path {path}: the chat template does not render a user message: "
+                f"{type(e).__name__}: {e}"
+            ) from None
+        if not ids["input_ids"]:
+            raise ModelFolderError(f"model.path {path}: the chat template renders an empty prompt")
+    return tok
+
+
+def check_policy_folder(
+    path: str, *, chat_template: bool | str = "auto", max_model_len: int = 64, vllm: bool = True
+) -> dict[str, Any]:
+    """Check a policy folder before any work (see the module docstring); returns what was found
+    (architecture, parameters, vocab size). Raises ``ModelFolderError`` naming the path and the problem."""
+    fs, root, files = _files(path)
+    if "config.json" not in files:
+        raise ModelFolderError(f"model.path {path}: no config.json (not a save_pretrained folder)")
+    if "tokenizer.json" not in files:
+        raise ModelFolderError(
+            f"model.path {path}: no tokenizer (tokenizer.json); save it beside the model "
+            "(tokenizer.save_pretrained(path))"
+        )
+    parameters = _weights(path, fs, root, files)
+    with tempfile.TemporaryDirectory() as d:
+        local = fetch_policy_folder(path, d, large=False)
+        arch, config = _architecture(path, local, vllm, max_model_len)
+        if getattr(config, "model_type", "") == "llava" and not _has_image_processor(Path(local), files):
+            raise ModelFolderError(
+                f"model.path {path}: a LLaVA model needs its image processor (preprocessor_config.json, or "
+                "processor_config.json with an image_processor: processor.save_pretrained(path))"
+            )
+        tok = _tokenizer(path, local, chat_template)
+    return {"architecture": arch, "parameters": parameters, "vocab_size": len(tok)}
+
+
+def _has_image_processor(local: Path, files: dict[str, int]) -> bool:
+    """The image processor's settings: their own file (transformers 4) or inside processor_config.json (5)."""
+    if "preprocessor_config.json" in files:
+        return True
+    if "processor_config.json" not in files:
+        return False
+    try:
+        return "image_processor" in json.loads((local / "processor_config.json").read_text())
+    except (OSError, ValueError):
+        return False
+
+
+def check_stored_base(path: str, store: Any, base_id: str) -> None:
+    """Refuse a folder that no longer holds what the shared base model (``_base/<hash>``, keyed by the
+    config, i.e. by the path) was built from: a new run would otherwise start from the old model."""
+    import hashlib
+
+    m = store.read_manifest(store.stage_uri(base_id, 0, "init"))
+    if m is None:
+        return
+    with tempfile.TemporaryDirectory() as d:
+        local = fetch_policy_folder(path, d)
+        now = {}
+        for f in sorted(local.iterdir()):
+            with open(f, "rb") as fh:
+                now[f.name] = hashlib.file_digest(fh, "sha256").hexdigest()
+    if now != m.outputs["checkpoint"].files:
+        raise ModelFolderError(
+            f"model.path {path}: the folder changed since the base model {store.run_uri(base_id)} was built "
+            "from it; save the new model under another path (or delete that base folder)"
+        )
+
+
+def check_model_section(cfg: Any) -> dict[str, Any] | None:
+    """``check_policy_folder`` for a run's config (None when the run builds its own tiny policy)."""
+    if not cfg.model.path:
+        return None
+    vllm = cfg.rollout.engine == "vllm"
+    return check_policy_folder(
+        cfg.model.path, chat_template=cfg.model.chat_template, max_model_len=cfg.model.max_position, vllm=vllm
+    )

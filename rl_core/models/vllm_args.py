@@ -1,0 +1,92 @@
+"""vLLM's arguments that depend on the device, and how they reach an engine: the CPU's (as measured there),
+the same decision spelled as ``vllm serve`` flags for the rollout servers, and the GPUs an engine process may
+see. What a GPU engine gets is decided by ``rl_core.models.placement``; this module only spells it.
+
+    LLM(model=folder, **cpu_vllm_args(max_model_len=64, kv_cache_mb=256))
+    ["vllm", "serve", folder, *vllm_flags(placement.vllm)]
+    with visible_gpus((2, 3)): LLM(...)      # its engine core and workers see GPUs 2 and 3 only
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+
+def cuda_visible(gpus: tuple[int, ...], environ: dict[str, str]) -> str:
+    """CUDA_VISIBLE_DEVICES for a child process that must see only ``gpus``: indices among the GPUs this
+    process sees (its own CUDA_VISIBLE_DEVICES mapped through, when it has one).
+
+    >>> cuda_visible((1, 2), {}), cuda_visible((1,), {"CUDA_VISIBLE_DEVICES": "4,5,6"})
+    ('1,2', '5')
+    """
+    seen = [g.strip() for g in environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if g.strip()]
+    return ",".join(seen[g] if seen else str(g) for g in gpus)
+
+
+def vllm_flags(device_args: dict[str, Any]) -> list[str]:
+    """The same device arguments as ``vllm serve`` flags (the rollout servers': ``infra/rollout_servers.py``)
+    — one decision, two spellings.
+
+    >>> vllm_flags({"enforce_eager": True, "enable_chunked_prefill": False, "max_num_batched_tokens": 8192})
+    ['--enforce-eager', '--no-enable-chunked-prefill', '--max-num-batched-tokens', '8192']
+    """
+    flags: list[str] = []
+    for key, value in device_args.items():
+        name = key.replace("_", "-")
+        if isinstance(value, bool):
+            flags.append(f"--{name}" if value else f"--no-{name}")
+        else:
+            flags += [f"--{name}", str(value)]
+    return flags
+
+
+def cpu_vllm_args(max_model_len: int, kv_cache_mb: int) -> dict[str, Any]:
+    """vLLM's device arguments on the CPU, as measured there: a KV cache of ``kv_cache_mb`` (else it reserves
+    most of the host's memory), eager, and never a prompt's prefill split across steps (vLLM then rewinds the
+    request's generator, which CPU generators cannot do: "CPU Generator does not use offset"), so one step's
+    token budget holds every prompt of a batch.
+
+    >>> cpu_vllm_args(64, 256)["max_num_batched_tokens"]
+    16384
+    """
+    return {
+        "enforce_eager": True,
+        "enable_chunked_prefill": False,
+        "max_num_batched_tokens": max(8192, 256 * max_model_len),
+        "kv_cache_memory_bytes": kv_cache_mb << 20,
+    }
+
+
+@contextlib.contextmanager
+def captured_stderr() -> Iterator[None]:
+    """vLLM draws progress bars on stderr whatever TQDM_DISABLE says: hold them back, show them on failure."""
+    buf = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(buf):
+            yield
+    except BaseException:
+        sys.stderr.write(buf.getvalue())
+        raise
+
+
+@contextlib.contextmanager
+def visible_gpus(gpus: tuple[int, ...]) -> Iterator[None]:
+    """CUDA_VISIBLE_DEVICES = ``gpus`` while vLLM spawns its engine core and workers (they inherit it); this
+    process's own setting is put back afterwards."""
+    if not gpus:
+        yield
+        return
+    before = os.environ.get("CUDA_VISIBLE_DEVICES")
+    os.environ["CUDA_VISIBLE_DEVICES"] = cuda_visible(gpus, dict(os.environ))
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = before

@@ -1,0 +1,179 @@
+"""MLflow lineage: a parent run per experiment, a child run per iteration, one batch of metrics per stage.
+
+Run ids are passed explicitly (never the "active run"), because Prefect tasks may run in other threads.
+Each stage's manifest is logged as an artifact of its iteration's run and its artifact URIs as tags, so the
+MLflow UI walks from a checkpoint back to the rollouts and rewards that produced it.
+
+    lin = Lineage.open(cfg)
+    parent = lin.experiment_run(run_id, cfg, base_id)
+    child = lin.iteration_run(parent, run_id, 3, flow_run_id="...")
+    lin.log_stage(child, manifest)
+
+Stage and summary records go through a ``LineageWriter``: one background thread writes them in submission
+order while the next stages run, so MLflow is off the critical path; ``flush`` waits and re-raises the
+first failure (the flow flushes each iteration's records one iteration later, and everything at its end).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+from rl_core.artifacts.manifest import Manifest
+from rl_core.artifacts.paths import state_dir
+from rl_core.schema.config import Config
+
+
+def tracking_uri(cfg: Config) -> str:
+    return cfg.tracking.mlflow_uri or f"sqlite:///{state_dir() / 'mlflow.db'}"
+
+
+def metric_name(name: str) -> str:
+    """MLflow allows only [A-Za-z0-9_-. :/] in metric names: pass@8 -> pass_at_8."""
+    return name.replace("@", "_at_")
+
+
+def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, str]:
+    out: dict[str, str] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flatten(v, key + "."))
+        else:
+            out[key] = str(v)[:500]
+    return out
+
+
+class Lineage:
+    def __init__(self, client: Any, experiment_id: str):
+        self.client = client
+        self.experiment_id = experiment_id
+
+    @classmethod
+    def open(cls, cfg: Config) -> Lineage | None:
+        if not cfg.tracking.enabled:
+            return None
+        os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+        from mlflow.tracking import MlflowClient
+
+        uri = tracking_uri(cfg)
+        client = MlflowClient(tracking_uri=uri)
+        name = f"rlfoundry/{cfg.experiment.name}"
+        exp = client.get_experiment_by_name(name)
+        if exp is not None:
+            exp_id = exp.experiment_id
+        else:
+            artifacts = None
+            if cfg.store.uri.startswith("s3://"):
+                artifacts = f"{cfg.store.uri.rstrip('/')}/_mlflow"  # lineage artifacts beside the run's own
+            elif uri.startswith("sqlite:"):
+                artifacts = (state_dir() / "mlartifacts").as_uri()
+            exp_id = client.create_experiment(name, artifact_location=artifacts)
+        return cls(client, exp_id)
+
+    def _find(self, **tags: str) -> str | None:
+        query = " and ".join(f"tags.`{k}` = '{v}'" for k, v in tags.items())
+        runs = self.client.search_runs([self.experiment_id], filter_string=query, max_results=1)
+        return runs[0].info.run_id if runs else None
+
+    def experiment_run(self, run_id: str, cfg: Config, base_id: str) -> str:
+        found = self._find(**{"rlfoundry.run_id": run_id, "rlfoundry.kind": "experiment"})
+        if found:
+            return found
+        run = self.client.create_run(
+            self.experiment_id,
+            run_name=run_id,
+            tags={"rlfoundry.run_id": run_id, "rlfoundry.kind": "experiment", "rlfoundry.base_id": base_id},
+        )
+        from mlflow.entities import Param
+
+        params = [Param(k, v) for k, v in sorted(_flatten(cfg.model_dump(mode="json")).items())]
+        for i in range(0, len(params), 90):
+            self.client.log_batch(run.info.run_id, params=params[i : i + 90])
+        return run.info.run_id
+
+    def iteration_run(self, parent: str, run_id: str, iteration: int, flow_run_id: str | None = None) -> str:
+        tags = {
+            "rlfoundry.run_id": run_id,
+            "rlfoundry.iteration": str(iteration),
+            "rlfoundry.kind": "iteration",
+        }
+        found = self._find(**tags)
+        if found is None:
+            tags["mlflow.parentRunId"] = parent
+            found = self.client.create_run(
+                self.experiment_id, run_name=f"{run_id}/iter-{iteration:04d}", tags=tags
+            ).info.run_id
+        if flow_run_id:
+            self.client.set_tag(found, "prefect.flow_run_id", flow_run_id)
+        return found
+
+    def log_stage(self, mlflow_run: str, manifest: Manifest, step: int | None = None) -> None:
+        from mlflow.entities import Metric, RunTag
+
+        stage = manifest.stage
+        step = manifest.iteration if step is None else step
+        now = int(time.time() * 1000)
+        metrics = [
+            Metric(metric_name(f"{stage}/{k}"), float(v), now, step)
+            for k, v in manifest.metrics.items()
+            if isinstance(v, int | float) and not isinstance(v, bool)
+        ]
+        metrics.append(Metric(f"{stage}/seconds", float(manifest.timings.seconds), now, step))
+        tags = [
+            RunTag(f"{stage}.{name}.uri", out.uri if out.stored is not False else f"{out.uri} (not stored)")
+            for name, out in manifest.outputs.items()
+        ]
+        tags += [RunTag(f"{stage}.input.{name}.uri", inp.uri) for name, inp in manifest.inputs.items()]
+        if "policy_sha256" in manifest.metrics:
+            tags.append(RunTag("policy_sha256", manifest.metrics["policy_sha256"]))
+        self.client.log_batch(mlflow_run, metrics=metrics, tags=tags)
+        self.client.log_dict(mlflow_run, manifest.model_dump(mode="json"), f"manifests/{stage}.json")
+
+    def log_summary(self, parent: str, metrics: dict[str, float], step: int) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        self.client.log_batch(
+            parent, metrics=[Metric(metric_name(k), float(v), now, step) for k, v in metrics.items()]
+        )
+
+    def finish(self, run: str, status: str = "FINISHED") -> None:
+        self.client.set_terminated(run, status)
+
+
+class LineageWriter:
+    """Lineage writes in order on one background thread, tagged by iteration.
+
+    >>> w = LineageWriter()
+    >>> seen = []
+    >>> first = w.submit(1, lambda: seen.append("a")); second = w.submit(2, lambda: seen.append("b"))
+    >>> w.flush(upto=1); seen[:1]
+    ['a']
+    >>> w.flush(); seen
+    ['a', 'b']
+    """
+
+    def __init__(self) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlf-lineage")
+        self._pending: list[tuple[int, Future[Any]]] = []
+        self._lock = threading.Lock()  # stages of two iterations may submit at once (asynchronous RL)
+
+    def submit(self, iteration: int, write: Callable[[], Any]) -> Future[Any]:
+        """Queue ``write`` (tagged with ``iteration``); its future (``flush`` also waits for it)."""
+        with self._lock:
+            fut = self._pool.submit(write)
+            self._pending.append((iteration, fut))
+        return fut
+
+    def flush(self, upto: int | None = None) -> None:
+        """Wait for the writes of iterations <= ``upto`` (all when None); raise the first one's failure."""
+        with self._lock:
+            due = [(k, f) for k, f in self._pending if upto is None or k <= upto]
+            self._pending = [(k, f) for k, f in self._pending if not (upto is None or k <= upto)]
+        for _, fut in due:
+            fut.result()

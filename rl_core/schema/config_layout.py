@@ -1,0 +1,138 @@
+"""How the train stage lays out its work: processes (world size, tensor parallel) and sequence packing, the
+``train`` section's layout fields (``rl_core.schema.config.TrainSection`` inherits them; part of the one
+schema, kept apart so that ``config.py`` stays readable); and the timing of the store's locks (``store``
+section).
+
+    cfg = load_config("configs/smoke.yaml", ["train.world_size=2", "train.zero_stage=3"])
+    cfg.train.launched   # True: each train stage is a torchrun job (rl_core/training/train_launch.py)
+
+``world_size`` and ``tp_size`` are placement (``rl_core.run.context.PLACEMENT``): left out of the run's config
+hash, so a run resumes at another world size. Packing is not: it changes the float rounding of the forwards.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from pydantic import BaseModel, Field, field_validator, model_validator
+
+
+class TrainLayoutFields(BaseModel):
+    world_size: int = Field(
+        1,
+        ge=1,
+        le=1024,
+        description="Processes of the train stage (data x tensor parallel). 1: in the flow's process, the "
+        "engine held across iterations; more: a torchrun job per train stage. Where it runs, not what it "
+        "computes: left out of the run's config hash, so a run can resume at another world size.",
+    )
+    tp_size: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="DeepSpeed AutoTP tensor-parallel degree (divides world_size; ZeRO stage 0-2). Left out "
+        "of the config hash like world_size.",
+    )
+
+    packing: bool = Field(
+        False,
+        description="Pack each mini-batch's sequences (trimmed to their real lengths, first-fit decreasing) "
+        "into rows of at most pack_tokens tokens for the train forwards and the no-grad recompute/reference "
+        "passes, positions restarted and attention kept within each sequence; off = right-padded rows. "
+        "Not for vision-language policies.",
+    )
+    pack_tokens: int = Field(
+        0,
+        ge=0,
+        le=1_048_576,
+        description="Token budget of one packed row (train.packing). 0 = the mini-batch's longest sequence "
+        "(a row never holds more tokens than padding would). A sequence longer than the budget gets a row "
+        "of its own. Attention cost per row grows with its square on CPU (sdpa/eager materialise the mask).",
+    )
+
+    @model_validator(mode="after")
+    def _budget_needs_packing(self) -> Any:
+        if self.pack_tokens and not self.packing:
+            raise ValueError(
+                f"train.pack_tokens={self.pack_tokens} is the budget of packed rows: set train.packing=true "
+                "(or drop train.pack_tokens)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _layout(self) -> Any:
+        # zero_stage, backend, algorithm, checkpoint_every: fields of TrainSection, which mixes this in.
+        s: Any = self
+        if s.world_size % s.tp_size:
+            raise ValueError(f"train.tp_size={s.tp_size} must divide train.world_size={s.world_size}")
+        if s.tp_size > 1 and s.zero_stage == 3:
+            raise ValueError("train.tp_size > 1 needs train.zero_stage 0, 1 or 2 (AutoTP is not ZeRO-3)")
+        if s.launched and s.backend != "deepspeed":
+            raise ValueError("train.world_size / train.tp_size > 1 need train.backend=deepspeed")
+        if s.launched and s.algorithm == "ppo":
+            raise ValueError("train.algorithm=ppo trains its critic in the flow's process: world_size 1")
+        if s.launched and s.checkpoint_every != 1:
+            raise ValueError(
+                "train.checkpoint_every > 1 needs train.world_size=1: a launched train stage hands its "
+                "weights back through the stored checkpoint, written every iteration"
+            )
+        return self
+
+    @property
+    def launched(self) -> bool:
+        """Whether each train stage runs as its own torchrun job (world_size or tp_size above 1)."""
+        return self.world_size > 1 or self.tp_size > 1
+
+
+class StoreLockFields(BaseModel):
+    """The lock runs take on a shared base model's stage (``rl_core.artifacts.store_lock``): placement, not
+    what any stage computes (left out of the config hash)."""
+
+    lock_stale_after_s: float = Field(
+        60.0,
+        gt=0,
+        description="A shared base-model stage's lock is abandoned when its heartbeat stops this long "
+        "(or, on the same host, at once when its holder's process is gone).",
+    )
+    lock_heartbeat_s: float = Field(
+        10.0, gt=0, description="How often a lock's holder writes its heartbeat (<= a third of the above)."
+    )
+
+    @model_validator(mode="after")
+    def _lock_timing(self) -> StoreLockFields:
+        if self.lock_heartbeat_s * 3 > self.lock_stale_after_s:
+            raise ValueError(
+                f"store.lock_heartbeat_s ({self.lock_heartbeat_s}) must be at most a third of "
+                f"store.lock_stale_after_s ({self.lock_stale_after_s})"
+            )
+        return self
+
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(B|KB|MB|GB|TB)?\s*$", re.I)
+_UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
+
+
+class CheckpointLayoutFields(BaseModel):
+    """How the checkpoints a run writes are laid out (``model`` section): storage, not what any stage
+    computes (left out of the config hash and of the base model's identity)."""
+
+    max_shard_size: str = Field(
+        "5GB",
+        description="Checkpoints above this size are written as safetensors shards with an index, as "
+        "save_pretrained(max_shard_size=...) writes them (e.g. 500MB, 5GB).",
+    )
+
+    @field_validator("max_shard_size")
+    @classmethod
+    def _size(cls, v: str) -> str:
+        m = _SIZE.match(str(v))
+        if not m or float(m.group(1)) <= 0:
+            raise ValueError(f"model.max_shard_size {v!r}: a size such as 500MB or 5GB")
+        return str(v)
+
+    @property
+    def max_shard_bytes(self) -> int:
+        m = _SIZE.match(self.max_shard_size)
+        assert m is not None
+        return int(float(m.group(1)) * _UNITS[(m.group(2) or "B").upper()])

@@ -1,0 +1,72 @@
+"""Reading overrides and reporting config errors: ``section.field=value`` strings into a config dict, and a
+validation error as one message naming every bad field. The schema itself is ``rl_core.schema.config``.
+
+    parse_overrides(["train.lr=3e-5", "task.env_args.digits=[3]"])   # [("train.lr", 3e-05), ...]
+"""
+
+from __future__ import annotations
+
+from typing import Any, get_origin
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+
+class ConfigError(ValueError):
+    """A config file or override is invalid; the message names the field."""
+
+
+def format_validation_error(err: ValidationError, source: str) -> str:
+    """One line per bad field: its dotted name, what is wrong, the allowed values and the value given."""
+    lines = [f"invalid config ({source}):"]
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"])
+        allowed = ""
+        ctx = e.get("ctx") or {}
+        if "expected" in ctx:
+            allowed = f" (allowed: {ctx['expected']})"
+        got = e.get("input")
+        shown = "" if isinstance(got, dict) else f"; got {got!r}"  # a whole section says nothing new
+        lines.append(f"  {loc}: {e['msg']}{allowed}{shown}")
+    return "\n".join(lines)
+
+
+def set_dotted(root: type[BaseModel], data: dict[str, Any], key: str, value: Any) -> None:
+    """Set ``a.b.c`` in the config dict ``data``, walking ``root``'s sections; unknown fields are refused."""
+    parts = key.split(".")
+    node = data
+    fields: dict[str, Any] = root.model_fields
+    model: type[BaseModel] | None = root
+    for i, part in enumerate(parts):
+        if model is dict:  # a free mapping (task.env_args, reward.weights): any key, checked by its owner
+            if i == len(parts) - 1:
+                node[part] = value
+                return
+            raise ConfigError(f"config field {'.'.join(parts[: i + 1])!r} is not a section")
+        if model is None or part not in fields:
+            known = ", ".join(sorted(fields)) if model is not None else "(none: not a section)"
+            raise ConfigError(f"unknown config field {'.'.join(parts[: i + 1])!r}; known here: {known}")
+        if i == len(parts) - 1:
+            node[part] = value
+            return
+        ann = fields[part].annotation
+        model = ann if isinstance(ann, type) and issubclass(ann, BaseModel) else None
+        if model is None and get_origin(ann) is dict:
+            # one key of a mapping: the others keep their defaults (reward.weights.partial=0.5 adds a term)
+            node.setdefault(part, dict(fields[part].get_default(call_default_factory=True)))
+            model = dict  # type: ignore[assignment]
+        fields = model.model_fields if model is not None and model is not dict else {}
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"config field {'.'.join(parts[: i + 1])!r} is not a section")
+
+
+def parse_overrides(overrides: list[str]) -> list[tuple[str, Any]]:
+    """Parse ``a.b=value`` strings; values are YAML scalars or lists (``[1,2]``)."""
+    out = []
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} must look like section.field=value")
+        key, raw = item.split("=", 1)
+        out.append((key.strip(), yaml.safe_load(raw) if raw.strip() else ""))
+    return out

@@ -1,0 +1,276 @@
+"""The policy update: rollout table -> padded tensors -> policy-gradient steps on a train engine, with the
+loss of ``train.algorithm`` (``rl_core.training.algorithms``: PPO-clip, GSPO, CISPO, ...).
+
+``old_logp`` (the PPO anchor) is, by default (``train.old_logprobs: engine``), the rollout engine's own
+sampling logprob of each token: no extra forward pass, and with stale rollouts (asynchronous RL) the ratio is
+taken against the policy that really sampled them. ``recompute`` has the trainer recompute the anchor before
+the first step (as veRL does); an off-policy correction (``train.correction``: tis or mis) then weighs each
+token by anchor / behaviour. Either way the rollout/trainer logprob mismatch is reported (with recompute over
+the whole batch; with engine logprobs on the first mini-batch, before its step, at no extra cost), the first
+thing to look at when an off-policy bug hides in an RL run, with an alarm above ``train.mismatch_alarm``.
+
+    batch = make_batch(df, pad_id=1)
+    metrics = ppo_update(engine, batch, train_cfg, seed=7)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+from rl_core.models.vision import suppress, unsampleable_ids
+from rl_core.training.algorithms import algorithm
+from rl_core.training.losses import (
+    PolicyTerms,
+    entropy_from_logits,
+    importance_weights,
+    policy_loss,
+    token_logprobs,
+)
+from rl_core.training.packing import packed_logits
+
+
+@dataclass
+class Batch:
+    input_ids: torch.Tensor  # [B, T] right-padded prompt + completion
+    attention_mask: torch.Tensor  # [B, T]
+    loss_mask: torch.Tensor  # [B, T-1] 1 where target token t+1 is a model-generated token that carries loss
+    rollout_logp: torch.Tensor  # [B, T-1] sampling logprobs from the rollout engine, aligned with loss_mask
+    advantages: torch.Tensor  # [B], or [B, T-1] per token (PPO's GAE)
+    temperature: float = 1.0
+    max_tokens: int | None = None
+    ref_logp: torch.Tensor | None = None
+    seed: int = 0
+    pixel_values: torch.Tensor | None = None  # [B, 3, H, W] for a vision-language policy (one image each)
+    pack_tokens: int | None = None  # forwards on packed rows of this many tokens (0: longest); None: padded
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+
+def make_batch(
+    df: pd.DataFrame,
+    *,
+    pad_id: int,
+    temperature: float = 1.0,
+    max_tokens: int | None = None,
+    seed: int = 0,
+    ckpt_dir: Any = None,
+    pack_tokens: int | None = None,
+) -> Batch:
+    """Columns used: prompt_ids, completion_ids, logprobs, loss_mask (per completion token), advantage, and
+    image (encoded bytes, turned into pixels by the processor in ``ckpt_dir``) for multimodal rollouts.
+    ``pack_tokens`` (``rl_core.training.packing.pack_budget``) has the forwards run on packed rows."""
+    seqs = [list(p) + list(c) for p, c in zip(df["prompt_ids"], df["completion_ids"], strict=True)]
+    width = max(len(s) for s in seqs)
+    n = len(seqs)
+    ids = torch.full((n, width), pad_id, dtype=torch.long)
+    attn = torch.zeros((n, width), dtype=torch.long)
+    lmask = torch.zeros((n, width - 1), dtype=torch.float32)
+    rlp = torch.zeros((n, width - 1), dtype=torch.float32)
+    for i, (p, c, lp, m) in enumerate(
+        zip(df["prompt_ids"], df["completion_ids"], df["logprobs"], df["loss_mask"], strict=True)
+    ):
+        s = seqs[i]
+        ids[i, : len(s)] = torch.tensor(s)
+        attn[i, : len(s)] = 1
+        start = len(p) - 1  # target position of the first completion token
+        if len(c):
+            lmask[i, start : start + len(c)] = torch.tensor(np.asarray(m, dtype=np.float32))
+            rlp[i, start : start + len(c)] = torch.tensor(np.asarray(lp, dtype=np.float32))
+    adv = torch.tensor(df["advantage"].to_numpy(dtype=np.float32))
+    pixels = None
+    if "image" in df.columns:
+        from rl_core.models.vision import pixel_values
+
+        if ckpt_dir is None:
+            raise ValueError("make_batch: rollouts with images need ckpt_dir (its image processor)")
+        if pack_tokens is not None:
+            raise ValueError("train.packing does not pack vision-language rollouts: set train.packing=false")
+        pixels = pixel_values(ckpt_dir, [bytes(b) for b in df["image"]])
+    return Batch(
+        ids,
+        attn,
+        lmask,
+        rlp,
+        adv,
+        temperature=temperature,
+        max_tokens=max_tokens,
+        seed=seed,
+        pixel_values=pixels,
+        pack_tokens=pack_tokens,
+    )
+
+
+def _logits(
+    module: Any,
+    ids: torch.Tensor,
+    attn: torch.Tensor,
+    pixels: torch.Tensor | None = None,
+    pack: int | None = None,
+) -> torch.Tensor:
+    """``[B, T-1, V]`` next-token logits; on packed rows of ``pack`` tokens unless it is None."""
+    if pack is not None:
+        return suppress(packed_logits(module, ids, attn, pack, pixels), unsampleable_ids(module))
+    extra = {} if pixels is None else {"pixel_values": pixels}
+    logits = module(input_ids=ids, attention_mask=attn, use_cache=False, **extra).logits[:, :-1]
+    return suppress(logits, unsampleable_ids(module))
+
+
+def _pixels(batch: Batch, rows: Any, device: Any) -> torch.Tensor | None:
+    return None if batch.pixel_values is None else batch.pixel_values[rows].to(device)
+
+
+@torch.no_grad()
+def sequence_logprobs(
+    module: Any, batch: Batch, chunk: int, device: Any = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token logprobs and entropies of the batch's targets under ``module`` (no grad)."""
+    lps, ents = [], []
+    for i in range(0, len(batch), chunk):
+        ids = batch.input_ids[i : i + chunk].to(device)
+        rows = slice(i, i + chunk)
+        attn = batch.attention_mask[rows].to(device)
+        logits = _logits(module, ids, attn, _pixels(batch, rows, device), batch.pack_tokens)
+        lps.append(token_logprobs(logits, ids[:, 1:], batch.temperature).cpu())
+        ents.append(entropy_from_logits(logits, batch.temperature).cpu())
+    return torch.cat(lps), torch.cat(ents)
+
+
+def _allreduce_sum(values: list[float], world_size: int, group: Any = None) -> list[float]:
+    """Sum over the data-parallel ranks (``group``: their process group when AutoTP splits the world)."""
+    if world_size == 1:
+        return values
+    import torch.distributed as dist
+
+    t = torch.tensor(values, dtype=torch.float64)
+    dist.all_reduce(t, group=group)
+    return t.tolist()
+
+
+def ppo_update(engine: Any, batch: Batch, cfg: Any) -> dict[str, float]:
+    """``cfg.epochs`` passes of mini-batches of ``cfg.micro_batch_size`` sequences, split over DP ranks.
+
+    Long: one PPO update reads best as one piece (old logprobs, the epoch/mini-batch loop, the clipped loss
+    with its KL term, the step and the statistics), in the order a reader checks it against the paper."""
+    world, rank = engine.world_size, engine.rank
+    device = getattr(engine, "device", None)
+    mask = batch.loss_mask
+    anchor = _Anchor.of(engine, batch, cfg, device)
+    old_logp = anchor.old_logp
+    surrogate = algorithm(cfg.algorithm).loss
+    stats: dict[str, list[float]] = {
+        k: [] for k in ("loss", "pg_loss", "clip_frac", "kl", "ratio_mean", "grad_norm")
+    }
+    gen = torch.Generator().manual_seed(batch.seed)
+    for epoch in range(cfg.epochs):
+        order = torch.randperm(len(batch), generator=gen)
+        for start in range(0, len(batch), cfg.micro_batch_size):
+            mb = order[start : start + cfg.micro_batch_size]
+            seq_has = (mask[mb].sum(1) > 0).float()
+            totals = {"token_mean": float(mask[mb].sum()), "seq_mean_token_mean": float(seq_has.sum())}
+            total = totals.get(cfg.loss_agg, float(len(mb)))
+            if total == 0:
+                continue
+            local = mb[rank::world]
+            ids = batch.input_ids[local].to(device)
+            logits = _logits(
+                engine.module,
+                ids,
+                batch.attention_mask[local].to(device),
+                _pixels(batch, local, device),
+                batch.pack_tokens,
+            )
+            logp = token_logprobs(logits, ids[:, 1:], batch.temperature)
+            if epoch == 0:
+                anchor.observe(local, logits, logp, start == 0)
+            ref = batch.ref_logp[local].to(device) if batch.ref_logp is not None else None
+            terms = PolicyTerms(
+                logp,
+                old_logp[local].to(device),
+                batch.advantages[local].to(device),
+                mask[local].to(device),
+                clip_low=cfg.clip_low,
+                clip_high=cfg.clip_high,
+                aggregation=cfg.loss_agg,
+                max_tokens=batch.max_tokens,
+                total=total,
+                is_weight=None if anchor.weight is None else anchor.weight[local].to(device),
+            )
+            loss, s = policy_loss(surrogate, terms, ref, cfg.kl_coef, cfg.kl_estimator)
+            # DeepSpeed averages gradients over ranks; scaling by world size makes that the global mean.
+            grad_norm = engine.backward_step(loss * world)
+            n_local = float(mask[local].sum())
+            loss_g, pg_g, kl_g, clip_g, ratio_g = _allreduce_sum(
+                [
+                    float(loss.detach()),
+                    s["pg_loss"],
+                    s["kl"],
+                    s["clip_frac"] * n_local,
+                    s["ratio_mean"] * n_local,
+                ],
+                world,
+                getattr(engine, "dp_group", None),
+            )
+            tokens = float(mask[mb].sum())
+            stats["loss"].append(loss_g)
+            stats["pg_loss"].append(pg_g)
+            stats["kl"].append(kl_g)
+            stats["clip_frac"].append(clip_g / max(tokens, 1.0))
+            stats["ratio_mean"].append(ratio_g / max(tokens, 1.0))
+            stats["grad_norm"].append(grad_norm)
+    out = {k: float(np.mean(v)) if v else 0.0 for k, v in stats.items()}
+    out["losses"] = stats["loss"]  # type: ignore[assignment]
+    out.update(anchor.metrics(mask, cfg.mismatch_alarm))
+    out["optimizer_steps"] = float(len(stats["loss"]))
+    return out
+
+
+class _Anchor:
+    """The PPO anchor of one update, its off-policy weights, and what it reports: the rollout/trainer
+    mismatch and the policy's entropy (from the recompute, or else from the first epoch's own forwards)."""
+
+    def __init__(self, batch: Batch, old_logp: torch.Tensor, entropy: torch.Tensor | None, weight: Any):
+        self.batch, self.old_logp, self.weight = batch, old_logp, weight
+        self.recomputed = entropy is not None
+        self.entropy = entropy if entropy is not None else torch.zeros_like(batch.loss_mask)
+        self.diff = (old_logp - batch.rollout_logp).abs() * batch.loss_mask if self.recomputed else None
+        self.first_rows: Any = None
+
+    @classmethod
+    def of(cls, engine: Any, batch: Batch, cfg: Any, device: Any) -> _Anchor:
+        if cfg.old_logprobs == "engine":
+            return cls(batch, batch.rollout_logp, None, None)
+        old_logp, entropy = sequence_logprobs(engine.module, batch, cfg.micro_batch_size, device)
+        weight = None
+        if cfg.correction != "none":
+            weight = importance_weights(old_logp, batch.rollout_logp, cfg.correction, cfg.is_cap)
+        return cls(batch, old_logp, entropy, weight)
+
+    def observe(self, rows: torch.Tensor, logits: torch.Tensor, logp: torch.Tensor, first: bool) -> None:
+        """A first-epoch forward of ``rows``: their entropy; for the first mini-batch (the policy before any
+        step of this update) also the mismatch, when the anchor was not recomputed."""
+        if self.recomputed:
+            return
+        with torch.no_grad():
+            self.entropy[rows] = entropy_from_logits(logits, self.batch.temperature).detach().cpu()
+            if first:
+                self.first_rows = rows
+                gap = (logp.detach().cpu() - self.batch.rollout_logp[rows]).abs()
+                self.diff = gap * self.batch.loss_mask[rows]
+
+    def metrics(self, mask: torch.Tensor, alarm: float) -> dict[str, float]:
+        out = {"entropy": float((self.entropy * mask).sum() / mask.sum().clamp(min=1))}
+        seen = mask if self.first_rows is None else mask[self.first_rows]
+        diff = self.diff if self.diff is not None else torch.zeros(1)
+        out["logprob_mismatch_max"] = float(diff.max()) if diff.numel() else 0.0
+        out["logprob_mismatch_mean"] = float(diff.sum() / seen.sum().clamp(min=1))
+        out["mismatch_alarm"] = float(out["logprob_mismatch_mean"] > alarm)
+        if self.weight is not None:
+            out["is_weight_mean"] = float((self.weight * mask).sum() / mask.sum().clamp(min=1))
+            out["is_zeroed_frac"] = float(((self.weight == 0).float() * mask).sum() / mask.sum().clamp(min=1))
+        return out

@@ -1,0 +1,274 @@
+"""Train engines: DeepSpeed (ZeRO 0-3, gloo on CPU, NCCL on GPU) and plain torch (the reference).
+
+Both expose the same small surface that ``rl_core.training.ppo`` drives: ``module`` (the model, called for
+logits), ``backward_step(loss) -> grad_norm``, ``weights()``,
+``optimizer_state()``/``load_optimizer_state()``, and ``train(batch) -> metrics``. One process in-flow by
+default; under a launcher (``torchrun``/``deepspeed``) each rank builds the same engine and DeepSpeed shards
+optimizer state and gradients across ranks.
+
+    engine = make_train_engine("deepspeed", model, train_cfg)
+    metrics = engine.train(batch)
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Protocol
+
+import torch
+
+from rl_core.artifacts import safe_state
+from rl_core.artifacts.paths import cache_dir, free_port
+
+
+class TrainEngine(Protocol):
+    module: Any
+    world_size: int
+    rank: int
+
+    def train(self, batch: Any) -> dict[str, float]: ...
+
+    def close(self) -> None: ...
+
+    def backward_step(self, loss: torch.Tensor) -> float: ...
+
+    def weights(self) -> dict[str, torch.Tensor]: ...
+
+    def optimizer_state(self) -> bytes: ...
+
+    def load_optimizer_state(self, data: bytes, what: str = "optimizer state") -> None: ...
+
+    def load_optimizer_tree(self, sd: Any, what: str = "optimizer state") -> None: ...
+
+
+def build_ops() -> None:
+    """Compile the C++ ops DeepSpeed loads when it initialises on this machine (on CPU its shared-memory
+    communication op: ~50 s of compiling, once per machine and install, cached under
+    ``cache_dir("torch_extensions")``), so that the first train stage of a run does not pay for it (the venv
+    set-up and the benchmarks call this; on a GPU there is nothing to build)."""
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(cache_dir("torch_extensions")))
+    from deepspeed.comm.torch import build_shm_op
+
+    build_shm_op()
+
+
+def init_distributed() -> None:
+    """Join the launcher's process group, or make a world of one on 127.0.0.1 when run in-flow."""
+    import torch.distributed as dist
+
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(cache_dir("torch_extensions")))
+    if dist.is_initialized():
+        # An in-process vLLM engine already made a world of one; DeepSpeed joins it.
+        for k, v in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
+            os.environ.setdefault(k, v)
+    elif "RANK" not in os.environ:
+        os.environ.update(
+            MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", LOCAL_RANK="0", WORLD_SIZE="1"
+        )
+    import deepspeed
+
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    deepspeed.init_distributed(dist_backend=backend, verbose=False)
+
+
+def _adamw(model: Any, cfg: Any) -> torch.optim.Optimizer:
+    # A torch AdamW (not DeepSpeed's cpu_adam/fused_adam) avoids a ~150 s C++ build on CPU.
+    return torch.optim.AdamW(
+        model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.999), eps=1e-8
+    )
+
+
+def _device(device: str | None) -> torch.device | None:
+    """The device a rank trains on: ``device`` as placed (rl_core.models.placement), else this rank's GPU when
+    there is one (cuda:LOCAL_RANK of the GPUs the launcher made visible), else None (CPU)."""
+    if device is not None:
+        return None if device == "cpu" else torch.device(device)
+    if torch.cuda.is_available():
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+    return None
+
+
+class DeepSpeedTrainEngine:
+    def __init__(self, model: Any, cfg: Any, device: str | None = None):
+        import deepspeed
+        import torch.distributed as dist
+
+        placed = _device(device)
+        if placed is not None and placed.type == "cuda":
+            torch.cuda.set_device(placed)  # before NCCL joins: each rank on its own GPU
+        init_distributed()
+        self.cfg = cfg
+        self.tp_size = cfg.tp_size
+        self.bf16 = getattr(cfg, "dtype", "fp32") == "bf16"
+        # Data-parallel ranks split each mini-batch; the tensor-parallel ranks of one group see the same rows.
+        dp_world = dist.get_world_size() // cfg.tp_size
+        # Whole shapes, before AutoTP replaces layers with their shards (rl_core.training.zero_state).
+        self.full_shapes = {n: p.shape for n, p in model.named_parameters()}
+        ds_config: dict[str, Any] = {
+            "train_micro_batch_size_per_gpu": max(1, cfg.micro_batch_size // dp_world),
+            "gradient_accumulation_steps": 1,
+            "gradient_clipping": cfg.grad_clip,
+            "zero_optimization": {"stage": cfg.zero_stage, "stage3_param_persistence_threshold": 0},
+            "zero_allow_untested_optimizer": True,
+            "steps_per_print": 1 << 30,
+            "wall_clock_breakdown": False,
+        }
+        if cfg.tp_size > 1:
+            ds_config["tensor_parallel"] = {"autotp_size": cfg.tp_size}
+        # bf16: DeepSpeed casts the module to bf16 and its ZeRO optimizer keeps float32 masters (and the Adam
+        # moments), made from the bf16 copy: the float32 weights loaded are put back as the masters below.
+        masters = {n: p.detach().float().clone() for n, p in model.named_parameters()} if self.bf16 else {}
+        if self.bf16:
+            ds_config["bf16"] = {"enabled": True}
+        if placed is not None:
+            model = model.to(placed)
+        self.engine, self.optimizer, _, _ = deepspeed.initialize(
+            model=model, optimizer=_adamw(model, cfg), config=ds_config
+        )
+        if masters:
+            from deepspeed.utils import safe_set_full_fp32_param
+
+            for name, p in self.engine.module.named_parameters():
+                safe_set_full_fp32_param(p, masters[name].to(p.device))
+        self.module = self.engine
+        self.device = self.engine.device
+        self.dp_group = None
+        self.world_size, self.rank = dist.get_world_size(), dist.get_rank()
+        if cfg.tp_size > 1:
+            from deepspeed.utils import groups
+
+            self.dp_group = groups.get_data_parallel_group()
+            self.world_size = dist.get_world_size(group=self.dp_group)
+            self.rank = dist.get_rank(group=self.dp_group)
+
+    def train(self, batch: Any) -> dict[str, float]:
+        from rl_core.training.ppo import ppo_update
+
+        return ppo_update(self, batch, self.cfg)
+
+    def close(self) -> None:
+        """Give back what DeepSpeed holds (its optimizer, gradients, hooks on the module): an engine replaced
+        in the same process (a resumed train stage, a benchmark's next arm) otherwise stays in memory."""
+        self.engine.destroy()
+        del self.engine, self.optimizer, self.module
+
+    def backward_step(self, loss: torch.Tensor) -> float:
+        self.engine.backward(loss)
+        norm = None
+        if self.cfg.zero_stage == 0:  # ZeRO-0 does not report the norm it clips with
+            grads = [p.grad for p in self.engine.module.parameters() if p.grad is not None]
+            norm = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])))
+        self.engine.step()
+        if norm is None:
+            norm = self.engine.get_global_grad_norm()
+        return float(norm) if norm is not None else float("nan")
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        """The weights as the trainer holds them: the float32 masters in bf16 mode (collective when
+        launched), the module's own otherwise."""
+        if self.bf16:
+            return self._masters()
+        if self.cfg.zero_stage == 3:
+            import deepspeed
+
+            params = list(self.engine.module.parameters())
+            with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
+                return {k: v.detach().cpu().clone() for k, v in self.engine.module.state_dict().items()}
+        return {k: v.detach().cpu().clone() for k, v in self.engine.module.state_dict().items()}
+
+    def _masters(self) -> dict[str, torch.Tensor]:
+        """The state dict with every parameter as its float32 master (gathered from the ZeRO partitions)."""
+        from deepspeed.utils import safe_get_full_fp32_param
+
+        module = self.engine.module
+        params = dict(module.named_parameters(remove_duplicate=False))
+        out = {}
+        for k, v in module.state_dict().items():
+            full = safe_get_full_fp32_param(params[k]) if k in params else v
+            out[k] = full.detach().cpu().clone()
+        return out
+
+    def full_weights(self) -> dict[str, torch.Tensor] | None:
+        """The whole weights on rank 0 (None elsewhere), gathered from ZeRO-3 partitions or AutoTP shards
+        layer by layer. Collective."""
+        import torch.distributed as dist
+
+        if self.bf16:
+            sd = self._masters()  # every rank takes part in the gathers
+            return sd if dist.get_rank() == 0 else None
+        if self.cfg.zero_stage == 3 or self.tp_size > 1:
+            sd = self.engine._consolidated_16bit_state_dict()
+            return None if sd is None else {k: v.detach().cpu().clone() for k, v in sd.items()}
+        return self.weights() if dist.get_rank() == 0 else None
+
+    def optimizer_state(self) -> bytes:
+        """The world-size-free form (rl_core.training.zero_state: AdamW's moments per parameter name) as a
+        state file that cannot carry code (rl_core.artifacts.safe_state): bytes on rank 0 only (a collective
+        when launched). In the flow's process too, so that any train stage reads any other's state, whatever
+        its layout."""
+        from rl_core.training.zero_state import gather_optimizer_state
+
+        return gather_optimizer_state(self) or b""
+
+    def load_optimizer_state(self, data: bytes, what: str = "optimizer state") -> None:
+        self.load_optimizer_tree(safe_state.loads(data, what), what)
+
+    def load_optimizer_tree(self, sd: Any, what: str = "optimizer state") -> None:
+        """``load_optimizer_state`` of a state file already read (``safe_state.loads``)."""
+        from rl_core.training.zero_state import is_universal, scatter_optimizer_state
+
+        if not isinstance(sd, dict) or not is_universal(sd):
+            raise ValueError(f"{what}: not the optimizer state of a DeepSpeed train stage")
+        scatter_optimizer_state(self, sd)
+
+
+class TorchTrainEngine:
+    """Reference implementation: plain AdamW on one process."""
+
+    def __init__(self, model: Any, cfg: Any):
+        self.cfg = cfg
+        self.world_size, self.rank = 1, 0
+        self.module = model
+        self.device = next(model.parameters()).device
+        self.optimizer = _adamw(model, cfg)
+
+    def train(self, batch: Any) -> dict[str, float]:
+        from rl_core.training.ppo import ppo_update
+
+        return ppo_update(self, batch, self.cfg)
+
+    def close(self) -> None:
+        del self.optimizer, self.module
+
+    def backward_step(self, loss: torch.Tensor) -> float:
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.cfg.grad_clip)
+        self.optimizer.step()
+        return float(norm)
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().cpu().clone() for k, v in self.module.state_dict().items()}
+
+    def optimizer_state(self) -> bytes:
+        return safe_state.dumps(self.optimizer.state_dict())
+
+    def load_optimizer_state(self, data: bytes, what: str = "optimizer state") -> None:
+        self.load_optimizer_tree(safe_state.loads(data, what), what)
+
+    def load_optimizer_tree(self, sd: Any, what: str = "optimizer state") -> None:
+        self.optimizer.load_state_dict(sd)
+
+
+def make_train_engine(
+    backend: str, model: Any, cfg: Any, device: str | None = None
+) -> DeepSpeedTrainEngine | TorchTrainEngine:
+    """The train engine on ``device`` (rl_core.models.placement's trainer device; None: this rank's GPU if
+    any)."""
+    model.train()
+    if backend == "deepspeed":
+        return DeepSpeedTrainEngine(model, cfg, device)
+    if backend == "torch":
+        placed = _device(device)
+        return TorchTrainEngine(model if placed is None else model.to(placed), cfg)
+    raise ValueError(f"unknown train backend {backend!r}; choose deepspeed or torch")

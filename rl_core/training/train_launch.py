@@ -1,0 +1,192 @@
+"""The train stage as a torchrun job: ``train.world_size`` processes (x ``train.tp_size`` AutoTP), one job per
+stage, launched by the flow's train task and committed by it only when every rank has finished.
+
+    launch_train(ctx, job)            # in the flow: runs the job, returns the StageResult of rank 0
+    python -m rl_core.training.train_launch rank STORE_ROOT JOB_URI    # what torchrun starts on each rank
+
+Each rank reads the run's config and the stage's inputs from the job file in the store, reads the iteration's
+rollouts from the store (``rl_core.training.ppo.ppo_update`` takes its share of every mini-batch), loads the
+policy and the world-size-free optimizer state (``rl_core.training.zero_state``), runs the same update as the
+in-flow engine, then gathers the whole weights and optimizer state to rank 0, which writes the usual
+checkpoint folder, ``optimizer.safetensors`` and the result file (job and result: the stage folder's
+``_job/``). The manifest is the flow's: a job that fails commits nothing, and ``resume`` runs the stage again.
+
+Failure and lifetime: torchrun (``--max-restarts 0``) stops the other ranks as soon as one exits abnormally
+(a kill -9 of one rank leaves its peer blocked in a collective: torchrun ends it); the flow names the rank
+that failed and how, with the tail of the job's log. Every process of the job ends when the one that started
+it is gone (the agent watches the flow, each rank watches the agent), so a killed flow leaves no rank behind.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from rl_core.artifacts.paths import PROJECT_ROOT, cache_dir, free_port, state_dir
+
+# What vLLM writes into this process's environment (thread binding, LD_PRELOAD) and a launcher's own
+# variables: never passed on to the ranks.
+_DROP = ("LD_PRELOAD", "LOCAL_WORLD_SIZE", "RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+class TrainJobError(RuntimeError):
+    """A launched train stage failed: which rank, how, and where its log is."""
+
+
+def _env(world_size: int, gpus: tuple[int, ...] = ()) -> dict[str, str]:
+    """The ranks' environment; ``gpus``: the trainer's GPUs (rl_core.models.placement), made the only visible
+    ones, so that rank r trains on cuda:LOCAL_RANK = the r-th of them and never on the engine's."""
+    drop = ("VLLM", "TORCHELASTIC")
+    env = {k: v for k, v in os.environ.items() if k not in _DROP and not k.startswith(drop)}
+    threads = max(1, (os.cpu_count() or 1) // world_size)
+    env.update(
+        OMP_NUM_THREADS=str(threads),
+        TORCH_EXTENSIONS_DIR=env.get("TORCH_EXTENSIONS_DIR", str(cache_dir("torch_extensions"))),
+        RLFOUNDRY_STATE_DIR=str(state_dir()),
+        PYTHONPATH=os.pathsep.join(p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH", "")) if p),
+    )
+    if gpus:
+        from rl_core.models.vllm_args import cuda_visible
+
+        env["CUDA_VISIBLE_DEVICES"] = cuda_visible(gpus, env)
+    return env
+
+
+def _failure(log: Path, iteration: int, world_size: int, rc: int) -> TrainJobError:
+    text = log.read_text(errors="replace") if log.exists() else ""
+    # torchrun's summary ends with "Root Cause (first observed failure): ... rank: 1 (local_rank: 1)\n
+    # exitcode  : -9 (pid: 123)"; the other ranks, which it stopped, are listed before it.
+    root = text[text.rfind("Root Cause") :] if "Root Cause" in text else text
+    m = re.search(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*exitcode\s*:\s*(-?\d+)", root)
+    if m:
+        code = int(m.group(2))
+        how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+        what = f"rank {m.group(1)} of {world_size} {how}"
+    else:
+        what = f"the job of {world_size} processes exited with code {rc}"
+    tail = "\n".join(text.splitlines()[-25:])
+    return TrainJobError(
+        f"train stage of iteration {iteration}: {what}; nothing committed (log: {log})\n{tail}"
+    )
+
+
+def launch_train(ctx: Any, job: Any) -> Any:
+    """Run the train stage ``job`` as a torchrun job of ``train.world_size`` ranks; its StageResult."""
+    from rl_core.artifacts.stage import StageResult
+
+    tc = ctx.cfg.train
+    logs = state_dir() / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    log = logs / f"train-{ctx.run_id.replace('/', '_')}-iter-{job.iteration:04d}.log"
+    # The job lives in the store, beside the stage's outputs: ranks on other nodes read it from there.
+    job_uri, result_uri = f"{job.out_uri}/_job/job.json", f"{job.out_uri}/_job/result.json"
+    ctx.store.write_json(
+        job_uri,
+        {
+            "run_id": ctx.run_id,
+            "config": ctx.cfg.model_dump(mode="json"),
+            "iteration": job.iteration,
+            "inputs": {k: v.model_dump(mode="json") for k, v in job.inputs.items()},
+            "out_uri": job.out_uri,
+            "result": result_uri,
+        },
+    )
+    cmd = [
+        sys.executable,
+        "-m",
+        "rl_core.training.train_launch",
+        "agent",
+        f"--nproc-per-node={tc.world_size}",
+    ]
+    cmd += ["--master-addr=127.0.0.1", f"--master-port={free_port()}", "--max-restarts=0"]
+    cmd += ["--monitor-interval=0.5", "-m", "rl_core.training.train_launch", "rank", ctx.store.root, job_uri]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            cmd,
+            cwd=PROJECT_ROOT,
+            env=_env(tc.world_size, ctx.placement.trainer_gpus),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            rc = proc.wait()
+        finally:
+            if proc.poll() is None:  # interrupted or timed out: the ranks follow the agent
+                proc.kill()
+                proc.wait()
+    if rc != 0:
+        raise _failure(log, job.iteration, tc.world_size, rc)
+    result = ctx.store.read_json(result_uri)
+    from rl_core.artifacts.manifest import ArtifactRef
+
+    outputs = {k: ArtifactRef.model_validate(v) for k, v in result["outputs"].items()}
+    return StageResult(outputs=outputs, metrics=result["metrics"], seeds=result["seeds"])
+
+
+def _rank(store_root: str, job_uri: str) -> None:
+    """One rank of the job: the update, then rank 0 writes the outputs and the result file."""
+    import torch.distributed as dist
+
+    from rl_core.artifacts.faults import fault
+    from rl_core.artifacts.manifest import ArtifactRef
+    from rl_core.artifacts.seeding import derive_seed
+    from rl_core.artifacts.stage import StageJob
+    from rl_core.artifacts.store import Store
+    from rl_core.models.model import weights_digest
+    from rl_core.run.context import RunContext
+    from rl_core.schema.config import Config
+    from rl_core.training.train import _update, checkpoint_weights, optimizer_file, store_checkpoint
+    from rl_core.training.train_engine import init_distributed
+    from rl_core.training.zero_state import memory_report
+
+    spec = Store(store_root).read_json(job_uri)
+    cfg = Config.model_validate(spec["config"])
+    store = Store(store_root, retries=cfg.store.retries, retry_max_wait_s=cfg.store.retry_max_wait_s)
+    ctx = RunContext(cfg, spec["run_id"], store)
+    inputs = {k: ArtifactRef.model_validate(v) for k, v in spec["inputs"].items()}
+    job = StageJob(spec["iteration"], inputs, spec["out_uri"])
+    init_distributed()
+    rank = dist.get_rank()
+    engine, metrics, _ = _update(ctx, job)  # no extra outputs: train.algorithm=ppo is not launched
+    fault(f"train:rank{rank}", job.iteration)  # crash tests: one rank dies while its peers wait on it
+    weights = engine.full_weights()
+    optimizer = engine.optimizer_state()
+    metrics |= memory_report(engine) | {"world_size": cfg.train.world_size, "tp_size": cfg.train.tp_size}
+    if rank == 0:
+        weights, masters = checkpoint_weights(ctx, job, weights)
+        ckpt = store_checkpoint(ctx, job, weights)
+        opt = store.write_bytes(f"{job.out_uri}/optimizer.safetensors", optimizer_file(optimizer, masters))
+        result = {
+            "outputs": {"checkpoint": ckpt.model_dump(mode="json"), "optimizer": opt.model_dump(mode="json")},
+            "metrics": {**metrics, "policy_sha256": weights_digest(ckpt.files)},
+            "seeds": {"train": derive_seed(cfg.experiment.seed, job.iteration, "train")},
+        }
+        store.write_json(spec["result"], result)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def main() -> None:
+    from envs.sandbox.pool import exit_with_parent
+
+    role, args = sys.argv[1], sys.argv[2:]
+    exit_with_parent()  # the agent ends with the flow, each rank with the agent
+    if role == "agent":
+        from torch.distributed.run import main as torchrun
+
+        torchrun(args)
+    elif role == "rank":
+        _rank(*args)
+    else:
+        raise SystemExit(
+            f"usage: python -m rl_core.training.train_launch agent ARGS | rank STORE JOB; got {role!r}"
+        )
+
+
+if __name__ == "__main__":
+    main()
