@@ -25,14 +25,14 @@ def _cfg(**sections):
 
 
 def _parsed(flags: list[str]) -> dict:
-    """What vLLM's own command line makes of ``flags`` (the parser `vllm serve` uses)."""
+    """What vLLM's own command line makes of ``flags`` (the parser `vllm serve` uses; parsed only, so no
+    model is looked up)."""
     from vllm.engine.arg_utils import EngineArgs
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     parser = FlexibleArgumentParser()
     EngineArgs.add_cli_args(parser)
-    args = EngineArgs.from_cli_args(parser.parse_args(["--model", "m", *flags]))
-    return vars(args)
+    return vars(parser.parse_args(["--model", "m", *flags]))
 
 
 @pytest.mark.slow  # imports vLLM's argument parser (seconds; the rest of this file imports no vLLM)
