@@ -31,8 +31,8 @@ SMOKE = [
 # ZeRO-3: the layout whose stored optimizer state DeepSpeed creates last (its reload crashed at iteration 2)
 TWO = ["--set", "train.world_size=2", "--set", "train.zero_stage=3"]
 LOSS_TOL = 1e-4
-# ZeRO-1 is not a layout of its own here: it runs DeepSpeed's stage-1/2 optimizer as zero2 does (a flag apart),
-# through the same launch, and test_zero_resume matches it on 2 ranks against 1 (the suite budget: ~25 s).
+# No zero1 layout here: it runs DeepSpeed's stage-1/2 optimizer as zero2 does (a flag apart), through the
+# same launch, and test_zero_resume matches it on 2 ranks against 1 (the suite budget: ~25 s).
 LAYOUTS = {"zero2": (2, 1), "zero3": (3, 1), "tp2": (0, 2)}
 
 
