@@ -57,11 +57,11 @@ def builtin_envs() -> list[str]:
 
 
 def builtin_rewards() -> list[str]:
+    """The reward names the form offers: the schema's built-ins and what installed packages declare."""
     from envs.base import installed
-    from rl_core.scoring import judge, reward_client  # noqa: F401  (register the batch components)
-    from rl_core.scoring.rewards import _BATCH, _BUILTIN, ENTRY_POINT_GROUP
+    from rl_core.schema.config_reward import BUILTIN_REWARDS, REWARD_ENTRY_POINTS
 
-    return sorted(set(_BUILTIN) | set(_BATCH) | set(installed(ENTRY_POINT_GROUP)))
+    return sorted(set(BUILTIN_REWARDS) | set(installed(REWARD_ENTRY_POINTS)))
 
 
 class FormPolicy(BaseModel):

@@ -33,13 +33,12 @@ import pandas as pd
 from envs.base import Outcome
 from rl_core.artifacts.stage import StageJob, StageResult
 from rl_core.run.context import RunContext
-from rl_core.schema.config_reward import BUILTIN_REWARDS, REWARD_ENTRY_POINTS, user_reward_function
+from rl_core.schema.config_reward import BUILTIN_REWARDS, user_reward_function
 from rl_core.training.algorithms import drgrpo, given_advantages, grpo, score
 
 log = logging.getLogger("rlfoundry.rewards")
 
 RewardFn = Callable[[str, str, Outcome], "float | None"]
-ENTRY_POINT_GROUP = REWARD_ENTRY_POINTS
 _BUILTIN: dict[str, RewardFn] = {}
 
 

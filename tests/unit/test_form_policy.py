@@ -141,3 +141,16 @@ def test_a_datasets_files_are_held_to_the_roots(tmp_path):
 def test_a_config_that_is_not_an_object_is_refused():
     with pytest.raises(PolicyError, match="^config: expected"):
         FormPolicy.served(SERVED).check(["not", "a", "config"])  # type: ignore[arg-type]
+
+
+def test_the_form_offers_exactly_the_rewards_the_library_registers():
+    """The form's built-in reward names come from the schema's declaration (no registry import); the score
+    stage registers a function under each of them and under no other."""
+    from flows.form_policy import builtin_rewards
+    from rl_core.schema.config_reward import BUILTIN_REWARDS
+    from rl_core.scoring.rewards import _BATCH, _BUILTIN, builtin
+
+    assert set(_BUILTIN) | set(_BATCH) == set(BUILTIN_REWARDS)
+    assert set(BUILTIN_REWARDS) <= set(builtin_rewards())
+    with pytest.raises(ValueError, match="declare it in rl_core.schema.config_reward"):
+        builtin("undeclared")
