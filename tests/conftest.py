@@ -154,6 +154,9 @@ def cli_env(state: Path) -> dict[str, str]:
     """Environment for a `rlfoundry` subprocess writing under ``state``, on the session's Prefect server."""
     env = dict(os.environ)
     env.update(RLFOUNDRY_STATE_DIR=str(state), TQDM_DISABLE="1")
+    # A served flow's runner and a pool's worker look for scheduled runs every 10 s by default: ~12 s of
+    # waiting per flow run the tests trigger (the suite budget). Every 2 s here; users keep Prefect's default.
+    env.update(PREFECT_RUNNER_POLL_FREQUENCY="2", PREFECT_WORKER_QUERY_SECONDS="2")
     if "url" in _API:
         env["PREFECT_API_URL"] = _API["url"]
     return env

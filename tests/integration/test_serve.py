@@ -76,8 +76,9 @@ def test_deployments_triggered_through_the_api(served):
     sweep = deps["evaluation-sweep"]
     assert [s["schedule"]["cron"] for s in sweep["schedules"]] == [CRON]
 
-    # one changed field (evaluate only at the last iteration), so iteration 1's checkpoint has no evaluation
-    cfg = load_config("configs/smoke.yaml", ["eval.every=5"]).model_dump(mode="json")
+    # evaluate only at the last iteration, so iteration 1's checkpoint has no evaluation; the HF engine (it
+    # starts in a second: the UI test below runs the served vLLM engine)
+    cfg = load_config("configs/smoke.yaml", ["eval.every=5", "rollout.engine=hf"]).model_dump(mode="json")
     fr = _run(served, "experiment", {"config": cfg, "run_id": "api1"})
     assert fr["state"]["type"] == "COMPLETED", fr["state"]
     assert "api1" in _artifact(api, fr["id"], "experiment-result")

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import cli, cli_env, show_json
+from tests.conftest import cli, cli_env
 
 ROOT = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-m", "flows.cli"]
@@ -47,10 +47,6 @@ def _cli(args: list[str], state: Path, fault: str | None = None, timeout: float 
 def _manifest(state: Path, run_id: str, k: int) -> dict | None:
     p = state / "store" / run_id / f"iter-{k:04d}" / "train" / "_manifest.json"
     return json.loads(p.read_text()) if p.exists() else None
-
-
-def _hashes(state: Path, run_id: str) -> list[str]:
-    return [it["policy_sha256"] for it in show_json(state, run_id)["iterations"]]
 
 
 def _job_processes() -> list[str]:
@@ -114,20 +110,22 @@ def test_two_ranks_match_one_process(state: Path, layout: str, monkeypatch: pyte
 
 @pytest.mark.slow
 def test_killed_rank_fails_cleanly_and_resumes_to_the_same_weights(state: Path):
-    ref = _cli(["run", *SMOKE, *TWO, "--run-id", "left-alone"], state)
-    assert ref.returncode == 0, ref.stderr[-3000:]
-    assert all(_manifest(state, "left-alone", k)["metrics"]["world_size"] == 2 for k in (1, 2))
-
+    """The resumed stage is checked against a fresh job on the same stored inputs (a replay), not against a
+    second uninterrupted run: what a resume could get wrong here is a leftover of the killed job (a partial
+    output, a rank still running), which the replay does not see; that resume equals an uninterrupted run
+    stage for stage is tests/integration/test_resume.py's (the suite budget: a 2-rank run, ~50 s)."""
     killed = _cli(["run", *SMOKE, *TWO, "--run-id", "killed"], state, fault="train:rank1@2", timeout=300)
     assert killed.returncode != 0
     assert "rank 1 of 2 was killed by SIGKILL" in killed.stderr + killed.stdout
-    assert _manifest(state, "killed", 1) is not None and _manifest(state, "killed", 2) is None
+    first = _manifest(state, "killed", 1)
+    assert first is not None and _manifest(state, "killed", 2) is None
     assert _job_processes() == []  # the peer blocked in a collective was ended, no rank left behind
 
     resumed = _cli(["resume", "killed"], state)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert _hashes(state, "killed") == _hashes(state, "left-alone")
-    # A replay of a launched train stage (another job, same inputs) reproduces it bit for bit.
+    assert _manifest(state, "killed", 1) == first  # iteration 1 kept, not re-run
+    assert all(_manifest(state, "killed", k)["metrics"]["world_size"] == 2 for k in (1, 2))
+    # A fresh launched job on the resumed stage's stored inputs reproduces it bit for bit.
     replay = _cli(["replay", "killed", "--iteration", "2", "--stage", "train", "--json"], state)
     assert replay.returncode == 0, replay.stderr[-3000:]
     assert json.loads(replay.stdout)["identical"] is True
