@@ -15,11 +15,12 @@ from prefect import flow
 from prefect.runtime import flow_run
 
 from flows.iteration import run_iterations
+from flows.observe import report_iteration
 from rl_core.artifacts.manifest import Manifest
-from rl_core.artifacts.report import emit
+from rl_core.artifacts.report import emit, subscribe
 from rl_core.pipeline.stages import STAGES
 from rl_core.schema.config import Config
-from tasks.common import context, lineage, lineage_writer, task_for
+from tasks.common import context, lineage, lineage_writer, run_logger, task_for
 from tasks.generate import start_rollout_engine
 
 
@@ -44,6 +45,11 @@ def with_result_storage(fl: Any, store: Any) -> Any:
     return fl.with_options(result_storage=f"remote-file-system/{name}", persist_result=True)
 
 
+# The vital signs the experiment's parent MLflow run charts beside the mean reward (every one of them is in
+# each iteration's own MLflow run, as vitals/<name>).
+SUMMARY_VITALS = ("reward_std", "kl", "entropy", "length_mean", "truncation_rate", "alarms")
+
+
 def summarize(iteration: int, manifests: dict[str, Manifest | None]) -> dict[str, Any]:
     """One line of the run's progress: each stage's seconds and the metrics its table entry summarises
     (``"*"``: all of them), by stage: ``score_rewards`` gives the mean reward, ``evaluate`` the eval."""
@@ -58,6 +64,9 @@ def summarize(iteration: int, manifests: dict[str, Manifest | None]) -> dict[str
             out["mean_reward"] = picked["mean_reward"]
         elif name == "evaluate":
             out["eval"] = picked
+        elif name == "vitals":
+            out["vitals"] = {k: v for k, v in m.metrics.items() if isinstance(v, int | float)}
+            out["alarms"] = m.metrics.get("alarm_list", [])
         elif picked:
             out[name] = picked
     return out
@@ -65,6 +74,16 @@ def summarize(iteration: int, manifests: dict[str, Manifest | None]) -> dict[str
 
 @flow(name="rl-experiment", flow_run_name="{run_id}", validate_parameters=False)
 def experiment_flow(cfg: Config, run_id: str) -> dict[str, Any]:
+    """The experiment; its status events are also log lines of the flow run (the Prefect UI shows them)."""
+    log = run_logger()
+    stop = subscribe(lambda ev: log.info(ev["text"]) if ev["kind"] == "status" else None)
+    try:
+        return _experiment(cfg, run_id)
+    finally:
+        stop()
+
+
+def _experiment(cfg: Config, run_id: str) -> dict[str, Any]:
     lin = lineage(cfg)
     ctx = context(cfg, run_id)
     parent = lin.experiment_run(run_id, cfg, ctx.base_id) if lin else None
@@ -92,16 +111,18 @@ def experiment_flow(cfg: Config, run_id: str) -> dict[str, Any]:
     emit(summarize(0, {"init": init, "warmup": wu, "evaluate": ev0}))
     policy = wu.outputs["checkpoint"]
     last: dict[str, Manifest | None] = {"evaluate": ev0}
-    for k, ms in run_iterations(cfg, run_id, parent, str(flow_run.get_id() or "")):
+    for k, ms, it_run in run_iterations(cfg, run_id, parent, str(flow_run.get_id() or "")):
         policy = ms["train"].outputs["checkpoint"]
         summary = summarize(k, ms)
         if lin and parent:
             row = {"mean_reward": summary["mean_reward"]}
             if summary.get("eval"):
                 row.update({f"eval_{m}": v for m, v in summary["eval"].items() if isinstance(v, float)})
+            row.update({k: v for k, v in summary.get("vitals", {}).items() if k in SUMMARY_VITALS})
             lineage_writer(cfg).submit(k, lambda p=parent, r=row, k=k: lin.log_summary(p, r, k))
         emit(summary)
         last = ms
+        report_iteration(run_id, k, summary, ms.get("vitals"), lin.link(it_run) if lin and it_run else None)
     if lin and parent:
         lineage_writer(cfg).flush()
         lin.finish(parent)

@@ -47,8 +47,9 @@ def _submit_rollouts(cfg: Config, run_id: str, iteration: int, mlflow_run: str |
 
 def run_iterations(
     cfg: Config, run_id: str, parent_mlflow_run: str | None = None, flow_run_id: str = ""
-) -> Iterator[tuple[int, dict[str, Manifest | None]]]:
-    """Run iterations 1..N; yields each one's manifests by stage (None: not due), in order."""
+) -> Iterator[tuple[int, dict[str, Manifest | None], str | None]]:
+    """Run iterations 1..N; yields each one's manifests by stage (None: not due), in order, with its MLflow
+    run (None without lineage)."""
     lin, last = lineage(cfg), cfg.experiment.iterations
     upcoming: dict[int, Any] = {}  # iteration -> future of its MLflow run, created by the lineage thread
 
@@ -86,4 +87,4 @@ def run_iterations(
             manifests[spec.name] = task_for(spec.name)(cfg, run_id, k, run) if due else None
         if lin and run:
             lineage_writer(cfg).submit(k, lambda done=run: lin.finish(done))
-        yield k, manifests
+        yield k, manifests, run

@@ -92,6 +92,20 @@ def lineage_writer(cfg: Config) -> LineageWriter:
     return _writer(cfg.model_dump_json())
 
 
+def run_logger() -> Any:
+    """The flow or task run's logger (its lines reach the Prefect UI), or a plain one outside any run (a
+    replay)."""
+    import logging
+
+    from prefect.exceptions import MissingContextError
+    from prefect.logging import get_run_logger
+
+    try:
+        return get_run_logger()
+    except MissingContextError:
+        return logging.getLogger("rlfoundry")
+
+
 def task_for(stage: str) -> Any:
     """The Prefect task of a stage of the table: ``task`` in ``tasks/<stage>.py``."""
     return importlib.import_module(f"tasks.{stage}").task
@@ -110,6 +124,8 @@ def run_table_stage(cfg: Config, run_id: str, name: str, iteration: int, mlflow_
 
     inputs = resolve_inputs(spec, cfg, iteration, lambda s, k: committed(ctx.store, owner(s), k, s))
     chash = ctx.base_hash if spec.base else ctx.config_hash
+    log = run_logger()
+    log.info("%s of iteration %d: started (%s)", name, iteration, spec.doc)
 
     def body(job: Any) -> Any:
         return spec.body(ctx, job)
@@ -130,6 +146,8 @@ def run_table_stage(cfg: Config, run_id: str, name: str, iteration: int, mlflow_
         )
     else:
         manifest = run_stage(ctx.store, run_id, iteration, name, chash, inputs, body, ctx.accepted_hashes)
+    how = "reused: committed earlier" if manifest.reused else f"committed in {manifest.timings.seconds:.2f} s"
+    log.info("%s of iteration %d: %s", name, iteration, how)
     lin = lineage(cfg)
     if lin is not None and mlflow_run is not None:
         run = mlflow_run

@@ -48,6 +48,11 @@ def configure_env() -> None:
     defaults = {
         "PREFECT_HOME": str(s / "prefect"),
         "PREFECT_LOGGING_LEVEL": "WARNING",
+        # The flow and task runs' own lines (stages, iterations, alarms) reach the Prefect UI at INFO; the
+        # console still prints warnings only (the CLI's progress display is the console's).
+        "PREFECT_LOGGING_LOGGERS_PREFECT_FLOW_RUNS_LEVEL": "INFO",
+        "PREFECT_LOGGING_LOGGERS_PREFECT_TASK_RUNS_LEVEL": "INFO",
+        "PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL": "WARNING",
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
         "DO_NOT_TRACK": "true",

@@ -13,7 +13,7 @@ Asynchronous RL is one more lag: generate reads ``BEHAVIOUR_POLICY`` (``stale=Tr
 iteration k-1-K with ``rollout.max_staleness`` = K, so it can run while the train stages before k run.
 
 >>> [s.name for s in ITERATION]
-['generate', 'execute_envs', 'audit', 'score_rewards', 'curriculum', 'train', 'evaluate']
+['generate', 'execute_envs', 'audit', 'score_rewards', 'curriculum', 'train', 'evaluate', 'vitals']
 >>> STAGES["train"].inputs["policy"]
 Source(stage='train', output='checkpoint', offset=-1, initial=('warmup', 'checkpoint'), stale=False)
 >>> STAGES["generate"].inputs["policy"].stale
@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 
 from rl_core.artifacts.manifest import ArtifactRef, Manifest
 from rl_core.evaluation.evaluate import evaluate_body
+from rl_core.evaluation.vitals import vitals_body
 from rl_core.generation.curriculum import curriculum_body
 from rl_core.generation.episodes import generate_body
 from rl_core.generation.outcomes import execute_envs_body
@@ -173,6 +174,18 @@ TABLE: tuple[StageSpec, ...] = (
         summary=("*",),
         due=lambda cfg, k: k == 0 or k % cfg.eval.every == 0 or k == cfg.experiment.iterations,
         doc="held-out greedy accuracy and pass@k of the policy",
+    ),
+    StageSpec(
+        "vitals",
+        vitals_body,
+        {
+            "rollouts": Source("generate", "rollouts"),
+            "rewards": Source("score_rewards", "rewards"),
+            "state": Source("vitals", "state", offset=-1),
+        },
+        ("state",),
+        summary=("alarms", "alarm_list"),
+        doc="the iteration's vital signs (rewards, lengths, KL, entropy, throughput, prompts) and its alarms",
     ),
 )
 

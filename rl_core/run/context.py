@@ -71,6 +71,10 @@ PLACEMENT = (
 # How far a run goes and where it evaluates, not what any stage computes: extending a run (more iterations,
 # other evaluation points) needs no --force and keeps every committed stage.
 SCHEDULE = (("experiment", "iterations"), ("eval", "every"))
+# Whole sections that watch a run without changing what any stage computes (the vitals stage's alarm rules):
+# left out of every hash, so that a run stored before they existed, or resumed with other rules, is the same
+# run.
+MONITORING = ("alarms",)
 # How a checkpoint the train stage did not store is rebuilt: the train stage alone knows how and declares it
 # when its module loads (rl_core.training.train.rebuild), so that the context stays below the stages that use
 # it.
@@ -78,12 +82,12 @@ REBUILD_UNSTORED: Callable[[RunContext, ArtifactRef], None] | None = None
 
 
 def without_fields(data: dict[str, Any], fields: tuple[tuple[str, str], ...]) -> dict[str, Any]:
-    """A config dump without ``fields`` ((section, name) pairs).
+    """A config dump without ``fields`` ((section, name) pairs) and without the MONITORING sections.
 
-    >>> without_fields({"train": {"lr": 0.1, "world_size": 2}, "model": {}}, PLACEMENT)
+    >>> without_fields({"train": {"lr": 0.1, "world_size": 2}, "model": {}, "alarms": {}}, PLACEMENT)
     {'train': {'lr': 0.1}, 'model': {}}
     """
-    out = {k: dict(v) if isinstance(v, dict) else v for k, v in data.items()}
+    out = {k: dict(v) if isinstance(v, dict) else v for k, v in data.items() if k not in MONITORING}
     for section, name in fields:
         if isinstance(out.get(section), dict):
             out[section].pop(name, None)

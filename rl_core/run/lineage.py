@@ -142,6 +142,13 @@ class Lineage:
             parent, metrics=[Metric(metric_name(k), float(v), now, step) for k, v in metrics.items()]
         )
 
+    def link(self, run: str) -> str:
+        """Where to open ``run``: its page when the tracking server is one (http), else its id and store."""
+        uri = self.client.tracking_uri
+        if uri.startswith(("http://", "https://")):
+            return f"{uri.rstrip('/')}/#/experiments/{self.experiment_id}/runs/{run}"
+        return f"{run} ({uri})"
+
     def finish(self, run: str, status: str = "FINISHED") -> None:
         self.client.set_terminated(run, status)
 

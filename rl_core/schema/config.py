@@ -17,6 +17,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from rl_core.schema.config_alarms import AlarmsSection
 from rl_core.schema.config_device import RolloutDeviceFields, TrainDeviceFields
 from rl_core.schema.config_layout import CheckpointLayoutFields, StoreLockFields, TrainLayoutFields
 from rl_core.schema.config_pg import PolicyGradientFields
@@ -347,6 +348,9 @@ class Config(_Section):
     eval: EvalSection = Field(default_factory=EvalSection, description="Evaluation stage.")
     store: StoreSection = Field(default_factory=StoreSection, description="Artifact store.")
     tracking: TrackingSection = Field(default_factory=TrackingSection, description="Lineage tracking.")
+    alarms: AlarmsSection = Field(
+        default_factory=AlarmsSection, description="Vital-sign alarms checked after every iteration."
+    )
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:

@@ -1,0 +1,112 @@
+"""What a run shows in the Prefect UI while it runs, and what its alarms do.
+
+The flow run's page gets a log line per status event and per iteration (reward, accuracy, KL, entropy,
+lengths, stage seconds), one per alarm (a warning, or an error when it stops the run), and per iteration a
+table artifact of its vital signs, its description naming the iteration's MLflow run. An alarm whose action
+is ``stop`` ends the flow run once its iteration is committed (``AlarmStop``); an iteration resumed with its
+vitals already committed does not stop again, so ``rlfoundry resume`` continues the run like any other.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rl_core.artifacts.manifest import Manifest
+from tasks.common import run_logger
+
+# The vital signs of an iteration's artifact table, in this order (those the iteration has).
+TABLE_KEYS = (
+    "reward_mean",
+    "reward_std",
+    "eval_accuracy",
+    "advantage_std",
+    "advantage_zero_frac",
+    "kl",
+    "entropy",
+    "clip_frac",
+    "grad_norm",
+    "logprob_mismatch_max",
+    "length_mean",
+    "length_p90",
+    "truncation_rate",
+    "staleness",
+    "prompts",
+    "prompts_seen_total",
+    "prompts_planned_total",
+    "generate_tokens_per_s",
+    "train_tokens_per_s",
+    "iteration_seconds",
+)
+
+
+class AlarmStop(RuntimeError):
+    """An alarm whose action is ``stop`` fired: the run ends after its iteration was committed."""
+
+
+def _fmt(v: Any) -> str:
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def iteration_line(summary: dict[str, Any]) -> str:
+    """One log line for an iteration's summary event (flows.experiment.summarize).
+
+    >>> iteration_line({"iteration": 2, "mean_reward": 0.25, "timings": {"generate": 1.5, "train": 2.0},
+    ...                 "vitals": {"kl": 0.01, "alarms": 0}})
+    'iteration 2: reward 0.25 | kl 0.01 | seconds generate 1.5, train 2'
+    """
+    parts = [f"iteration {summary['iteration']}: reward {_fmt(summary.get('mean_reward'))}"]
+    if summary.get("eval"):
+        parts.append(f"accuracy {_fmt(summary['eval'].get('accuracy'))}")
+    vit = summary.get("vitals") or {}
+    parts += [f"{k} {_fmt(vit[k])}" for k in ("kl", "entropy", "length_mean", "truncation_rate") if k in vit]
+    parts.append("seconds " + ", ".join(f"{s} {_fmt(t)}" for s, t in summary.get("timings", {}).items()))
+    return " | ".join(parts)
+
+
+def alarms_of(vitals: Manifest | None) -> list[dict[str, Any]]:
+    return list(vitals.metrics.get("alarm_list", [])) if vitals is not None else []
+
+
+def report_iteration(
+    run_id: str, k: int, summary: dict[str, Any], vitals: Manifest | None, mlflow_link: str | None
+) -> None:
+    """Log the iteration and its alarms to the flow run, and attach its vital signs as a table artifact;
+    raise ``AlarmStop`` if a stop alarm fired in vitals computed now (not reused from an earlier attempt)."""
+    log = run_logger()
+    log.info(iteration_line(summary))
+    alarms = alarms_of(vitals)
+    for a in alarms:
+        line = f"ALARM {a['name']} ({a['action']}) at iteration {k} of {run_id}: {a['message']}"
+        (log.error if a["action"] == "stop" else log.warning)(line)
+    if vitals is not None:
+        _artifact(run_id, k, vitals, alarms, mlflow_link)
+    stops = [a for a in alarms if a["action"] == "stop"]
+    if stops and not vitals.reused:  # type: ignore[union-attr]
+        names = ", ".join(a["name"] for a in stops)
+        raise AlarmStop(
+            f"run {run_id} stopped by alarm {names} at iteration {k} (iteration {k} is committed): "
+            f"{stops[0]['message']}. Look: rlfoundry show {run_id}; continue: rlfoundry resume {run_id} "
+            f"(optionally --set alarms.{stops[0]['name']}.action=warn)"
+        )
+
+
+def _artifact(run_id: str, k: int, vitals: Manifest, alarms: list[dict[str, Any]], link: str | None) -> None:
+    from prefect.artifacts import create_table_artifact
+    from prefect.context import get_run_context
+    from prefect.exceptions import MissingContextError
+
+    try:
+        get_run_context()
+    except MissingContextError:
+        return
+    m = vitals.metrics
+    rows = [{"vital sign": key, "value": _fmt(m[key])} for key in TABLE_KEYS if m.get(key) is not None]
+    rows += [{"vital sign": f"ALARM {a['name']} ({a['action']})", "value": a["message"]} for a in alarms]
+    where = (
+        f"MLflow run [{link}]({link})" if link and link.startswith("http") else f"MLflow run {link or '-'}"
+    )
+    create_table_artifact(
+        key=f"iteration-{k:04d}",
+        table=rows,
+        description=f"Vital signs of {run_id}, iteration {k}. {where}. `rlfoundry show {run_id}`",
+    )
