@@ -15,7 +15,7 @@ from prefect import flow
 from prefect.runtime import flow_run
 
 from flows.iteration import run_iterations
-from flows.observe import report_iteration
+from flows.observe import AlarmStop, report_iteration
 from rl_core.artifacts.manifest import Manifest
 from rl_core.artifacts.report import emit, subscribe
 from rl_core.pipeline.stages import STAGES
@@ -72,6 +72,23 @@ def summarize(iteration: int, manifests: dict[str, Manifest | None]) -> dict[str
     return out
 
 
+def _report(
+    cfg: Config, run_id: str, parent: str | None, k: int, ms: dict[str, Manifest | None], it_run: str | None
+) -> None:
+    """Iteration k's summary to the listeners (the CLI), MLflow's parent run and the Prefect UI; its alarms
+    (``flows.observe.report_iteration``: a stop alarm raises ``AlarmStop``)."""
+    lin = lineage(cfg)
+    summary = summarize(k, ms)
+    if lin and parent:
+        row = {"mean_reward": summary["mean_reward"]}
+        if summary.get("eval"):
+            row.update({f"eval_{m}": v for m, v in summary["eval"].items() if isinstance(v, float)})
+        row.update({n: v for n, v in summary.get("vitals", {}).items() if n in SUMMARY_VITALS})
+        lineage_writer(cfg).submit(k, lambda p=parent, r=row, k=k: lin.log_summary(p, r, k))
+    emit(summary)
+    report_iteration(run_id, k, summary, ms.get("vitals"), lin.link(it_run) if lin and it_run else None)
+
+
 @flow(name="rl-experiment", flow_run_name="{run_id}", validate_parameters=False)
 def experiment_flow(cfg: Config, run_id: str) -> dict[str, Any]:
     """The experiment; its status events are also log lines of the flow run (the Prefect UI shows them)."""
@@ -111,18 +128,16 @@ def _experiment(cfg: Config, run_id: str) -> dict[str, Any]:
     emit(summarize(0, {"init": init, "warmup": wu, "evaluate": ev0}))
     policy = wu.outputs["checkpoint"]
     last: dict[str, Manifest | None] = {"evaluate": ev0}
-    for k, ms, it_run in run_iterations(cfg, run_id, parent, str(flow_run.get_id() or "")):
-        policy = ms["train"].outputs["checkpoint"]
-        summary = summarize(k, ms)
+    try:
+        for k, ms, it_run in run_iterations(cfg, run_id, parent, str(flow_run.get_id() or "")):
+            policy = ms["train"].outputs["checkpoint"]
+            _report(cfg, run_id, parent, k, ms, it_run)
+            last = ms
+    except AlarmStop:  # the iteration is committed: its lineage is written, the MLflow run marked stopped
         if lin and parent:
-            row = {"mean_reward": summary["mean_reward"]}
-            if summary.get("eval"):
-                row.update({f"eval_{m}": v for m, v in summary["eval"].items() if isinstance(v, float)})
-            row.update({k: v for k, v in summary.get("vitals", {}).items() if k in SUMMARY_VITALS})
-            lineage_writer(cfg).submit(k, lambda p=parent, r=row, k=k: lin.log_summary(p, r, k))
-        emit(summary)
-        last = ms
-        report_iteration(run_id, k, summary, ms.get("vitals"), lin.link(it_run) if lin and it_run else None)
+            lineage_writer(cfg).flush()
+            lin.finish(parent, "KILLED")
+        raise
     if lin and parent:
         lineage_writer(cfg).flush()
         lin.finish(parent)

@@ -57,6 +57,9 @@ class Progress:
                 if s in t
             )
             self.console.print(f"iter {k:4d}  reward {ev['mean_reward']:.3f}  {acc}  {pk}  [dim]{times}[/]")
+            for a in ev.get("alarms", []):
+                colour = "red" if a["action"] == "stop" else "yellow"
+                self.console.print(f"[{colour}]  alarm {a['name']} ({a['action']}): {a['message']}[/]")
             self.progress.advance(self.task)
         self.curve.append(ev)
 
@@ -131,6 +134,7 @@ def launch(
     typer.echo(f"artifacts: {ctx.store.run_uri(rid)}")
     ensure_api()
     from flows.experiment import experiment_flow, with_result_storage
+    from flows.observe import AlarmStop
 
     prog = Progress(cfg.experiment.iterations)
     t0 = time.time()
@@ -144,6 +148,8 @@ def launch(
             result = with_result_storage(experiment_flow, ctx.store)(cfg, rid)
     except StoreUnavailable as e:
         fail(f"{e}\nevery committed stage is kept; once the store answers again: rlfoundry resume {rid}", 3)
+    except AlarmStop as e:
+        fail(str(e), 4)
     finally:
         for unsub in unsubscribe:
             unsub()

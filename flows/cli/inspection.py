@@ -19,16 +19,20 @@ import typer
 
 from flows.cli.common import JsonOpt, RunIdArg, StoreOpt, fail, quiet_stdout, store_for
 
+# ``rollouts``' columns (header, key): the narrow default reads in 80 columns; --wide adds the reward
+# components and the environment's outcome.
 ROLLOUT_COLUMNS = (
-    "prompt",
-    "image",
-    "completion_text",
-    "answer",
-    "reward",
-    "correct",
-    "format",
-    "env_parsed",
-    "finish_reason",
+    ("prompt", "prompt"),
+    ("completion", "completion_text"),
+    ("answer", "answer"),
+    ("reward", "reward"),
+)
+WIDE_COLUMNS = (
+    ("image", "image"),
+    ("correct", "correct"),
+    ("format", "format"),
+    ("parsed", "env_parsed"),
+    ("finish", "finish_reason"),
 )
 
 
@@ -50,9 +54,14 @@ def stage_names(values: list[str]) -> list[str]:
 def show(
     run_id: RunIdArg,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+    stages: Annotated[bool, typer.Option("--stages", help="Add each stage's seconds.")] = False,
+    vitals: Annotated[bool, typer.Option("--vitals", help="Add more vital signs (wider).")] = False,
+    sha: Annotated[bool, typer.Option("--sha", help="Add each iteration's policy sha256.")] = False,
     store: StoreOpt = None,
 ) -> None:
-    """Iterations x stages with status, timings, metrics, artifact URIs and policy sha256."""
+    """Per iteration: reward, accuracy, KL, entropy, length, seconds and alarms (80 columns); --json: every
+    stage's status, timings, metrics, artifact URIs and the policy sha256. Reads only committed manifests:
+    works mid-run, from another terminal."""
     from rl_core.pipeline.show import collect, render
     from rl_core.run.runs import RunError
 
@@ -66,7 +75,10 @@ def show(
     else:
         from rich.console import Console
 
-        Console().print(render(data))
+        # the default table fits 80 columns; the wider views print whole and let the terminal wrap
+        wide = stages or vitals or sha
+        console = Console(width=max(Console().width, 170)) if wide else Console()
+        console.print(render(data, stages=stages, vitals=vitals, sha=sha))
 
 
 def replay(
@@ -124,6 +136,7 @@ def rollouts(
     images: Annotated[
         Path | None, typer.Option(help="Write multimodal samples' images here as PNG files.")
     ] = None,
+    wide: Annotated[bool, typer.Option("--wide", help="Add reward components and env outcome.")] = False,
 ) -> None:
     """Best, worst and random samples of an iteration: prompt, completion, reward components, env outcome."""
     from rl_core.pipeline.inspect_run import samples
@@ -138,19 +151,21 @@ def rollouts(
     from rich.console import Console
 
     for name, rows in data.items():
-        Console().print(_table(f"{run_id} iteration {iteration}: {name}", rows))
+        Console().print(_table(f"{run_id} iteration {iteration}: {name}", rows, wide))
 
 
-def _table(title: str, rows: list[dict[str, Any]]) -> Any:
-    """A rich table of ``rows`` with the columns of ROLLOUT_COLUMNS that they have."""
+def _table(title: str, rows: list[dict[str, Any]], wide: bool = False) -> Any:
+    """A rich table of ``rows`` with the columns they have: text columns wrap, nothing is cut."""
+    from rich import box
     from rich.table import Table
 
-    t = Table(title=title)
-    cols = [c for c in ROLLOUT_COLUMNS if rows and c in rows[0]]
-    for c in cols:
-        t.add_column(c)
+    t = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False)
+    cols = [(h, k) for h, k in (*ROLLOUT_COLUMNS, *(WIDE_COLUMNS if wide else ())) if rows and k in rows[0]]
+    for header, key in cols:
+        numeric = isinstance(rows[0][key], int | float)
+        t.add_column(header, overflow="fold", justify="right" if numeric else "left", min_width=len(header))
     for r in rows:
-        t.add_row(*[str(r[c]) for c in cols])
+        t.add_row(*[f"{r[k]:.3g}" if isinstance(r[k], float) else str(r[k]) for _, k in cols])
     return t
 
 

@@ -79,40 +79,79 @@ def collect(store: Store, run_id: str) -> dict[str, Any]:
     }
 
 
-def render(data: dict[str, Any]) -> Any:
-    """A rich Table: one row for the base model, one per iteration."""
+# The vital signs ``--vitals`` adds to the table (column header, vitals key, format).
+VITAL_COLUMNS = (
+    ("r.std", "reward_std", ".3f"),
+    ("adv0", "advantage_zero_frac", ".2f"),
+    ("trunc", "truncation_rate", ".2f"),
+    ("gnorm", "grad_norm", ".2f"),
+    ("mism", "logprob_mismatch_max", ".1e"),
+    ("tok/s", "generate_tokens_per_s", ".0f"),
+)
+
+
+def _vitals(st: dict[str, Any]) -> dict[str, Any]:
+    v = st.get("vitals") or {}
+    return v.get("metrics", {}) if v.get("status") == "committed" else {}
+
+
+def _f(v: Any, spec: str) -> str:
+    return format(v, spec) if isinstance(v, int | float) else "-"
+
+
+def render(data: dict[str, Any], stages: bool = False, vitals: bool = False, sha: bool = False) -> Any:
+    """A rich table that fits 80 columns: per iteration the reward, accuracy, KL, entropy, mean completion
+    length, seconds and alarms; ``stages`` adds each stage's seconds, ``vitals`` more vital signs, ``sha`` the
+    policy digest (wider). Alarms are listed under it.
+
+    Long: one row builder for the base model and one for the iterations, each column group optional."""
+    from rich import box
+    from rich.console import Group
     from rich.table import Table
+    from rich.text import Text
 
-    t = Table(
-        title=f"run {data['run_id']}  "
-        f"({data['iterations_committed']}/{data['iterations_planned']} iterations)"
-    )
-    shown = data["stages"]
-    for col in ("iter", "reward", "accuracy", "pass@k", *shown, "policy sha256"):
-        t.add_column(col, justify="right" if col not in ("policy sha256",) else "left")
+    title = f"run {data['run_id']} ({data['iterations_committed']}/{data['iterations_planned']} iterations)"
+    t = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    shown = data["stages"] if stages else []
+    cols = ["iter", "reward", "acc", "kl", "entropy", "len", "sec", *(c[0] for c in VITAL_COLUMNS if vitals)]
+    cols += [s[:4] for s in shown] + ["alarms"] + (["policy sha256"] if sha else [])
+    for col in cols:
+        t.add_column(col, justify="left" if col in ("alarms", "policy sha256") else "right", no_wrap=True)
 
-    def fmt_eval(v: dict[str, Any]) -> tuple[str, str]:
-        if "metrics" not in v:
-            return "", ""
-        m = v["metrics"]
-        pk = " ".join(f"{k[5:]}:{m[k]:.2f}" for k in m if k.startswith("pass@"))
-        return f"{m['accuracy']:.3f}", pk
+    def acc(v: dict[str, Any]) -> str:
+        return f"{v['metrics']['accuracy']:.3f}" if "metrics" in v else ""
 
     b = data["base"]
-    acc, pk = fmt_eval(b["evaluate"])
-    t.add_row(
-        "base",
-        "",
-        acc,
-        pk,
-        *(f"warmup {b['warmup'].get('seconds', 0):.1f}s" if s == "train" else "" for s in shown),
-        (b.get("policy_sha256") or "")[:16],
+    base_cells = ["base", "", acc(b["evaluate"]), "", "", "", _f(b["warmup"].get("seconds"), ".1f")]
+    base_cells += [""] * (len(cols) - len(base_cells) - (1 if sha else 0)) + (
+        [(b.get("policy_sha256") or "")[:16]] if sha else []
     )
+    t.add_row(*base_cells)
+    notes: list[str] = []
     for it in data["iterations"]:
-        st = it["stages"]
+        st, k = it["stages"], it["iteration"]
+        v = _vitals(st)
         rew = st["score_rewards"]
-        reward = f"{rew['metrics']['mean_reward']:.3f}" if rew["status"] != "pending" else ""
-        acc, pk = fmt_eval(st["evaluate"])
-        cells = [f"{st[s]['seconds']:.2f}s" if "seconds" in st[s] else "-" for s in shown]
-        t.add_row(str(it["iteration"]), reward, acc, pk, *cells, (it.get("policy_sha256") or "")[:16])
-    return t
+        reward = _f(rew["metrics"]["mean_reward"], ".3f") if rew["status"] == "committed" else "-"
+        tr = st["train"].get("metrics", {})
+        sec = sum(x.get("seconds", 0) for x in st.values())
+        row = [str(k), reward, acc(st["evaluate"]), _f(tr.get("kl"), ".3g"), _f(tr.get("entropy"), ".2f")]
+        row += [_f(v.get("length_mean"), ".1f"), f"{sec:.1f}"]
+        row += [_f(v.get(key), spec) for _, key, spec in VITAL_COLUMNS if vitals]
+        row += [_f(st[s].get("seconds"), ".1f") for s in shown]
+        alarms = v.get("alarm_list", [])
+        row.append(" ".join(sorted({a["name"] for a in alarms})) or ("" if v else "-"))
+        if sha:
+            row.append((it.get("policy_sha256") or "")[:16])
+        t.add_row(*row)
+        notes += [f"iteration {k}: {a['name']} ({a['action']}): {a['message']}" for a in alarms]
+    lines = [Text(n, overflow="fold") for n in notes]
+    last = data["iterations"][-1] if data["iterations"] else None
+    if last and _vitals(last["stages"]):
+        lv = _vitals(last["stages"])
+        lines.append(
+            Text(
+                f"prompts sampled {lv.get('prompts_seen_total')} of {lv.get('prompts_planned_total')} planned"
+            )
+        )
+    return Group(t, *lines)

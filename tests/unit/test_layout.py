@@ -114,9 +114,11 @@ def test_the_flat_paths_still_import_for_one_release():
     assert start_engine is moved
     assert any(issubclass(w.category, DeprecationWarning) and "rl_core.schema.config" in str(w.message)
                for w in caught)  # fmt: skip
-    assert set(rl_core.MOVED.values()) == {
+    # every old flat path leads to a module of a room (modules new since the rooms have no old path)
+    rooms = {
         f"rl_core.{p.parent.name}.{p.stem}" for p in (ROOT / "rl_core").glob("*/*.py") if p.stem != "__init__"
     }
+    assert set(rl_core.MOVED.values()) <= rooms and len(rl_core.MOVED) >= 57
 
 
 @pytest.mark.parametrize("package", sorted(FORBIDDEN))
