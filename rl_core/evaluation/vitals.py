@@ -133,7 +133,7 @@ def check(
         if kl > limit:
             fire(
                 "kl_spike",
-                f"KL {kl:.4g} > {limit:.4g} ({r.factor:g} x the median of earlier ones, at least {r.min_kl:g})",
+                f"KL {kl:.4g} > {limit:.4g} ({r.factor:g} x the earlier KLs' median, at least {r.min_kl:g})",
                 kl,
                 limit,
             )

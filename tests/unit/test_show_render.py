@@ -1,4 +1,4 @@
-"""``show`` and ``rollouts`` read in an 80-column terminal: nothing cut to an ellipsis, the rest behind flags."""
+"""``show`` and ``rollouts`` read in 80 columns: nothing cut to an ellipsis, the rest behind flags."""
 
 from __future__ import annotations
 
