@@ -6,6 +6,7 @@
 
 - ``experiment``: ``run``, ``resume`` and the progress display.
 - ``inspection``: ``show``, ``replay``, ``rollouts``, ``lineage``.
+- ``debugging``: ``compare`` (two runs side by side) and ``report`` (a run as one HTML page).
 - ``operations``: ``up``, ``down`` (the local stack, ``infra.localstack``) and ``serve`` (the deployments).
 - ``sandbox``: ``sandbox exec`` and ``score humaneval``.
 - ``judge``: ``judge train`` (a tiny LLM judge for ``reward.judge.model``).
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import typer
 
-from flows.cli import experiment, inspection, judge, operations, reward_model, sandbox
+from flows.cli import debugging, experiment, inspection, judge, operations, reward_model, sandbox
 
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, help="RL post-training as resumable Prefect workflows."
@@ -35,7 +36,7 @@ def _use_stack(ctx: typer.Context) -> None:
         apply_env()
 
 
-for _group in (experiment, inspection, operations, reward_model, sandbox, judge):
+for _group in (experiment, inspection, debugging, operations, reward_model, sandbox, judge):
     _group.register(app)
 
 

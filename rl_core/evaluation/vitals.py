@@ -34,8 +34,10 @@ FROM_TRAIN = ("kl", "entropy", "clip_frac", "grad_norm", "loss", "logprob_mismat
 # Operational counters passed through as they are, from whichever stage reports them.
 PASSED = ("prefix_cache_hit_rate", "prefix_cache_queries", "server_restarts", "infra_failures", "zeroed")
 NON_FINITE_WATCHED = ("loss", "grad_norm", "kl", "entropy", "reward_mean", "advantage_std")
-# What the state keeps per iteration (what the rules compare across iterations).
-HISTORY_KEYS = ("iteration", "reward_mean", "kl", "entropy", "generate_tokens_per_s", "prompts_seen_total")
+# What the state keeps per iteration (what the rules compare across iterations): nothing measured in seconds,
+# so that two runs that compute the same have the same state (the throughput rule reads its baseline from the
+# first iterations' vitals manifests instead).
+HISTORY_KEYS = ("iteration", "reward_mean", "kl", "entropy", "prompts_seen_total")
 
 
 def reward_vitals(rewards: pd.DataFrame) -> dict[str, float]:
@@ -222,6 +224,16 @@ def _committed(ctx: RunContext, iteration: int) -> dict[str, Manifest]:
     return {s: m for s, m in found.items() if m is not None}
 
 
+def _with_throughput(ctx: RunContext, history: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The history with the generation tokens/s of the first ``alarms.throughput.baseline`` iterations, read
+    from their committed vitals manifests."""
+    out = [dict(h) for h in history]
+    for h in out[: ctx.cfg.alarms.throughput.baseline]:
+        m = ctx.store.read_manifest(ctx.store.stage_uri(ctx.run_id, h["iteration"], "vitals"))
+        h["generate_tokens_per_s"] = m.metrics.get("generate_tokens_per_s") if m else None
+    return out
+
+
 def vitals_body(ctx: RunContext, job: StageJob) -> StageResult:
     """The vitals stage: this iteration's vital signs and the alarms they raise."""
     state = ctx.store.read_json(job.inputs["state"]) if "state" in job.inputs else {"history": []}
@@ -234,7 +246,7 @@ def vitals_body(ctx: RunContext, job: StageJob) -> StageResult:
     seen_before = history[-1]["prompts_seen_total"] if history else 0
     vitals["prompts_seen_total"] = seen_before + vitals.get("prompts", 0)
     vitals["prompts_planned_total"] = job.iteration * ctx.cfg.rollout.prompts_per_iteration
-    alarms = check(vitals, history, ctx.cfg.alarms)
+    alarms = check(vitals, _with_throughput(ctx, history), ctx.cfg.alarms)
     new_state = {"history": [*history, {k: vitals.get(k) for k in HISTORY_KEYS}]}
     ref = ctx.store.write_json(f"{job.out_uri}/state.json", new_state)
     metrics = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in vitals.items()}

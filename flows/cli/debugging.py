@@ -1,0 +1,49 @@
+"""Finding why a run went wrong: ``compare`` (two runs side by side) and ``report`` (one self-contained HTML
+page of a run).
+
+    rlfoundry compare RUN_A RUN_B [--store-b ROOT] [--json]
+    rlfoundry report RUN_ID [--out report.html]
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+
+from flows.cli.common import JsonOpt, RunIdArg, StoreOpt, checked_run_id, fail, store_for
+
+
+def compare(
+    run_a: RunIdArg,
+    run_b: Annotated[str, typer.Argument(help="The other run's id.", callback=checked_run_id)],
+    as_json: JsonOpt = False,
+    store: StoreOpt = None,
+    store_b: Annotated[
+        str | None, typer.Option("--store-b", help="RUN_B's store root (default: RUN_A's).")
+    ] = None,
+) -> None:
+    """Config differences, metrics side by side, the first iteration where rewards differ beyond noise, stage
+    times that changed, and the first stage whose outputs differ."""
+    from rl_core.pipeline.compare import compare as compare_runs
+    from rl_core.pipeline.compare import render
+    from rl_core.run.runs import RunError
+
+    sa = store_for(store)
+    sb = store_for(store_b) if store_b else sa
+    try:
+        data = compare_runs(sa, run_a, sb, run_b)
+    except RunError as e:
+        fail(str(e))
+    if as_json:
+        typer.echo(json.dumps(data, indent=1))
+        return
+    from rich.console import Console
+
+    Console().print(render(data))
+
+
+def register(app: typer.Typer) -> None:
+    for command in (compare,):
+        app.command()(command)
