@@ -17,7 +17,7 @@ from typing import Annotated, Any
 
 import typer
 
-from flows.cli.common import JsonOpt, RunIdArg, StoreOpt, fail, quiet_stdout, store_for
+from flows.cli.common import JsonOpt, RunIdArg, SetOpt, StoreOpt, fail, quiet_stdout, store_for
 
 # ``rollouts``' columns (header, key): the narrow default reads in 80 columns; --wide adds the reward
 # components and the environment's outcome.
@@ -96,14 +96,22 @@ def replay(
     ],
     as_json: JsonOpt = False,
     store: StoreOpt = None,
+    set_: SetOpt = None,
 ) -> None:
     """Re-execute stages from their stored inputs into a scratch prefix; diff them with the stored outputs.
 
     One ``--stage``: the JSON report of that stage. Several: ``{"identical", "stages": {name: report}}``.
-    Exit 0 when every replayed output is identical, 1 when one differs."""
+    Exit 0 when every replayed output is identical, 1 when one differs.
+
+    With ``--set``: a what-if. The stages re-run under the changed config (a later stage reads what an
+    earlier one re-made) into the replay area, never the run; prints what moved (rewards, advantages,
+    metrics). Exit 0."""
     from rl_core.artifacts.paths import configure_env
 
     configure_env()
+    if set_:
+        _what_if(run_id, iteration, stages, set_, as_json, store)
+        return
     from rl_core.artifacts.store import ArtifactError
     from rl_core.pipeline.replay import replay_stages
     from rl_core.run.runs import RunError
@@ -125,6 +133,33 @@ def replay(
                 brief = {k: v for k, v in a.items() if k not in ("stored", "replayed")}
                 typer.echo(f"  {name}: {json.dumps(brief)}")
     raise typer.Exit(0 if both["identical"] else 1)
+
+
+def _what_if(
+    run_id: str, iteration: int, stages: list[str], sets: list[str], as_json: bool, store: str | None
+) -> None:
+    from rl_core.artifacts.store import ArtifactError
+    from rl_core.pipeline.replay import what_if
+    from rl_core.run.runs import RunError
+    from rl_core.schema.config import ConfigError
+    from tasks.common import replay_hooks
+
+    try:
+        with quiet_stdout():
+            data = what_if(store_for(store), run_id, iteration, stages, sets, prepare=replay_hooks)
+    except (RunError, ConfigError, FileNotFoundError, ValueError, ArtifactError) as e:
+        fail(str(e))
+    if as_json:
+        typer.echo(json.dumps(data, indent=1))
+        return
+    typer.echo(f"what if {' '.join(sets)}: {run_id} iteration {iteration} (the run is not touched)")
+    for stage, rep in data["stages"].items():
+        typer.echo(f"{stage}:")
+        for key, (before, after) in rep["metrics_changed"].items():
+            typer.echo(f"  {key}: {before} -> {after}")
+        for key, value in rep.get("rewards", {}).items():
+            typer.echo(f"  {key}: {' -> '.join(map(str, value)) if isinstance(value, list) else value}")
+        typer.echo(f"  outputs: {', '.join(rep['outputs'].values())}")
 
 
 def rollouts(
