@@ -8,6 +8,7 @@ page of a run).
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -44,6 +45,31 @@ def compare(
     Console().print(render(data))
 
 
+def report(
+    run_id: RunIdArg,
+    out: Annotated[
+        Path | None, typer.Option("--out", help="Where to write it (default: RUN_ID.html).")
+    ] = None,
+    per_iteration: Annotated[
+        int, typer.Option("-k", help="Best, worst and random samples per iteration.")
+    ] = 3,
+    store: StoreOpt = None,
+) -> None:
+    """One self-contained HTML page of a run (opens offline): reward and accuracy against iteration and wall
+    clock, lengths, stage times, alarms on the timeline, and a rollout viewer."""
+    from rl_core.pipeline.report import build
+    from rl_core.run.runs import RunError
+
+    try:
+        page = build(store_for(store), run_id, per_iteration)
+    except RunError as e:
+        fail(str(e))
+    path = out or Path(f"{run_id}.html")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(page, encoding="utf-8")
+    typer.echo(f"report: {path} ({len(page) // 1024} KiB)")
+
+
 def register(app: typer.Typer) -> None:
-    for command in (compare,):
+    for command in (compare, report):
         app.command()(command)

@@ -22,6 +22,8 @@ def _stage_view(m: Manifest | None) -> dict[str, Any]:
         "status": m.status,
         "config_hash": m.config_hash,
         "seconds": m.timings.seconds,
+        "started_at": m.timings.started_at,
+        "ended_at": m.timings.started_at + m.timings.seconds if m.timings.started_at else None,
         "metrics": m.metrics,
         "artifacts": {k: v.uri for k, v in m.outputs.items()},
     }
