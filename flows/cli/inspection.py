@@ -157,7 +157,7 @@ def _what_if(
         typer.echo(f"{stage}:")
         for key, (before, after) in rep["metrics_changed"].items():
             typer.echo(f"  {key}: {before} -> {after}")
-        for key, value in rep.get("rewards", {}).items():
+        for key, value in (rep.get("rewards", {}) | rep.get("update", {})).items():
             typer.echo(f"  {key}: {' -> '.join(map(str, value)) if isinstance(value, list) else value}")
         typer.echo(f"  outputs: {', '.join(rep['outputs'].values())}")
 

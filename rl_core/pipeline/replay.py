@@ -217,6 +217,18 @@ def reward_changes(old: pd.DataFrame, new: pd.DataFrame) -> dict[str, Any]:
     return out
 
 
+def update_sizes(store: Store, policy: ArtifactRef, stored: Any, remade: dict[str, ArtifactRef]) -> dict:
+    """How far the stored train stage and its what-if moved the weights from the policy they started from:
+    the largest change of any weight, ``[stored, what-if]`` (None for a checkpoint not in the store)."""
+
+    def size(ckpt: ArtifactRef) -> float | None:
+        if policy.stored is False or ckpt.stored is False:
+            return None
+        return diff_checkpoints(store, policy, ckpt)["max_abs_diff"]
+
+    return {"max_abs_weight_change": [size(stored.outputs["checkpoint"]), size(remade["checkpoint"])]}
+
+
 def what_if(
     store: Store,
     run_id: str,
@@ -264,6 +276,8 @@ def what_if(
             if s == "score_rewards":
                 old, new = manifest.outputs["rewards"], result.outputs["rewards"]
                 report["rewards"] = reward_changes(store.read_table(old), store.read_table(new))
+            if s == "train":
+                report["update"] = update_sizes(store, inputs["policy"], manifest, result.outputs)
             reports[s] = report
     finally:
         ctx.held.close()
