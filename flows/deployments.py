@@ -56,6 +56,8 @@ def experiment(config: Config, run_id: OptionalRunId = "") -> dict[str, Any]:
             policy.check(config)
         config = Config.model_validate(config)
     from flows.experiment import experiment_flow, with_result_storage
+    from flows.observe import mirror
+    from rl_core.artifacts.report import subscribe
     from rl_core.run.context import RunContext
     from rl_core.run.runs import create_or_resume, new_run_id
 
@@ -63,7 +65,11 @@ def experiment(config: Config, run_id: OptionalRunId = "") -> dict[str, Any]:
     ctx = RunContext(config, rid)
     if create_or_resume(ctx, "either") == "resumed":
         get_run_logger().info("run %s exists with this config: resuming it", rid)
-    result = with_result_storage(experiment_flow, ctx.store)(config, rid)
+    stop = subscribe(mirror(rid))  # this flow run's page shows the run's lines and tables too
+    try:
+        result = with_result_storage(experiment_flow, ctx.store)(config, rid)
+    finally:
+        stop()
     create_markdown_artifact(
         f"run `{rid}`: held-out accuracy {result['base_accuracy']:.3f} (base) -> "
         f"{result['final']['accuracy']:.3f}\n\n"

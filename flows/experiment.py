@@ -85,8 +85,9 @@ def _report(
             row.update({f"eval_{m}": v for m, v in summary["eval"].items() if isinstance(v, float)})
         row.update({n: v for n, v in summary.get("vitals", {}).items() if n in SUMMARY_VITALS})
         lineage_writer(cfg).submit(k, lambda p=parent, r=row, k=k: lin.log_summary(p, r, k))
+    summary["mlflow_run"] = lin.link(it_run) if lin and it_run else None
     emit(summary)
-    report_iteration(run_id, k, summary, ms.get("vitals"), lin.link(it_run) if lin and it_run else None)
+    report_iteration(run_id, k, summary, ms.get("vitals"))
 
 
 @flow(name="rl-experiment", flow_run_name="{run_id}", validate_parameters=False)

@@ -67,20 +67,21 @@ def alarms_of(vitals: Manifest | None) -> list[dict[str, Any]]:
     return list(vitals.metrics.get("alarm_list", [])) if vitals is not None else []
 
 
-def report_iteration(
-    run_id: str, k: int, summary: dict[str, Any], vitals: Manifest | None, mlflow_link: str | None
-) -> None:
-    """Log the iteration and its alarms to the flow run, and attach its vital signs as a table artifact;
-    raise ``AlarmStop`` if a stop alarm fired in vitals computed now (not reused from an earlier attempt)."""
-    log = run_logger()
+def log_iteration(log: Any, run_id: str, summary: dict[str, Any]) -> None:
+    """The iteration's line and one line per alarm (a warning; an error for a stop)."""
     log.info(iteration_line(summary))
-    alarms = alarms_of(vitals)
-    for a in alarms:
+    k = summary["iteration"]
+    for a in summary.get("alarms", []):
         line = f"ALARM {a['name']} ({a['action']}) at iteration {k} of {run_id}: {a['message']}"
         (log.error if a["action"] == "stop" else log.warning)(line)
-    if vitals is not None:
-        _artifact(run_id, k, vitals, alarms, mlflow_link)
-    stops = [a for a in alarms if a["action"] == "stop"]
+
+
+def report_iteration(run_id: str, k: int, summary: dict[str, Any], vitals: Manifest | None) -> None:
+    """Log the iteration and its alarms to the flow run, and attach its vital signs as a table artifact;
+    raise ``AlarmStop`` if a stop alarm fired in vitals computed now (not reused from an earlier attempt)."""
+    log_iteration(run_logger(), run_id, summary)
+    attach_vitals(run_id, summary)
+    stops = [a for a in alarms_of(vitals) if a["action"] == "stop"]
     if stops and not vitals.reused:  # type: ignore[union-attr]
         names = ", ".join(a["name"] for a in stops)
         raise AlarmStop(
@@ -90,23 +91,51 @@ def report_iteration(
         )
 
 
-def _artifact(run_id: str, k: int, vitals: Manifest, alarms: list[dict[str, Any]], link: str | None) -> None:
-    from prefect.artifacts import create_table_artifact
+def attach_vitals(run_id: str, summary: dict[str, Any], flow_run_id: Any = None) -> None:
+    """The iteration's vital signs and alarms as a table artifact of the current flow run, or of
+    ``flow_run_id`` (the deployment's flow run, which shows the experiment as its subflow); nothing outside a
+    flow run or without vitals."""
+    from prefect.artifacts import TableArtifact
     from prefect.context import get_run_context
     from prefect.exceptions import MissingContextError
 
+    m, link = summary.get("vitals"), summary.get("mlflow_run")
     try:
         get_run_context()
     except MissingContextError:
         return
-    m = vitals.metrics
+    if not m:
+        return
     rows = [{"vital sign": key, "value": _fmt(m[key])} for key in TABLE_KEYS if m.get(key) is not None]
-    rows += [{"vital sign": f"ALARM {a['name']} ({a['action']})", "value": a["message"]} for a in alarms]
+    rows += [
+        {"vital sign": f"ALARM {a['name']} ({a['action']})", "value": a["message"]}
+        for a in summary.get("alarms", [])
+    ]
     where = (
         f"MLflow run [{link}]({link})" if link and link.startswith("http") else f"MLflow run {link or '-'}"
     )
-    create_table_artifact(
+    k = summary["iteration"]
+    TableArtifact(
         key=f"iteration-{k:04d}",
         table=rows,
         description=f"Vital signs of {run_id}, iteration {k}. {where}. `rlfoundry show {run_id}`",
-    )
+        flow_run_id=flow_run_id,
+    ).create()
+
+
+def mirror(run_id: str) -> Any:
+    """A listener (``rl_core.artifacts.report.subscribe``) that repeats a run's status lines, iteration lines,
+    alarms and vital-sign tables on the calling flow run: the deployment's flow run, whose page is the one a
+    researcher who started the run from the UI has open (the experiment itself is its subflow)."""
+    from prefect.runtime import flow_run
+
+    log, parent = run_logger(), flow_run.get_id()
+
+    def listen(ev: dict[str, Any]) -> None:
+        if ev["kind"] == "status":
+            log.info(ev["text"])
+        elif ev["kind"] == "iteration" and ev["iteration"] > 0:
+            log_iteration(log, run_id, ev)
+            attach_vitals(run_id, ev, parent)
+
+    return listen

@@ -249,6 +249,11 @@ def test_experiment_started_from_the_prefect_ui(served):
             page.locator(".page-heading-flow-run__meta .state-badge.state--completed").wait_for(
                 timeout=900_000
             )
+            # the run's own log lines on the page the researcher has open (it used to say "Waiting for
+            # logs..."): the warm-up status and the iteration line; reloaded, as logs arrive in batches
+            page.reload(wait_until="networkidle")
+            page.get_by_text("iteration 1: reward").first.wait_for(timeout=60_000)
+            page.get_by_text("warm-up steps").first.wait_for(timeout=10_000)
         finally:
             page.screenshot(path=str(served["state"] / "ui.png"), full_page=True)
             print("screenshot:", served["state"] / "ui.png", page.url)
@@ -257,3 +262,10 @@ def test_experiment_started_from_the_prefect_ui(served):
     assert len(runs) == 1
     assert runs[0]["state"]["type"] == "COMPLETED"
     assert runs[0]["parameters"]["config"]["experiment"]["iterations"] == 1
+    # the iteration's vital signs as a table artifact of that flow run, naming its MLflow run
+    art = prefect_api_call(
+        f"{served['api']}/artifacts/filter",
+        {"artifacts": {"flow_run_id": {"any_": [runs[0]["id"]]}, "key": {"any_": ["iteration-0001"]}}},
+    )
+    assert art and art[0]["type"] == "table" and "MLflow run" in art[0]["description"]
+    assert "reward_mean" in art[0]["data"] and "entropy" in art[0]["data"]

@@ -135,7 +135,7 @@ def test_a_stop_alarm_ends_the_run_once(caplog):
     summary = {"iteration": 3, "mean_reward": 0.5, "timings": {"train": 1.0}}
     stopped = r"stopped by alarm kl_spike at iteration 3.*rlfoundry resume r"
     with caplog.at_level("INFO", logger="rlfoundry"), pytest.raises(AlarmStop, match=stopped):
-        report_iteration("r", 3, summary, _vitals([stop, warn], reused=False), None)
+        report_iteration("r", 3, summary | {"alarms": [stop, warn]}, _vitals([stop, warn], reused=False))
     levels = {
         r.getMessage().split(" ")[1]: r.levelname
         for r in caplog.records
@@ -143,8 +143,8 @@ def test_a_stop_alarm_ends_the_run_once(caplog):
     }
     assert levels == {"kl_spike": "ERROR", "entropy_collapse": "WARNING"}
     # The same committed iteration found again by a resume: logged, not stopped again.
-    report_iteration("r", 3, summary, _vitals([stop], reused=True), None)
-    report_iteration("r", 3, summary, _vitals([warn], reused=False), None)
+    report_iteration("r", 3, summary | {"alarms": [stop]}, _vitals([stop], reused=True))
+    report_iteration("r", 3, summary | {"alarms": [warn]}, _vitals([warn], reused=False))
 
 
 def test_the_iteration_log_line_reads_without_the_table():
