@@ -139,10 +139,16 @@ def _experiment(cfg: Config, run_id: str) -> dict[str, Any]:
             lineage_writer(cfg).flush()
             lin.finish(parent, "KILLED")
         raise
+    final_eval = (last.get("evaluate") or ev0).metrics
     if lin and parent:
         lineage_writer(cfg).flush()
+        if policy.stored is not False:  # the run's final policy, promoted in MLflow's model registry
+            k = cfg.experiment.iterations
+            version = lin.promote(f"rlfoundry-{cfg.experiment.name}", run_id, k, policy, final_eval)
+            run_logger().info(
+                "final policy registered: rlfoundry-%s version %s", cfg.experiment.name, version
+            )
         lin.finish(parent)
-    final_eval = (last.get("evaluate") or ev0).metrics
     return {
         "run_id": run_id,
         "base_accuracy": ev0.metrics["accuracy"],

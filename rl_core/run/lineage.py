@@ -16,6 +16,7 @@ first failure (the flow flushes each iteration's records one iteration later, an
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -26,6 +27,10 @@ from typing import Any
 from rl_core.artifacts.manifest import Manifest
 from rl_core.artifacts.paths import state_dir
 from rl_core.schema.config import Config
+
+# The stages whose tables are logged as dataset inputs of their iteration's run: train's are the rollouts and
+# rewards the policy update read.
+LINEAGE_TABLE_STAGES = ("train",)
 
 
 def tracking_uri(cfg: Config) -> str:
@@ -133,6 +138,74 @@ class Lineage:
             tags.append(RunTag("policy_sha256", manifest.metrics["policy_sha256"]))
         self.client.log_batch(mlflow_run, metrics=metrics, tags=tags)
         self.client.log_dict(mlflow_run, manifest.model_dump(mode="json"), f"manifests/{stage}.json")
+        if not manifest.reused:  # (a resumed run finds it logged already)
+            self.log_lineage(mlflow_run, manifest)
+
+    def log_lineage(self, mlflow_run: str, manifest: Manifest) -> None:
+        """The stage's place in MLflow's own lineage: the tables the update read (rollouts, rewards) as the
+        run's dataset inputs, the checkpoint it wrote as a logged model of the run. Both point at the store
+        (nothing is copied into MLflow)."""
+        from mlflow.entities import Dataset, DatasetInput, InputTag
+
+        k = manifest.iteration
+        tables = [
+            (n, r) for n, r in (manifest.inputs | manifest.outputs).items() if r.uri.endswith(".parquet")
+        ]
+        if tables and manifest.stage in LINEAGE_TABLE_STAGES:
+            inputs = [
+                DatasetInput(
+                    Dataset(
+                        name=f"{name}-iter-{k:04d}",
+                        digest=ref.sha256[:36],
+                        source_type="s3" if ref.uri.startswith("s3://") else "local",
+                        source=json.dumps({"uri": ref.uri}),
+                        profile=json.dumps({"num_rows": ref.rows}),
+                    ),
+                    tags=[InputTag("mlflow.data.context", "training")],
+                )
+                for name, ref in tables
+            ]
+            self.client.log_inputs(mlflow_run, datasets=inputs)
+        ckpt = manifest.outputs.get("checkpoint") if manifest.stage == "train" else None
+        if ckpt is not None:
+            model = self.client.create_logged_model(
+                self.experiment_id,
+                name=f"policy-{manifest.run_id}-iter-{k:04d}",
+                source_run_id=mlflow_run,
+                tags={"store_uri": ckpt.uri, "policy_sha256": str(manifest.metrics.get("policy_sha256", ""))},
+            )
+            self.client.finalize_logged_model(model.model_id, "READY")
+
+    def promote(
+        self, name: str, run_id: str, iteration: int, checkpoint: Any, metrics: dict[str, Any]
+    ) -> str:
+        """Register ``checkpoint`` (a train stage's output, in the store) as a version of the registered model
+        ``name``, tagged with its run, iteration, digest and held-out accuracy; alias ``newest``, and
+        ``champion`` when its accuracy is the best of the model's versions. A checkpoint already registered
+        (a resumed run finishing again) is not registered twice. Returns the version."""
+        import contextlib
+
+        from mlflow.exceptions import MlflowException
+
+        with contextlib.suppress(MlflowException):  # (it exists)
+            self.client.create_registered_model(name)
+        digest = checkpoint.sha256
+        found = self.client.search_model_versions(f"name='{name}' and tags.checkpoint_sha256='{digest}'")
+        if found:
+            return found[0].version
+        acc = metrics.get("accuracy")
+        tags = {"rlfoundry.run_id": run_id, "iteration": str(iteration), "checkpoint_sha256": digest}
+        tags |= {"eval_accuracy": str(acc)} if acc is not None else {}
+        version = self.client.create_model_version(name, source=checkpoint.uri, tags=tags).version
+        self.client.set_registered_model_alias(name, "newest", version)  # ("latest" is MLflow's own)
+        accs = [
+            float(v.tags["eval_accuracy"])
+            for v in self.client.search_model_versions(f"name='{name}'")
+            if v.tags.get("eval_accuracy") not in (None, "None")
+        ]
+        if acc is not None and acc >= max(accs, default=acc):
+            self.client.set_registered_model_alias(name, "champion", version)
+        return version
 
     def log_summary(self, parent: str, metrics: dict[str, float], step: int) -> None:
         from mlflow.entities import Metric

@@ -94,6 +94,16 @@ def test_the_alarm_stops_the_run_and_every_view_points_at_it(walked):
         [e.experiment_id for e in client.search_experiments()], "attributes.run_name = 'bad/iter-0002'"
     )
     assert runs and runs[0].data.metrics["vitals/alarms"] == 1.0
+    # MLflow's own lineage: the update's tables as dataset inputs, its checkpoint a logged model, the finished
+    # runs' final policies in the registry
+    assert {d.dataset.name for d in runs[0].inputs.dataset_inputs} == {
+        "rollouts-iter-0002",
+        "rewards-iter-0002",
+    }
+    models = {m.name for m in client.search_logged_models([runs[0].info.experiment_id])}
+    assert {"policy-bad-iter-0001", "policy-bad-iter-0002", "policy-healthy-iter-0002"} <= models
+    registered = {v.tags["rlfoundry.run_id"] for v in client.search_model_versions("name='rlfoundry-smoke'")}
+    assert registered == {"healthy", "bad"}
 
 
 @pytest.mark.slow

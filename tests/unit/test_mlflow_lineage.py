@@ -1,0 +1,65 @@
+"""MLflow's own lineage of a run (an MLflow SQLite database in a temporary folder, no server): the update's
+rollouts and rewards as dataset inputs, its checkpoint as a logged model, and the final policy promoted in the
+model registry, never twice, the ``champion`` alias on the best held-out accuracy."""
+
+from __future__ import annotations
+
+import pytest
+
+from rl_core.artifacts.manifest import ArtifactRef, Manifest, Timings
+from rl_core.run.lineage import Lineage
+from rl_core.schema.config import load_config
+
+
+@pytest.fixture(scope="module")
+def lin(tmp_path_factory):
+    """One MLflow database for the module (creating one costs seconds)."""
+    tmp = tmp_path_factory.mktemp("mlflow")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("RLFOUNDRY_STATE_DIR", str(tmp))
+        yield Lineage.open(load_config("configs/smoke.yaml", [f"tracking.mlflow_uri=sqlite:///{tmp}/m.db"]))
+
+
+def _ckpt(n: int) -> ArtifactRef:
+    return ArtifactRef(
+        uri=f"file:///store/r/iter-{n:04d}/train/checkpoint", sha256=f"{n:064x}", files={"a": "b"}
+    )
+
+
+def _train(k: int, reused: bool = False) -> Manifest:
+    def table(name: str, n: int) -> ArtifactRef:
+        return ArtifactRef(uri=f"file:///store/r/iter-{k:04d}/{name}.parquet", sha256=f"{n:064x}", rows=32)
+
+    return Manifest(
+        run_id="r", iteration=k, stage="train", config_hash="h", code_version="c", reused=reused,
+        inputs={"rollouts": table("generate/rollouts", 1), "rewards": table("score_rewards/rewards", 2),
+                "policy": _ckpt(k - 1)},
+        outputs={"checkpoint": _ckpt(k)}, metrics={"policy_sha256": "ff" * 32},
+        timings=Timings(seconds=1.0, started_at=0.0),
+    )  # fmt: skip
+
+
+def test_the_update_reads_datasets_and_writes_a_logged_model(lin):
+    run = lin.client.create_run(lin.experiment_id).info.run_id
+    lin.log_stage(run, _train(1))
+    lin.log_stage(run, _train(1, reused=True))  # a resume finds it: nothing logged twice
+    inputs = lin.client.get_run(run).inputs.dataset_inputs
+    assert sorted(d.dataset.name for d in inputs) == ["rewards-iter-0001", "rollouts-iter-0001"]
+    assert all("file:///store/r/iter-0001/" in d.dataset.source for d in inputs)
+    models = lin.client.search_logged_models([lin.experiment_id])
+    assert [m.name for m in models] == ["policy-r-iter-0001"]
+    assert models[0].tags["store_uri"] == _ckpt(1).uri and models[0].source_run_id == run
+
+
+def test_promotion_registers_once_and_moves_the_champion_only_up(lin):
+    v1 = lin.promote("rlfoundry-smoke", "r", 5, _ckpt(5), {"accuracy": 0.5})
+    assert (
+        lin.promote("rlfoundry-smoke", "r", 5, _ckpt(5), {"accuracy": 0.5}) == v1
+    )  # resumed, finished again
+    v2 = lin.promote("rlfoundry-smoke", "s", 5, _ckpt(6), {"accuracy": 0.25})  # a worse policy
+    alias = lambda a: lin.client.get_model_version_by_alias("rlfoundry-smoke", a)  # noqa: E731
+    assert alias("newest").version == v2 and alias("champion").version == v1
+    v3 = lin.promote("rlfoundry-smoke", "t", 5, _ckpt(7), {"accuracy": 0.75})
+    assert alias("champion").version == v3 and alias("champion").source == _ckpt(7).uri
+    assert alias("champion").tags["rlfoundry.run_id"] == "t"
+    assert len(lin.client.search_model_versions("name='rlfoundry-smoke'")) == 3
