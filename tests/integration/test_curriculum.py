@@ -56,6 +56,7 @@ def test_the_state_is_an_artifact_generate_reads(runs):
         "curriculum",
         "train",
         "evaluate",
+        "vitals",
     ]
     for k in (1, 2, 3):
         cur = _manifest(alone, "cur", k, "curriculum")
