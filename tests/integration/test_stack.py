@@ -88,6 +88,7 @@ def test_up_run_on_s3_down(tmp_path):
                 "store.uri=s3://rlfoundry/runs",
                 "--set",
                 "experiment.iterations=1",
+                *("--set", "rollout.engine=hf"),  # the stack is under test, not the engine (the suite budget)
             ],
             run_env,
         )
