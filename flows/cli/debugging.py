@@ -1,8 +1,9 @@
-"""Finding why a run went wrong: ``compare`` (two runs side by side) and ``report`` (one self-contained HTML
-page of a run).
+"""Finding why a run went wrong: ``compare`` (two runs side by side), ``report`` (one self-contained HTML
+page of a run) and ``eval`` (a checkpoint of a run on the evaluation suites, outside the run).
 
     rlfoundry compare RUN_A RUN_B [--store-b ROOT] [--json]
     rlfoundry report RUN_ID [--out report.html]
+    rlfoundry eval RUN_ID --iteration K [--suite NAME ...] [--set ...] [--json]
 """
 
 from __future__ import annotations
@@ -13,7 +14,16 @@ from typing import Annotated
 
 import typer
 
-from flows.cli.common import JsonOpt, RunIdArg, StoreOpt, checked_run_id, fail, store_for
+from flows.cli.common import (
+    JsonOpt,
+    RunIdArg,
+    SetOpt,
+    StoreOpt,
+    checked_run_id,
+    fail,
+    quiet_stdout,
+    store_for,
+)
 
 
 def compare(
@@ -70,6 +80,45 @@ def report(
     typer.echo(f"report: {path} ({len(page) // 1024} KiB)")
 
 
+def eval_(
+    run_id: RunIdArg,
+    iteration: Annotated[
+        int, typer.Option("--iteration", help="Whose policy: its train checkpoint; 0 = base.")
+    ],
+    suites: Annotated[
+        list[str] | None, typer.Option("--suite", help="Report only this eval.suites entry (repeatable).")
+    ] = None,
+    set_: SetOpt = None,
+    as_json: JsonOpt = False,
+    store: StoreOpt = None,
+) -> None:
+    """Evaluate a run's checkpoint (held-out accuracy, pass@k, and the eval.suites) into the replay area,
+    naming the policy version and digest measured; --set adds or changes suites (or anything else)."""
+    from rl_core.artifacts.paths import configure_env
+
+    configure_env()
+    from rl_core.artifacts.store import ArtifactError
+    from rl_core.pipeline.replay import evaluate_checkpoint
+    from rl_core.run.runs import RunError
+    from rl_core.schema.config import ConfigError
+    from tasks.common import replay_hooks
+
+    try:
+        with quiet_stdout():
+            data = evaluate_checkpoint(
+                store_for(store), run_id, iteration, set_, suites, prepare=replay_hooks
+            )
+    except (RunError, ConfigError, ValueError, RuntimeError, ArtifactError) as e:
+        fail(str(e))
+    if as_json:
+        typer.echo(json.dumps(data, indent=1))
+        return
+    typer.echo(f"{run_id} policy version {iteration} ({data['policy_sha256'][:16]}):")
+    for key, value in data["metrics"].items():
+        typer.echo(f"  {key}: {value:.4g}" if isinstance(value, float) else f"  {key}: {value}")
+
+
 def register(app: typer.Typer) -> None:
+    app.command("eval")(eval_)
     for command in (compare, report):
         app.command()(command)

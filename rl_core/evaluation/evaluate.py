@@ -28,6 +28,45 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return float(1.0 - np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
 
 
+def suite_rows(name: str, suite: Any, tasks: list[dict[str, Any]]) -> list[int]:
+    """The positions of the held-out problems in suite ``name`` (``rl_core.schema.config.EvalSuite``): those
+    whose every filtered field has one of its values, at most ``suite.size``. A suite no problem matches is
+    an error naming it and the fields the problems have.
+
+    >>> from rl_core.schema.config import EvalSuite
+    >>> tasks = [{"op": "add"}, {"op": "sub"}, {"op": "add"}]
+    >>> suite_rows("adds", EvalSuite(filter={"op": ["add"]}), tasks)
+    [0, 2]
+    >>> suite_rows("two", EvalSuite(size=2), tasks)
+    [0, 1]
+    """
+    rows = [
+        i
+        for i, t in enumerate(tasks)
+        if all(str(t.get(field)) in values for field, values in suite.filter.items())
+    ][: suite.size]
+    if not rows:
+        fields = sorted({k for t in tasks for k in t if k not in ("prompt", "answer", "task_id")})
+        raise ValueError(
+            f"eval.suites.{name}: no held-out problem matches {suite.filter} (the problems' fields: {fields})"
+        )
+    return rows
+
+
+def suite_metrics(name: str, table: pd.DataFrame, samples: int, pass_k: list[int]) -> dict[str, float]:
+    """``suite.NAME.accuracy`` (greedy), ``suite.NAME.pass@k`` and ``suite.NAME.problems`` of the rows of the
+    evaluation table that are the suite's problems."""
+    out = {
+        f"suite.{name}.accuracy": float(table["greedy_correct"].mean()),
+        f"suite.{name}.problems": len(table),
+    }
+    for k in pass_k:
+        out[f"suite.{name}.pass@{k}"] = float(
+            np.mean([pass_at_k(samples, int(c), k) for c in table["samples_correct"]])
+        )
+    return out
+
+
 def evaluate_body(ctx: RunContext, job: StageJob) -> StageResult:
     cfg, policy = ctx.cfg, job.inputs["policy"]
     tasks = ctx.heldout_tasks
@@ -76,6 +115,10 @@ def evaluate_body(ctx: RunContext, job: StageJob) -> StageResult:
         )
     for op, grp in table.groupby("op"):
         metrics[f"accuracy_{op}"] = float(grp["greedy_correct"].mean())
+    for name, suite in cfg.eval.suites.items():
+        metrics |= suite_metrics(
+            name, table.iloc[suite_rows(name, suite, tasks)], cfg.eval.samples, cfg.eval.pass_k
+        )
     return StageResult(
         outputs={"eval": ref},
         metrics=metrics,

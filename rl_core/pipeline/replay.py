@@ -288,3 +288,60 @@ def what_if(
         "scratch_tag": tag,
         "stages": reports,
     }
+
+
+def evaluate_checkpoint(
+    store: Store,
+    run_id: str,
+    iteration: int,
+    overrides: list[str] | None = None,
+    suites: list[str] | None = None,
+    prepare: Callable[[RunContext], None] | None = None,
+) -> dict[str, Any]:
+    """Evaluate the policy of ``iteration`` (its train checkpoint; 0: the warmed-up base model) under the
+    run's config changed by ``overrides``, into ``_replay/<run>/eval-<hash>/`` (never the run). Returns the
+    metrics (only those of ``suites`` when given) with the policy version and digest they measured."""
+    from rl_core.artifacts.stage import committed
+    from rl_core.models.model import weights_digest
+    from rl_core.pipeline.stages import resolve_inputs
+    from rl_core.schema.config import apply_overrides, config_from_dict
+
+    cfg = config_from_dict(
+        apply_overrides(run_config(store, run_id).model_dump(mode="json"), overrides or []), "--set"
+    )
+    unknown = [s for s in suites or [] if s not in cfg.eval.suites]
+    if unknown:
+        raise ValueError(
+            f"--suite {', '.join(unknown)}: not among the config's eval.suites "
+            f"({', '.join(cfg.eval.suites) or 'none'}); add one with "
+            "--set 'eval.suites={NAME: {filter: {FIELD: [VALUE]}}}'"
+        )
+    ctx = _context(store, run_id, cfg, prepare)
+    spec = STAGES["evaluate"]
+    try:
+        inputs = resolve_inputs(
+            spec,
+            cfg,
+            iteration,
+            lambda s, k: committed(store, ctx.base_id if STAGES[s].base else run_id, k, s),
+        )
+        scratch = (
+            f"{store.root}/_replay/{run_id}/eval-{run_config_hash(cfg)[:12]}/iter-{iteration:04d}/evaluate"
+        )
+        store.clear(scratch)
+        result = spec.body(ctx, StageJob(iteration, inputs, scratch))
+    finally:
+        ctx.held.close()
+    metrics = result.metrics
+    if suites:
+        metrics = {k: v for k, v in metrics.items() if any(k.startswith(f"suite.{s}.") for s in suites)}
+    policy = inputs["policy"]
+    return {
+        "run_id": run_id,
+        "iteration": iteration,
+        "policy_version": iteration,
+        "policy": policy.uri,
+        "policy_sha256": weights_digest(policy.files) if policy.files else policy.sha256,
+        "metrics": metrics,
+        "table": result.outputs["eval"].uri,
+    }

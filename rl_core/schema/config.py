@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from rl_core.schema.config_alarms import AlarmsSection
 from rl_core.schema.config_device import RolloutDeviceFields, TrainDeviceFields
+from rl_core.schema.config_eval import EvalSection, EvalSuite  # noqa: F401  (EvalSuite: part of the schema's API)
 from rl_core.schema.config_layout import CheckpointLayoutFields, StoreLockFields, TrainLayoutFields
 from rl_core.schema.config_pg import PolicyGradientFields
 from rl_core.schema.config_reward import AuditSettings, JudgeSettings, RewardModelSettings, check_reward_names
@@ -302,13 +303,6 @@ class TrainSection(_Section, PolicyGradientFields, TrainLayoutFields, TrainDevic
                 "logprobs: set train.old_logprobs=recompute"
             )
         return self
-
-
-class EvalSection(_Section):
-    pass_k: list[int] = Field([1, 8], description="k values for pass@k (sampled at eval temperature).")
-    samples: int = Field(8, ge=1, description="Samples per held-out problem for pass@k (>= max k).")
-    temperature: float = Field(1.0, ge=0.0, le=2.0, description="Sampling temperature for pass@k.")
-    every: int = Field(5, ge=1, description="Evaluate every this many iterations (and always the last).")
 
 
 class StoreSection(_Section, StoreLockFields):

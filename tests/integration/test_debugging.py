@@ -165,3 +165,38 @@ def test_the_report_opens_offline_in_chromium(walked):
             browser.close()
     assert [u for u in requests if not u.startswith(("file:", "data:"))] == []
     assert errors == []
+
+
+SUITES = "eval.suites={adds: {filter: {op: [add]}}, subs: {filter: {op: [sub]}}, first4: {size: 4}}"
+
+
+@pytest.mark.slow
+def test_eval_measures_a_named_checkpoint_on_suites_outside_the_run(walked):
+    state, _ = walked
+    env = cli_env(state)
+    before = sorted(p.relative_to(state) for p in (state / "store" / "healthy").rglob("*"))
+    r = cli(["eval", "healthy", "--iteration", "2", "--set", SUITES, "--json"], env, 600, cwd=state)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout)
+    m = got["metrics"]
+    shown = show_json(state, "healthy")
+    # the policy it measured, by version and digest: iteration 2's, as show names it
+    assert got["policy_version"] == 2 and got["policy_sha256"] == shown["iterations"][1]["policy_sha256"]
+    assert m["accuracy"] == shown["iterations"][1]["stages"]["evaluate"]["metrics"]["accuracy"]
+    n_add, n_sub = m["suite.adds.problems"], m["suite.subs.problems"]
+    assert n_add + n_sub == m["problems"] and m["suite.first4.problems"] == 4  # (smoke: add and sub only)
+    weighted = (m["suite.adds.accuracy"] * n_add + m["suite.subs.accuracy"] * n_sub) / m["problems"]
+    assert weighted == pytest.approx(m["accuracy"])
+    assert m["suite.adds.accuracy"] == m["accuracy_add"]
+    # only the suites asked for; a suite the config lacks is refused, naming the ones it has
+    r = cli(
+        ["eval", "healthy", "--iteration", "0", "--set", SUITES, "--suite", "adds", "--json"],
+        env,
+        600,
+        cwd=state,
+    )
+    assert r.returncode == 0 and set(json.loads(r.stdout)["metrics"]) == {
+        "suite.adds.accuracy", "suite.adds.problems", "suite.adds.pass@1", "suite.adds.pass@4"}  # fmt: skip
+    r = cli(["eval", "healthy", "--iteration", "2", "--suite", "nope"], env, 600, cwd=state)
+    assert r.returncode == 2 and "--suite nope: not among the config's eval.suites (none)" in r.stderr
+    assert sorted(p.relative_to(state) for p in (state / "store" / "healthy").rglob("*")) == before
