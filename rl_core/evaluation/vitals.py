@@ -31,8 +31,11 @@ from rl_core.schema.config_alarms import AlarmsSection
 # The stages whose manifests the vitals read (those of the iteration that are committed).
 WATCHED = ("generate", "execute_envs", "audit", "score_rewards", "curriculum", "train", "evaluate")
 FROM_TRAIN = ("kl", "entropy", "clip_frac", "grad_norm", "loss", "logprob_mismatch_max", "staleness")
-# Operational counters passed through as they are, from whichever stage reports them.
-PASSED = ("prefix_cache_hit_rate", "prefix_cache_queries", "server_restarts", "infra_failures", "zeroed")
+# Operational counters passed through as they are (as <stage>_<name>), from whichever stage reports them: the
+# rollout servers' prefix cache and restarts, the sandbox's seconds, the reward server's and the judge's
+# requests, retries and restarts, infrastructure failures, audit-zeroed completions.
+PASSED = ("infra_failures", "zeroed")
+PASSED_PREFIXES = ("prefix_cache_", "server_", "sandbox_", "reward_model_", "judge_")
 NON_FINITE_WATCHED = ("loss", "grad_norm", "kl", "entropy", "reward_mean", "advantage_std")
 # What the state keeps per iteration (what the rules compare across iterations): nothing measured in seconds,
 # so that two runs that compute the same have the same state (the throughput rule reads its baseline from the
@@ -94,7 +97,11 @@ def stage_vitals(manifests: dict[str, Manifest], completion_tokens: int) -> dict
     if "train" in manifests:
         out |= {k: manifests["train"].metrics[k] for k in FROM_TRAIN if k in manifests["train"].metrics}
     for m in manifests.values():
-        out |= {f"{m.stage}_{k}": m.metrics[k] for k in PASSED if isinstance(m.metrics.get(k), int | float)}
+        out |= {
+            f"{m.stage}_{k}": v
+            for k, v in m.metrics.items()
+            if (k in PASSED or k.startswith(PASSED_PREFIXES)) and isinstance(v, int | float)
+        }
     if "audit" in manifests:
         out["audit_alarms"] = manifests["audit"].metrics.get("alarms", 0)
         out["audit_flagged_rate"] = manifests["audit"].metrics.get("flagged_rate", 0.0)

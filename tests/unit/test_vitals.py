@@ -105,11 +105,11 @@ def test_figures_from_the_tables_and_manifests():
         return Manifest(run_id="r", iteration=1, stage=stage, inputs={}, outputs={}, config_hash="h",
                         code_version="c", metrics=metrics, timings=t)  # fmt: skip
 
-    sv = stage_vitals(
-        {"generate": m("generate", 2.0, server_restarts=1), "train": m("train", 4.0, kl=0.1)}, 100
-    )
+    served = {"server_restarts": 1, "prefix_cache_hit_rate": 0.5, "mean_completion_tokens": 3.0}
+    sv = stage_vitals({"generate": m("generate", 2.0, **served), "train": m("train", 4.0, kl=0.1)}, 100)
     assert sv["generate_tokens_per_s"] == 50 and sv["train_tokens_per_s"] == 25 and sv["kl"] == 0.1
     assert sv["iteration_seconds"] == 6.0 and sv["generate_server_restarts"] == 1
+    assert sv["generate_prefix_cache_hit_rate"] == 0.5 and "generate_mean_completion_tokens" not in sv
 
 
 def test_alarm_rules_are_not_part_of_the_stages_hash():
