@@ -264,10 +264,11 @@ def what_if(
             store.clear(scratch)
             result = STAGES[s].body(ctx, StageJob(iteration, inputs, scratch))
             remade |= {manifest.outputs[k].uri: v for k, v in result.outputs.items() if k in manifest.outputs}
-            moved = {
-                k: [v, result.metrics.get(k)]
-                for k, v in manifest.metrics.items()
-                if isinstance(v, int | float) and result.metrics.get(k) != v
+            moved = {  # (a figure only one side has, such as a new evaluation suite's, shows as None -> x)
+                k: [manifest.metrics.get(k), result.metrics.get(k)]
+                for k in {**manifest.metrics, **result.metrics}
+                if isinstance(manifest.metrics.get(k, result.metrics.get(k)), int | float)
+                and manifest.metrics.get(k) != result.metrics.get(k)
             }
             report: dict[str, Any] = {
                 "metrics_changed": moved,

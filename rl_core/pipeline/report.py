@@ -141,8 +141,13 @@ def _samples_html(store: Store, run_id: str, k: int, n: int) -> str:
         return "<p>no rollouts committed</p>"
     parts = []
     for name, rows in picked.items():
-        cols = [c for c in SAMPLE_COLUMNS if rows and c in rows[0]]
-        comps = [c for c in (rows[0] if rows else {}) if c.startswith("env_") and c not in cols][:4]
+        first = rows[0] if rows else {}
+        cols = [c for c in SAMPLE_COLUMNS if c in first]
+        # the reward components (the rewards table's float columns) and the environment's outcome
+        components = [
+            c for c, v in first.items() if isinstance(v, float) and c not in cols and not c.startswith("env_")
+        ]
+        comps = components + [c for c in first if c.startswith("env_") and c not in cols][:4]
         head = "".join(f"<th>{html.escape(c)}</th>" for c in (*cols, *comps))
         body = []
         for r in rows:

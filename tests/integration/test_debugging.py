@@ -126,6 +126,9 @@ def test_the_resumed_run_equals_an_uninterrupted_one_and_what_if_left_it_alone(w
     assert all(
         d.startswith("alarms.") for d in data["config_differences"]
     )  # (the resume's --set is recorded)
+    # the vitals stage replays bit for bit (it reads only what is stored, timings included)
+    r = cli(["replay", "bad", "--iteration", "2", "--stage", "vitals", "--json"], env, 300, cwd=state)
+    assert r.returncode == 0 and json.loads(r.stdout)["identical"] is True, r.stdout[-2000:]
     # the what-if wrote under _replay only
     assert any((state / "store" / "_replay" / "bad").glob("what-if-*/iter-0001/train/checkpoint"))
     assert not list((state / "store" / "bad").rglob("*what-if*"))
