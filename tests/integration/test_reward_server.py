@@ -108,8 +108,7 @@ def test_a_run_starts_its_reward_server_and_stores_the_scores(reward_folder, tmp
             "--set",
             "reward.weights={correct: 1.0, reward_model: 0.1}",
         ]
-        + ["--set", f"reward.model.path={reward_folder}", "--set", "reward.model.batch_size=8"]
-        + ["--set", "rollout.engine=hf"],  # the reward server is under test, not the rollout engine
+        + ["--set", f"reward.model.path={reward_folder}", "--set", "reward.model.batch_size=8"],
         tmp_path,
     )
     assert r.returncode == 0, r.stderr[-3000:]
