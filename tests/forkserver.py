@@ -88,8 +88,13 @@ def _child(request: dict) -> int:
     """In the forked child: become ``python -m flows.cli ARGS`` (or ``python SCRIPT ARGS``); its exit code."""
     import runpy
 
-    for sig in (signal.SIGCHLD, signal.SIGINT, signal.SIGTERM, signal.SIGPIPE):
+    for sig in (signal.SIGCHLD, signal.SIGTERM):
         signal.signal(sig, signal.SIG_DFL)
+    # What a new interpreter starts with: SIGINT raises KeyboardInterrupt, SIGPIPE is ignored (a write to a
+    # closed pipe or socket raises BrokenPipeError, which the HTTP clients retry). With SIGPIPE at its default
+    # a child died silently (-13) when the Prefect server closed a kept-alive connection under it.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
