@@ -157,6 +157,10 @@ def cli_env(state: Path) -> dict[str, str]:
     # A served flow's runner and a pool's worker look for scheduled runs every 10 s by default: ~12 s of
     # waiting per flow run the tests trigger (the suite budget). Every 2 s here; users keep Prefect's default.
     env.update(PREFECT_RUNNER_POLL_FREQUENCY="2", PREFECT_WORKER_QUERY_SECONDS="2")
+    # The runs' INFO lines (stages, iterations) go to the Prefect server only where a test reads them (the
+    # served flows: ``serving``); elsewhere the session's one server gets warnings and alarms, as before.
+    env.setdefault("PREFECT_LOGGING_LOGGERS_PREFECT_FLOW_RUNS_LEVEL", "WARNING")
+    env.setdefault("PREFECT_LOGGING_LOGGERS_PREFECT_TASK_RUNS_LEVEL", "WARNING")
     if "url" in _API:
         env["PREFECT_API_URL"] = _API["url"]
     return env
@@ -319,6 +323,10 @@ def serving(state: Path, args: list[str], log: Path) -> Iterator[dict[str, dict]
     first (else they would be found before ours are registered), and ours when it stops (else their schedules
     keep firing)."""
     env = cli_env(state)
+    env |= {
+        "PREFECT_LOGGING_LOGGERS_PREFECT_FLOW_RUNS_LEVEL": "INFO",
+        "PREFECT_LOGGING_LOGGERS_PREFECT_TASK_RUNS_LEVEL": "INFO",
+    }
     api = env["PREFECT_API_URL"]
     _delete_deployments(api)
     out = open(log, "wb")  # noqa: SIM115 (closed below, after the process)
