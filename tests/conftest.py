@@ -159,8 +159,9 @@ def cli_env(state: Path) -> dict[str, str]:
     env.update(PREFECT_RUNNER_POLL_FREQUENCY="2", PREFECT_WORKER_QUERY_SECONDS="2")
     # The runs' INFO lines (stages, iterations) go to the Prefect server only where a test reads them (the
     # served flows: ``serving``); elsewhere the session's one server gets warnings and alarms, as before.
-    env.setdefault("PREFECT_LOGGING_LOGGERS_PREFECT_FLOW_RUNS_LEVEL", "WARNING")
-    env.setdefault("PREFECT_LOGGING_LOGGERS_PREFECT_TASK_RUNS_LEVEL", "WARNING")
+    # (assigned: this process's own import of flows set the INFO default in os.environ)
+    env["PREFECT_LOGGING_LOGGERS_PREFECT_FLOW_RUNS_LEVEL"] = "WARNING"
+    env["PREFECT_LOGGING_LOGGERS_PREFECT_TASK_RUNS_LEVEL"] = "WARNING"
     if "url" in _API:
         env["PREFECT_API_URL"] = _API["url"]
     return env
