@@ -1,9 +1,10 @@
 """Finding why a run went wrong: ``compare`` (two runs side by side), ``report`` (one self-contained HTML
-page of a run) and ``eval`` (a checkpoint of a run on the evaluation suites, outside the run).
+page of a run) and ``eval`` (a checkpoint, a run's or a folder, on the evaluation suites, outside any run).
 
     rlfoundry compare RUN_A RUN_B [--store-b ROOT] [--json]
     rlfoundry report RUN_ID [--out report.html]
     rlfoundry eval RUN_ID --iteration K [--suite NAME ...] [--set ...] [--json]
+    rlfoundry eval CHECKPOINT_FOLDER --config CONFIG [--suite NAME ...] [--set ...] [--json]
 """
 
 from __future__ import annotations
@@ -80,11 +81,24 @@ def report(
     typer.echo(f"report: {path} ({len(page) // 1024} KiB)")
 
 
+def _is_folder(target: str) -> bool:
+    """A checkpoint folder (a local folder, or a URI such as s3://bucket/ckpt) rather than a run id."""
+    return "://" in target or Path(target).is_dir()
+
+
 def eval_(
-    run_id: RunIdArg,
-    iteration: Annotated[
-        int, typer.Option("--iteration", help="Whose policy: its train checkpoint; 0 = base.")
+    target: Annotated[
+        str,
+        typer.Argument(help="A run id, or a checkpoint folder (local or s3://) as Hugging Face saved it."),
     ],
+    iteration: Annotated[
+        int | None,
+        typer.Option("--iteration", help="A run's policy to measure: its train checkpoint; 0 = base."),
+    ] = None,
+    config: Annotated[
+        Path | None,
+        typer.Option("--config", help="A folder's task, engine and eval settings (an experiment YAML)."),
+    ] = None,
     suites: Annotated[
         list[str] | None, typer.Option("--suite", help="Report only this eval.suites entry (repeatable).")
     ] = None,
@@ -92,28 +106,42 @@ def eval_(
     as_json: JsonOpt = False,
     store: StoreOpt = None,
 ) -> None:
-    """Evaluate a run's checkpoint (held-out accuracy, pass@k, and the eval.suites) into the replay area,
-    naming the policy version and digest measured; --set adds or changes suites (or anything else)."""
+    """Evaluate a checkpoint (held-out accuracy, pass@k, mean reward and the eval.suites) into the replay
+    area, naming the policy digest measured: a run's (RUN_ID --iteration K, under the run's config) or a
+    folder's (FOLDER --config CONFIG); --set adds or changes suites (or anything else)."""
     from rl_core.artifacts.paths import configure_env
 
+    folder = _is_folder(target)
+    if folder and (config is None or iteration is not None):
+        fail(
+            f"{target} is a checkpoint folder: give --config CONFIG (its task and eval settings), "
+            "no --iteration"
+        )
+    if not folder and (iteration is None or config is not None):
+        checked_run_id(target)
+        fail(f"{target} is a run id: give --iteration K (0 = its base policy); --config is for a folder")
     configure_env()
     from rl_core.artifacts.store import ArtifactError
-    from rl_core.pipeline.replay import evaluate_checkpoint
+    from rl_core.pipeline.measure import evaluate_checkpoint, evaluate_folder
     from rl_core.run.runs import RunError
     from rl_core.schema.config import ConfigError
     from tasks.common import replay_hooks
 
     try:
         with quiet_stdout():
-            data = evaluate_checkpoint(
-                store_for(store), run_id, iteration, set_, suites, prepare=replay_hooks
-            )
+            if folder:
+                data = evaluate_folder(store_for(store), target, config, set_, suites, prepare=replay_hooks)
+            else:
+                data = evaluate_checkpoint(
+                    store_for(store), target, iteration, set_, suites, prepare=replay_hooks
+                )
     except (RunError, ConfigError, ValueError, RuntimeError, ArtifactError) as e:
         fail(str(e))
     if as_json:
         typer.echo(json.dumps(data, indent=1))
         return
-    typer.echo(f"{run_id} policy version {iteration} ({data['policy_sha256'][:16]}):")
+    what = target if folder else f"{target} policy version {iteration}"
+    typer.echo(f"{what} ({data['policy_sha256'][:16]}):")
     for key, value in data["metrics"].items():
         typer.echo(f"  {key}: {value:.4g}" if isinstance(value, float) else f"  {key}: {value}")
 

@@ -53,18 +53,84 @@ def suite_rows(name: str, suite: Any, tasks: list[dict[str, Any]]) -> list[int]:
     return rows
 
 
+def mean_reward(table: pd.DataFrame) -> float:
+    """The mean reward of the sampled completions of the evaluation table's rows: each problem's mean
+    (``samples_reward``) weighted by how many of its samples got a reward (``samples_rewarded``); NaN when
+    none did.
+
+    >>> mean_reward(pd.DataFrame({"samples_reward": [1.0, 0.0, np.nan], "samples_rewarded": [3, 1, 0]}))
+    0.75
+    """
+    n = table["samples_rewarded"].to_numpy(dtype=np.float64)
+    if n.sum() == 0:
+        return float("nan")
+    return float(np.nansum(table["samples_reward"].to_numpy(dtype=np.float64) * n) / n.sum())
+
+
 def suite_metrics(name: str, table: pd.DataFrame, samples: int, pass_k: list[int]) -> dict[str, float]:
-    """``suite.NAME.accuracy`` (greedy), ``suite.NAME.pass@k`` and ``suite.NAME.problems`` of the rows of the
-    evaluation table that are the suite's problems."""
+    """``suite.NAME.accuracy`` (greedy), ``suite.NAME.pass@k``, ``suite.NAME.mean_reward`` (of the sampled
+    completions) and ``suite.NAME.problems`` of the rows of the evaluation table that are the suite's
+    problems."""
     out = {
         f"suite.{name}.accuracy": float(table["greedy_correct"].mean()),
         f"suite.{name}.problems": len(table),
     }
+    if "samples_reward" in table:
+        out[f"suite.{name}.mean_reward"] = mean_reward(table)
     for k in pass_k:
         out[f"suite.{name}.pass@{k}"] = float(
             np.mean([pass_at_k(samples, int(c), k) for c in table["samples_correct"]])
         )
     return out
+
+
+def sample_rewards(ctx: RunContext, sampled: pd.DataFrame, outcomes: pd.DataFrame) -> np.ndarray:
+    """Each sampled completion's reward under the run's ``reward.weights``, as score_rewards combines them
+    (the batch components, a judge or a reward server, included); NaN where every component abstained or an
+    infrastructure failure kept it from being scored."""
+    from rl_core.scoring.rewards import combine, components, infra_failures, outcome_records
+
+    records = outcome_records(outcomes, sampled["finish_reason"])
+    weights = ctx.cfg.reward.weights
+    parts, extra = components(
+        ctx, weights, sampled["prompt"].tolist(), sampled["completion_text"].tolist(), records
+    )
+    reward = combine(weights, parts)
+    reward[[e is not None for e in infra_failures(records, extra.infra_errors)]] = np.nan
+    return reward
+
+
+def _per_problem_reward(sampled: pd.DataFrame, reward: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per held-out problem: the mean reward of its sampled completions that got one, and how many did."""
+    frame = pd.DataFrame({"p": sampled["prompt_index"].to_numpy(), "r": reward}).dropna()
+    grouped = frame.groupby("p")["r"]
+    means = grouped.mean().reindex(range(n)).to_numpy(dtype=np.float64)
+    counts = grouped.size().reindex(range(n), fill_value=0).to_numpy(dtype=np.int64)
+    return means, counts
+
+
+def _metrics(
+    cfg: Any, table: pd.DataFrame, greedy: pd.DataFrame, tasks: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """The evaluate stage's metrics from its table: overall, per operation and per suite."""
+    metrics: dict[str, Any] = {
+        "accuracy": float(table["greedy_correct"].mean()),
+        "well_formed": float(greedy["well_formed"].mean()),
+        "problems": len(table),
+    }
+    if "samples_reward" in table:
+        metrics["mean_reward"] = mean_reward(table)
+    for k in cfg.eval.pass_k:
+        metrics[f"pass@{k}"] = float(
+            np.mean([pass_at_k(cfg.eval.samples, int(c), k) for c in table["samples_correct"]])
+        )
+    for op, grp in table.groupby("op"):
+        metrics[f"accuracy_{op}"] = float(grp["greedy_correct"].mean())
+    for name, suite in cfg.eval.suites.items():
+        metrics |= suite_metrics(
+            name, table.iloc[suite_rows(name, suite, tasks)], cfg.eval.samples, cfg.eval.pass_k
+        )
+    return metrics
 
 
 def evaluate_body(ctx: RunContext, job: StageJob) -> StageResult:
@@ -103,22 +169,12 @@ def evaluate_body(ctx: RunContext, job: StageJob) -> StageResult:
             "samples_correct": n_correct.to_numpy(),
         }
     )
+    if cfg.eval.mean_reward:
+        table["samples_reward"], table["samples_rewarded"] = _per_problem_reward(
+            sampled, sample_rewards(ctx, sampled, s_out), len(tasks)
+        )
     ref = ctx.store.write_table(f"{job.out_uri}/eval.parquet", table)
-    metrics: dict[str, Any] = {
-        "accuracy": float(table["greedy_correct"].mean()),
-        "well_formed": float(g_out["well_formed"].mean()),
-        "problems": len(table),
-    }
-    for k in cfg.eval.pass_k:
-        metrics[f"pass@{k}"] = float(
-            np.mean([pass_at_k(cfg.eval.samples, int(c), k) for c in table["samples_correct"]])
-        )
-    for op, grp in table.groupby("op"):
-        metrics[f"accuracy_{op}"] = float(grp["greedy_correct"].mean())
-    for name, suite in cfg.eval.suites.items():
-        metrics |= suite_metrics(
-            name, table.iloc[suite_rows(name, suite, tasks)], cfg.eval.samples, cfg.eval.pass_k
-        )
+    metrics = _metrics(cfg, table, g_out, tasks)
     return StageResult(
         outputs={"eval": ref},
         metrics=metrics,

@@ -30,11 +30,17 @@ class EvalSection(_Section):
     pass_k: list[int] = Field([1, 8], description="k values for pass@k (sampled at eval temperature).")
     samples: int = Field(8, ge=1, description="Samples per held-out problem for pass@k (>= max k).")
     temperature: float = Field(1.0, ge=0.0, le=2.0, description="Sampling temperature for pass@k.")
+    mean_reward: bool = Field(
+        True,
+        description="Also score the sampled held-out completions with reward.weights (a judge or reward "
+        "server included) and report mean_reward and suite.NAME.mean_reward.",
+    )
     every: int = Field(5, ge=1, description="Evaluate every this many iterations (and always the last).")
     suites: dict[str, EvalSuite] = Field(
         {},
         description="Named held-out sets (by category or difficulty), each reported as suite.NAME.accuracy, "
-        "suite.NAME.pass@k and suite.NAME.problems by the evaluate stage, the sweep and `rlfoundry eval`.",
+        "suite.NAME.pass@k, suite.NAME.mean_reward and suite.NAME.problems by the evaluate stage, the sweep "
+        "and `rlfoundry eval`.",
     )
 
     @field_validator("suites")

@@ -191,6 +191,10 @@ def test_eval_measures_a_named_checkpoint_on_suites_outside_the_run(walked):
     weighted = (m["suite.adds.accuracy"] * n_add + m["suite.subs.accuracy"] * n_sub) / m["problems"]
     assert weighted == pytest.approx(m["accuracy"])
     assert m["suite.adds.accuracy"] == m["accuracy_add"]
+    # the sampled completions' mean reward, per suite too (every sample is rewarded under smoke's weights)
+    assert m["mean_reward"] == shown["iterations"][1]["stages"]["evaluate"]["metrics"]["mean_reward"]
+    weighted = (m["suite.adds.mean_reward"] * n_add + m["suite.subs.mean_reward"] * n_sub) / m["problems"]
+    assert weighted == pytest.approx(m["mean_reward"])
     # only the suites asked for; a suite the config lacks is refused, naming the ones it has
     r = cli(
         ["eval", "healthy", "--iteration", "0", "--set", SUITES, "--suite", "adds", "--json"],
@@ -199,7 +203,8 @@ def test_eval_measures_a_named_checkpoint_on_suites_outside_the_run(walked):
         cwd=state,
     )
     assert r.returncode == 0 and set(json.loads(r.stdout)["metrics"]) == {
-        "suite.adds.accuracy", "suite.adds.problems", "suite.adds.pass@1", "suite.adds.pass@4"}  # fmt: skip
+        "suite.adds.accuracy", "suite.adds.problems", "suite.adds.pass@1", "suite.adds.pass@4",
+        "suite.adds.mean_reward"}  # fmt: skip
     r = cli(["eval", "healthy", "--iteration", "2", "--suite", "nope"], env, 600, cwd=state)
     assert r.returncode == 2 and "--suite nope: not among the config's eval.suites (none)" in r.stderr
     assert sorted(p.relative_to(state) for p in (state / "store" / "healthy").rglob("*")) == before

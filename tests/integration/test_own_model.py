@@ -153,6 +153,11 @@ def test_a_bad_folder_stops_run_before_any_work(tmp_path):
     assert r.returncode == 2, r.stderr[-2000:]
     assert f"model.path {folder}: no tokenizer (tokenizer.json)" in r.stderr
     assert not (tmp_path / "state" / "store" / "bad").exists()
+    # `eval` checks a folder as `run` does; a folder needs the config naming its task
+    r = run_cli(["eval", str(folder), "--config", "configs/smoke.yaml"], tmp_path / "state", timeout=300)
+    assert r.returncode == 2 and f"model.path {folder}: no tokenizer (tokenizer.json)" in r.stderr
+    r = run_cli(["eval", str(folder), "--iteration", "1"], tmp_path / "state", timeout=300)
+    assert r.returncode == 2 and "is a checkpoint folder: give --config CONFIG" in r.stderr
 
 
 @pytest.mark.slow
@@ -171,6 +176,18 @@ def test_no_warmup_on_the_hf_engine(own_run, tmp_path):
     assert base["policy_sha256"] == weights_digest({f.name: _sha(f) for f in folder.iterdir()})  # its shards
     (it,) = data["iterations"]
     assert it["stages"]["train"]["metrics"]["logprob_mismatch_max"] < 1e-3
+    # `rlfoundry eval FOLDER` measures the folder itself outside any run: the run's base policy, by digest,
+    # with the base evaluation's figures (the same seeded samples), and writes nothing into the run
+    sets = args[args.index("--run-id") + 2 :]
+    before = sorted(p.relative_to(tmp_path) for p in (tmp_path / "store" / "plain").rglob("*"))
+    r = run_cli(["eval", str(folder), "--config", "configs/smoke.yaml", "--json", *sets], tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout)
+    assert got["policy_sha256"] == base["policy_sha256"] and "/_replay/_eval/" in got["policy"]
+    measured = {k: v for k, v in base["evaluate"]["metrics"].items() if k in got["metrics"]}
+    assert {"accuracy", "pass@1", "pass@4", "mean_reward", "problems"} <= set(measured)
+    assert got["metrics"] == measured
+    assert sorted(p.relative_to(tmp_path) for p in (tmp_path / "store" / "plain").rglob("*")) == before
 
 
 @pytest.mark.slow
