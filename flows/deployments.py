@@ -30,6 +30,7 @@ from flows.form_policy import FormPolicy
 from rl_core.pipeline.stages import STAGES
 from rl_core.run.runs import OptionalRunId, RunId, check_run_id
 from rl_core.schema.config import Config
+from rl_core.schema.config_eval import InspectTask
 
 StageName = Literal[tuple(STAGES)]  # type: ignore[valid-type]  (the stage table's names: the form's choices)
 
@@ -97,6 +98,16 @@ def _check_store(store: str) -> None:
         policy.check_store(store)
 
 
+def _check_inspect(inspect: dict[str, Any] | None) -> None:
+    """The sweep's inspect-ai tasks against the deployment's policy: built-in tasks, datasets under its
+    roots (flows.form_policy)."""
+    from flows.form_policy import deployment_policy
+
+    policy = deployment_policy()
+    if policy is not None and inspect:
+        policy.check_inspect({k: v.model_dump(mode="json") for k, v in inspect.items()}, "inspect")
+
+
 def _store(store: str) -> Any:
     from rl_core.run.context import open_store
     from rl_core.schema.config import load_config
@@ -106,34 +117,49 @@ def _store(store: str) -> Any:
 
 @flow(name="evaluation-sweep")
 def evaluation_sweep(
-    run_ids: list[RunId] | None = None, store: str = ""
+    run_ids: list[RunId] | None = None, store: str = "", inspect: dict[str, InspectTask] | None = None
 ) -> dict[str, dict[int, dict[str, Any]]]:
     """Evaluate every checkpoint of the chosen runs that has not been evaluated yet.
 
     Args:
         run_ids: Runs to sweep; empty = every run in the store.
         store: Store root; empty = the configured one.
+        inspect: inspect-ai tasks to run on every checkpoint, besides each run's own eval.inspect.
     """
     for rid in run_ids or []:
         check_run_id(rid)
     _check_store(store)
+    _check_inspect(inspect)
     st = _store(store)
     runs = run_ids or [r for r in st.list_runs() if _is_run_id(r)]
-    out = {rid: _sweep_run(st, rid) for rid in runs}
+    out = {rid: _sweep_run(st, rid, inspect or {}) for rid in runs}
     rows = [
-        f"| {r} | {k} | {v['accuracy']:.3f} | {v['source']} |"
+        f"| {r} | {k} | {v['accuracy']:.3f} | {v['source']} | {_inspect_cell(v)} |"
         for r, its in out.items()
         for k, v in its.items()
     ]
     create_markdown_artifact(
-        "| run | iteration | accuracy | evaluated by |\n|---|---|---|---|\n" + "\n".join(rows),
+        "| run | iteration | accuracy | evaluated by | inspect-ai |\n|---|---|---|---|---|\n"
+        + "\n".join(rows),
         key="evaluation-sweep",
     )
     return out
 
 
-def _sweep_run(st: Any, rid: str) -> dict[int, dict[str, Any]]:
-    """{iteration: accuracy and who evaluated it} for every trained checkpoint of run ``rid``."""
+def _inspect_cell(scores: dict[str, Any]) -> str:
+    """The inspect-ai accuracies of one checkpoint, for the sweep's table.
+
+    >>> _inspect_cell({"accuracy": 0.5, "inspect.qa.match.accuracy": 0.25, "inspect.qa.samples": 8})
+    'qa.match.accuracy 0.250'
+    """
+    return ", ".join(
+        f"{k.removeprefix('inspect.')} {v:.3f}" for k, v in scores.items() if k.endswith(".accuracy")
+    )
+
+
+def _sweep_run(st: Any, rid: str, inspect: dict[str, Any]) -> dict[int, dict[str, Any]]:
+    """{iteration: accuracy and who evaluated it, and the inspect-ai scores} for every trained checkpoint of
+    run ``rid``: its own ``eval.inspect`` tasks and ``inspect``'s."""
     from rl_core.artifacts.stage import committed, run_stage
     from rl_core.evaluation.evaluate import evaluate_body
     from rl_core.run.context import RunContext
@@ -162,7 +188,39 @@ def _sweep_run(st: Any, rid: str) -> dict[int, dict[str, Any]]:
                 ctx.accepted_hashes,
             )
             source = "sweep (reused)" if m.reused else "sweep (new)"
-        out[k] = {"accuracy": m.metrics["accuracy"], "source": source}
+        tasks = {**ctx.cfg.eval.inspect, **inspect}
+        out[k] = {"accuracy": m.metrics["accuracy"], "source": source} | _sweep_inspect(
+            ctx, rid, k, ckpt, tasks
+        )
+    return out
+
+
+def _sweep_inspect(ctx: Any, rid: str, k: int, ckpt: Any, tasks: dict[str, Any]) -> dict[str, Any]:
+    """The inspect-ai ``tasks`` due at checkpoint ``k`` (each task's ``every``, and always the run's last),
+    each committed once under ``<run>/sweep/iter-K/inspect-NAME`` (its hash: the run's and the task's
+    settings), on one server of the checkpoint started for the first task not committed yet: their scores."""
+    from infra.inspect_harness import Served, sweep_hash
+    from rl_core.artifacts.stage import run_stage
+
+    last = ctx.cfg.experiment.iterations
+    out: dict[str, Any] = {}
+    served = Served(ctx, ckpt)
+    try:
+        for name, spec in tasks.items():
+            if k % spec.every and k != last:
+                continue
+            m = run_stage(
+                ctx.store,
+                f"{rid}/sweep",
+                k,
+                f"inspect-{name}",
+                sweep_hash(ctx.config_hash, spec),
+                {"policy": ckpt},
+                lambda job, n=name, t=spec: served.run(job, n, t),
+            )
+            out |= {key: v for key, v in m.metrics.items() if key.startswith("inspect.")}
+    finally:
+        served.close()
     return out
 
 

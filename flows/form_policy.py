@@ -12,7 +12,9 @@ code is the worker's authority, so each is held to what the operator allowed:
 - **whom the worker talks to** — ``rollout.server_urls``, ``reward.model.url``, ``tracking.mlflow_uri``: the
   served value or one of ``urls``;
 - **what code the worker imports** — ``task.env`` and the ``reward.weights`` keys: the built-in and installed
-  (entry point) names, and only the ``module:attr`` targets listed in ``envs`` / ``rewards``.
+  (entry point) names, and only the ``module:attr`` targets listed in ``envs`` / ``rewards``; the inspect-ai
+  tasks of ``eval.inspect`` (which the evaluation sweep runs): the built-in ones only, on the held-out set
+  or a dataset under one of ``roots``.
 
 The policy lives in the deployment (its parameter schema, ``definitions.RlfoundryFormPolicy``), not in the
 flow run: a run's parameters and job variables cannot change it. It is enforced twice: the schema constrains
@@ -136,6 +138,7 @@ class FormPolicy(BaseModel):
                 "them)"
             )
         self._check_env_paths(env, _section(config, "task").get("env_args") or {})
+        self.check_inspect(_section(config, "eval").get("inspect") or {})
         weights = _section(config, "reward").get("weights") or {}
         for key in weights if isinstance(weights, dict) else []:
             if key not in self.rewards:
@@ -143,6 +146,26 @@ class FormPolicy(BaseModel):
                     f"config.reward.weights[{key!r}]: not a reward function this deployment may load "
                     f"(allowed: {', '.join(self.rewards)}; module:attr targets only when rlfoundry serve "
                     "--allow-reward names them)"
+                )
+
+    def check_inspect(self, tasks: Any, field: str = "config.eval.inspect") -> None:
+        """An inspect-ai task file is code the worker runs (outside any sandbox): the form may name the
+        built-in tasks only; their datasets are held to the roots, as the model's path is."""
+        from rl_core.schema.config_eval import BUILTIN_INSPECT_TASKS
+
+        for name, spec in tasks.items() if isinstance(tasks, dict) else []:
+            spec = spec if isinstance(spec, dict) else {}
+            task = spec.get("task", "qa")
+            if task not in BUILTIN_INSPECT_TASKS:
+                raise PolicyError(
+                    f"{field}.{name}.task={task!r}: a task file is code the worker runs "
+                    f"(allowed: the built-in tasks, {', '.join(BUILTIN_INSPECT_TASKS)})"
+                )
+            data = spec.get("dataset", "heldout")
+            if data != "heldout" and not self._path_allowed(str(data)):
+                raise PolicyError(
+                    f"{field}.{name}.dataset={data!r}: not a path this deployment may read "
+                    f"(allowed: heldout, or under {self.roots or 'no root'}; rlfoundry serve --allow-root)"
                 )
 
     def _check_env_paths(self, env: str, args: dict[str, Any]) -> None:
@@ -187,6 +210,10 @@ class FormPolicy(BaseModel):
         return False
 
     # -- the schema the server enforces and the form renders --------------------------------------------
+    def _under_roots(self) -> list[str]:
+        """A regular expression per root: a path under it that never climbs out (no ``..`` part)."""
+        return [re.escape(r.rstrip("/")) + r"/(?!(.*/)?\.\.?(/|$)).*" for r in self.roots]
+
     def constrain(self, schema: dict[str, Any]) -> dict[str, Any]:
         """A deployment's parameter schema with the policy's constraints on the fields it has (the
         experiment's config, the sweep's and replay's ``store``), and the policy itself."""
@@ -208,7 +235,7 @@ class FormPolicy(BaseModel):
             field("RewardModelSettings", "url")["enum"] = ["", *self.urls]
             field("TrackingSection", "mlflow_uri")["enum"] = ["", *self.urls]
             exact = [re.escape(p) for p in ["", *self.served_paths]]
-            under = [re.escape(r.rstrip("/")) + r"/(?!(.*/)?\.\.?(/|$)).*" for r in self.roots]
+            under = self._under_roots()
             pattern = "^(" + "|".join(exact + under) + ")$"
             for section, name in (
                 ("ModelSection", "path"),
@@ -216,6 +243,12 @@ class FormPolicy(BaseModel):
                 ("JudgeSettings", "model"),
             ):
                 field(section, name)["pattern"] = pattern
+        if "InspectTask" in defs:  # the experiment's eval.inspect, the sweep's inspect
+            from rl_core.schema.config_eval import BUILTIN_INSPECT_TASKS
+
+            under = self._under_roots()
+            field("InspectTask", "task")["enum"] = list(BUILTIN_INSPECT_TASKS)
+            field("InspectTask", "dataset")["pattern"] = "^(heldout|" + "|".join(under or ["(?!)"]) + ")$"
         defs[SCHEMA_KEY] = {
             "description": "What the form may set (rlfoundry serve's policy); not a field.",
             "x-rlfoundry-policy": self.model_dump(mode="json"),

@@ -69,8 +69,12 @@ def _reward_launcher(ctx: RunContext) -> Any:
 
 def replay_hooks(ctx: RunContext) -> None:
     """What a replayed stage may start: a reward server (its scores come from the served model). Rollout
-    servers are not: generate replays on the in-process engine, which samples bit for bit alike."""
+    servers are not: generate replays on the in-process engine, which samples bit for bit alike. And what
+    ``rlfoundry eval`` may start: the inspect-ai tasks of ``eval.inspect`` (one checkpoint server each)."""
+    from infra.inspect_harness import Served
+
     ctx.reward_launcher = _reward_launcher(ctx)
+    ctx.inspect_runner = Served
 
 
 @functools.cache

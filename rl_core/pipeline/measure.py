@@ -38,15 +38,33 @@ def _measure(
     ctx: RunContext, policy: ArtifactRef, scratch: str, suites: list[str] | None
 ) -> tuple[dict[str, Any], str]:
     """The evaluate stage's body on ``policy`` into ``scratch`` (cleared first): its metrics (only those of
-    ``suites`` when given) and the table's URI. Closes the context's engines."""
+    ``suites`` when given), then each ``eval.inspect`` task's (``inspect.NAME.*``, its log beside), and the
+    table's URI. Closes the context's engines (before the inspect tasks start servers of their own)."""
     try:
         ctx.store.clear(scratch)
         result = STAGES["evaluate"].body(ctx, StageJob(0, {"policy": policy}, scratch))
     finally:
         ctx.held.close()
-    metrics = result.metrics
+    metrics = dict(result.metrics)
+    if ctx.cfg.eval.inspect and ctx.inspect_runner is None:
+        raise RuntimeError(
+            "eval.inspect: this caller cannot start the inspect-ai harness (no inspect_runner)"
+        )
+    served = ctx.inspect_runner(ctx, policy) if ctx.cfg.eval.inspect else None  # type: ignore[misc]
+    try:
+        for name in ctx.cfg.eval.inspect:
+            out = f"{scratch}-inspect-{name}"
+            ctx.store.clear(out)
+            metrics |= served.run(StageJob(0, {"policy": policy}, out), name).metrics
+    finally:
+        if served is not None:
+            served.close()
     if suites:
-        metrics = {k: v for k, v in metrics.items() if any(k.startswith(f"suite.{s}.") for s in suites)}
+        metrics = {
+            k: v
+            for k, v in metrics.items()
+            if k.startswith("inspect.") or any(k.startswith(f"suite.{s}.") for s in suites)
+        }
     return metrics, result.outputs["eval"].uri
 
 

@@ -71,6 +71,10 @@ PLACEMENT = (
 # How far a run goes and where it evaluates, not what any stage computes: extending a run (more iterations,
 # other evaluation points) needs no --force and keeps every committed stage.
 SCHEDULE = (("experiment", "iterations"), ("eval", "every"))
+# What only the evaluation sweep and ``rlfoundry eval`` read (inspect-ai tasks, run against stored
+# checkpoints): no stage of the run computes from it, so a run may gain or change it without --force. The
+# sweep's own results are committed under a hash that includes it (infra/inspect_harness.py).
+SWEEP_ONLY = (("eval", "inspect"),)
 # Whole sections that watch a run without changing what any stage computes (the vitals stage's alarm rules):
 # left out of every hash, so that a run stored before they existed, or resumed with other rules, is the same
 # run.
@@ -100,8 +104,8 @@ def without_placement(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def stage_config(data: dict[str, Any]) -> dict[str, Any]:
-    """What a run's stages compute from: a config dump less PLACEMENT and SCHEDULE."""
-    return without_fields(data, PLACEMENT + SCHEDULE)
+    """What a run's stages compute from: a config dump less PLACEMENT, SCHEDULE and SWEEP_ONLY."""
+    return without_fields(data, PLACEMENT + SCHEDULE + SWEEP_ONLY)
 
 
 def run_config_hash(cfg: Config | dict[str, Any]) -> str:
@@ -182,6 +186,9 @@ class RunContext:
         self.server_launcher: ServerLauncher | None = None
         # Starts a reward server on a reward model folder -> (url, restart() -> url, stop); the same.
         self.reward_launcher: Callable[[str], tuple[str, Callable[[], str], Callable[[], None]]] | None = None
+        # (ctx, policy) -> a checkpoint served for the inspect-ai tasks of eval.inspect, with run(job, name)
+        # and close() (infra/inspect_harness.Served); the same. None: `rlfoundry eval` cannot run them.
+        self.inspect_runner: Callable[[RunContext, Any], Any] | None = None
 
     @functools.cached_property
     def placement(self) -> Any:

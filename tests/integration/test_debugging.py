@@ -208,3 +208,46 @@ def test_eval_measures_a_named_checkpoint_on_suites_outside_the_run(walked):
     r = cli(["eval", "healthy", "--iteration", "2", "--suite", "nope"], env, 600, cwd=state)
     assert r.returncode == 2 and "--suite nope: not among the config's eval.suites (none)" in r.stderr
     assert sorted(p.relative_to(state) for p in (state / "store" / "healthy").rglob("*")) == before
+
+
+@pytest.mark.slow
+def test_the_sweep_runs_inspect_ai_tasks_against_the_checkpoints(walked, monkeypatch):
+    """The evaluation sweep's inspect-ai tasks: the harness in its own environment, against a vLLM server of
+    each due checkpoint. A local dataset whose targets are the run's own greedy answers, half of them spoilt:
+    the served checkpoint gives the good half again and not the other (includes: 0.5, sample by sample).
+    Committed once under the sweep, with the checkpoint's digest; a
+    second sweep reuses them."""
+    import pandas as pd
+
+    from flows.deployments import _sweep_run
+    from rl_core.artifacts.store import Store
+    from rl_core.schema.config_eval import InspectTask
+
+    state, _ = walked
+    monkeypatch.setenv("RLFOUNDRY_STATE_DIR", str(state))
+    table = pd.read_parquet(state / "store" / "healthy" / "iter-0002" / "evaluate" / "eval.parquet")
+    rows = table[table["greedy_completion"].str.len() > 0].head(8)
+    spoilt = set(rows["task_id"][1::2])  # '#' is no token of the arithmetic vocabulary: never generated
+    lines = [
+        {"id": t, "input": p, "target": c + "#" if t in spoilt else c}
+        for t, p, c in zip(rows["task_id"], rows["prompt"], rows["greedy_completion"], strict=True)
+    ]
+    own = state / "own.jsonl"
+    own.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    tasks = {"own": InspectTask(dataset=str(own), args={"scorer": "includes"}, every=2)}
+    store = Store(f"file://{state / 'store'}")
+    got = _sweep_run(store, "healthy", tasks)
+    assert not any(k.startswith("inspect.") for k in got[1])  # every: 2
+    assert got[2]["inspect.own.includes.accuracy"] == 0.5 and got[2]["inspect.own.samples"] == len(lines)
+    assert got[2]["inspect.own.api"] == "completions"  # the built-in tokenizer has no chat template
+    done = state / "store" / "healthy" / "sweep" / "iter-0002" / "inspect-own"
+    from rl_core.models.model import weights_digest
+
+    manifest = json.loads((done / "_manifest.json").read_text())
+    measured = weights_digest(manifest["inputs"]["policy"]["files"])
+    assert measured == show_json(state, "healthy")["iterations"][1]["policy_sha256"]
+    log = json.loads((done / "inspect-log.json").read_text())
+    assert log["eval"]["model"] == "openai-api-completions/rlfoundry/policy"
+    scored = {s["id"]: s["scores"]["includes"]["value"] for s in log["samples"]}
+    assert scored == {t: ("I" if t in spoilt else "C") for t in rows["task_id"]}
+    assert _sweep_run(store, "healthy", tasks) == got  # committed: reused, no server started

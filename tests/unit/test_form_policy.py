@@ -53,6 +53,11 @@ REFUSED = [
     ({"rollout__server_urls": ["http://169.254.169.254/latest"]}, "config.rollout.server_urls[0]"),
     ({"reward__model__url": "http://attacker.example:80"}, "config.reward.model.url"),
     ({"tracking__mlflow_uri": "sqlite:////tmp/elsewhere.db"}, "config.tracking.mlflow_uri"),
+    # an inspect-ai task file is code the sweep's worker runs: the form names built-in tasks only
+    ({"eval__inspect": {"x": {"task": "/tmp/payload.py"}}}, "config.eval.inspect.x.task"),
+    ({"eval__inspect": {"x": {"task": "infra/inspect/qa_task.py@qa"}}}, "config.eval.inspect.x.task"),
+    ({"eval__inspect": {"x": {"task": "qa", "dataset": "/etc/passwd"}}}, "config.eval.inspect.x.dataset"),
+    ({"eval__inspect": {"x": {"dataset": "{models}/../../etc/passwd"}}}, "config.eval.inspect.x.dataset"),
 ]
 
 
@@ -100,6 +105,12 @@ def test_what_the_policy_allows_passes_both(tmp_path):
         {"task__env": "mypkg.envs:MyEnv"},  # named by the operator
         {"reward__weights": {"correct": 1.0, "partial": 0.5}},
         {"rollout__server_urls": ["http://10.0.0.5:8000"]},
+        {
+            "eval__inspect": {
+                "held": {"task": "qa"},
+                "mine": {"dataset": str(tmp_path / "models" / "q.jsonl")},
+            }
+        },
     ):
         raw = _raw(**change)
         policy.check(raw)
@@ -154,3 +165,19 @@ def test_the_form_offers_exactly_the_rewards_the_library_registers():
     assert set(BUILTIN_REWARDS) <= set(builtin_rewards())
     with pytest.raises(ValueError, match="declare it in rl_core.schema.config_reward"):
         builtin("undeclared")
+
+
+def test_the_sweeps_inspect_tasks_are_held_too(tmp_path):
+    """The evaluation sweep's own ``inspect`` parameter: built-in tasks only, datasets under the roots, by
+    the flow's check and by the sweep deployment's schema."""
+    policy = _policy(tmp_path)
+    with pytest.raises(PolicyError, match=r"^inspect\.x\.task='/tmp/payload\.py': a task file is code"):
+        policy.check_inspect({"x": {"task": "/tmp/payload.py"}}, "inspect")
+    with pytest.raises(PolicyError, match=r"^inspect\.x\.dataset='/etc/passwd': not a path"):
+        policy.check_inspect({"x": {"dataset": "/etc/passwd"}}, "inspect")
+    policy.check_inspect({"x": {"dataset": str(tmp_path / "models" / "q.jsonl")}}, "inspect")
+    sweep = deployments(SERVED, sweep_runs=[], sweep_cron="0 3 * * *", store="", policy=policy)[1]
+    schema = sweep._parameter_openapi_schema.model_dump()
+    bad = validate({"inspect": {"x": {"task": "/tmp/payload.py"}}}, schema, ignore_required=True)
+    assert bad and all(".".join(map(str, e.path)).startswith("inspect") for e in bad)  # (anyOf: dict | None)
+    assert validate({"inspect": {"x": {"task": "qa"}}}, schema, ignore_required=True) == []
