@@ -133,8 +133,10 @@ def evaluation_sweep(
     st = _store(store)
     runs = run_ids or [r for r in st.list_runs() if _is_run_id(r)]
     out = {rid: _sweep_run(st, rid, inspect or {}) for rid in runs}
+    from infra.inspect_harness import scores_cell  # (imports rl_core: after the store check)
+
     rows = [
-        f"| {r} | {k} | {v['accuracy']:.3f} | {v['source']} | {_inspect_cell(v)} |"
+        f"| {r} | {k} | {v['accuracy']:.3f} | {v['source']} | {scores_cell(v)} |"
         for r, its in out.items()
         for k, v in its.items()
     ]
@@ -146,20 +148,10 @@ def evaluation_sweep(
     return out
 
 
-def _inspect_cell(scores: dict[str, Any]) -> str:
-    """The inspect-ai accuracies of one checkpoint, for the sweep's table.
-
-    >>> _inspect_cell({"accuracy": 0.5, "inspect.qa.match.accuracy": 0.25, "inspect.qa.samples": 8})
-    'qa.match.accuracy 0.250'
-    """
-    return ", ".join(
-        f"{k.removeprefix('inspect.')} {v:.3f}" for k, v in scores.items() if k.endswith(".accuracy")
-    )
-
-
 def _sweep_run(st: Any, rid: str, inspect: dict[str, Any]) -> dict[int, dict[str, Any]]:
     """{iteration: accuracy and who evaluated it, and the inspect-ai scores} for every trained checkpoint of
     run ``rid``: its own ``eval.inspect`` tasks and ``inspect``'s."""
+    from infra.inspect_harness import sweep_tasks
     from rl_core.artifacts.stage import committed, run_stage
     from rl_core.evaluation.evaluate import evaluate_body
     from rl_core.run.context import RunContext
@@ -189,38 +181,7 @@ def _sweep_run(st: Any, rid: str, inspect: dict[str, Any]) -> dict[int, dict[str
             )
             source = "sweep (reused)" if m.reused else "sweep (new)"
         tasks = {**ctx.cfg.eval.inspect, **inspect}
-        out[k] = {"accuracy": m.metrics["accuracy"], "source": source} | _sweep_inspect(
-            ctx, rid, k, ckpt, tasks
-        )
-    return out
-
-
-def _sweep_inspect(ctx: Any, rid: str, k: int, ckpt: Any, tasks: dict[str, Any]) -> dict[str, Any]:
-    """The inspect-ai ``tasks`` due at checkpoint ``k`` (each task's ``every``, and always the run's last),
-    each committed once under ``<run>/sweep/iter-K/inspect-NAME`` (its hash: the run's and the task's
-    settings), on one server of the checkpoint started for the first task not committed yet: their scores."""
-    from infra.inspect_harness import Served, sweep_hash
-    from rl_core.artifacts.stage import run_stage
-
-    last = ctx.cfg.experiment.iterations
-    out: dict[str, Any] = {}
-    served = Served(ctx, ckpt)
-    try:
-        for name, spec in tasks.items():
-            if k % spec.every and k != last:
-                continue
-            m = run_stage(
-                ctx.store,
-                f"{rid}/sweep",
-                k,
-                f"inspect-{name}",
-                sweep_hash(ctx.config_hash, spec),
-                {"policy": ckpt},
-                lambda job, n=name, t=spec: served.run(job, n, t),
-            )
-            out |= {key: v for key, v in m.metrics.items() if key.startswith("inspect.")}
-    finally:
-        served.close()
+        out[k] = {"accuracy": m.metrics["accuracy"], "source": source} | sweep_tasks(ctx, rid, k, ckpt, tasks)
     return out
 
 

@@ -32,7 +32,7 @@ from typing import Any
 from infra.localstack.process import clean_env
 from rl_core.artifacts.paths import PROJECT_ROOT, cache_dir, state_dir
 from rl_core.artifacts.seeding import derive_seed
-from rl_core.artifacts.stage import StageJob, StageResult
+from rl_core.artifacts.stage import StageJob, StageResult, run_stage
 from rl_core.run.context import RunContext
 from rl_core.schema.config_eval import BUILTIN_INSPECT_TASKS
 
@@ -236,3 +236,40 @@ def sweep_hash(run_hash: str, spec: Any) -> str:
     return hashlib.sha256(
         json.dumps([run_hash, spec.model_dump(mode="json")], sort_keys=True).encode()
     ).hexdigest()
+
+
+def sweep_tasks(ctx: Any, rid: str, k: int, ckpt: Any, tasks: dict[str, Any]) -> dict[str, Any]:
+    """The inspect-ai ``tasks`` due at checkpoint ``k`` (each task's ``every``, and always the run's last),
+    each committed once under ``<run>/sweep/iter-K/inspect-NAME`` (its hash: the run's and the task's
+    settings), on one server of the checkpoint started for the first task not committed yet: their scores."""
+    last = ctx.cfg.experiment.iterations
+    out: dict[str, Any] = {}
+    served = Served(ctx, ckpt)
+    try:
+        for name, spec in tasks.items():
+            if k % spec.every and k != last:
+                continue
+            m = run_stage(
+                ctx.store,
+                f"{rid}/sweep",
+                k,
+                f"inspect-{name}",
+                sweep_hash(ctx.config_hash, spec),
+                {"policy": ckpt},
+                lambda job, n=name, t=spec: served.run(job, n, t),
+            )
+            out |= {key: v for key, v in m.metrics.items() if key.startswith("inspect.")}
+    finally:
+        served.close()
+    return out
+
+
+def scores_cell(scores: dict[str, Any]) -> str:
+    """The inspect-ai accuracies of one checkpoint, for the sweep's table.
+
+    >>> scores_cell({"accuracy": 0.5, "inspect.qa.match.accuracy": 0.25, "inspect.qa.samples": 8})
+    'qa.match.accuracy 0.250'
+    """
+    return ", ".join(
+        f"{k.removeprefix('inspect.')} {v:.3f}" for k, v in scores.items() if k.endswith(".accuracy")
+    )
