@@ -5,6 +5,14 @@ TRL (the ``bench`` extra, part of ``dev``) comes with ``make venv``.
     .venv/bin/python benchmarks/vs_trl.py --json    # both workloads -> benchmarks/results/vs_trl.json
     .venv/bin/python benchmarks/vs_trl.py --workload default --iterations 6
     .venv/bin/python benchmarks/vs_trl.py --smoke --json  # default workload, smoke shape, 1 step per arm
+    .venv/bin/python benchmarks/vs_trl.py --workload all --engine hf --json   # every shape, the HF engine
+
+Shapes (``--workload all``): ``64x1`` (64 completions, one optimizer step per RL step), ``512x1`` (512, one
+step), ``default`` (512 in 8 mini-batches) and ``generation``. ``--engine`` sets ``rollout.engine`` for the
+rlfoundry arm. Each workload's rlfoundry arm also reports every stage's median seconds (from its manifests)
+and a profile of its last iteration's generate and train stages (``profile_stages``: replayed under cProfile
+in the run's own context, after the iteration before warmed the engines; off the clock); the TRL arm
+reports its generation part (``_generate_and_score_completions``: sampling and rewards) per step.
 
 Workloads: ``default`` is configs/default.yaml (2-digit add/sub, 64 prompts x 8 samples, max_tokens 8);
 ``generation`` is configs/countup.yaml (envs/countup.py: the 25 four-digit numbers from a to b, 125 answer
@@ -66,20 +74,40 @@ from benchmarks.common import (  # noqa: E402
     smoke_state,
 )
 
-# Per workload: config file, RL steps, evaluate every this many steps, the held-out accuracy gain timed.
+# Per workload: config file and overrides, RL steps, evaluate every this many steps, the held-out accuracy
+# gain timed. The default task at three shapes (completions per step x optimizer steps per RL step): 64 x 1,
+# 512 x 1 and the default 512 x 8 mini-batches; and the generation-heavy countup task.
 WORKLOADS: dict[str, dict[str, Any]] = {
     "default": {"config": "default.yaml", "iterations": 8, "eval_every": 1, "gain": 0.3},
     "generation": {"config": "countup.yaml", "iterations": 6, "eval_every": 1, "gain": 0.5},
+    "64x1": {
+        "config": "default.yaml",
+        "sets": ["rollout.prompts_per_iteration=8", "train.micro_batch_size=64"],
+        "iterations": 8,
+        "eval_every": 4,
+        "gain": 0.1,
+    },
+    "512x1": {
+        "config": "default.yaml",
+        "sets": ["train.micro_batch_size=512"],
+        "iterations": 8,
+        "eval_every": 4,
+        "gain": 0.1,
+    },
 }
 # Evaluation off the clock: only greedy accuracy, and the flow's own evaluations only at steps 0 and N.
 EVAL_SETS = ["eval.samples=1", "eval.pass_k=[1]", "eval.every=100000", "experiment.name=vs_trl"]
 
 
-def workload_config(workload: str, iterations: int, staleness: int = 0, smoke: bool = False) -> Any:
+def workload_config(
+    workload: str, iterations: int, staleness: int = 0, smoke: bool = False, engine: str = ""
+) -> Any:
     from rl_core.schema.config import load_config
 
-    sets = [*EVAL_SETS, f"experiment.iterations={iterations}", f"rollout.max_staleness={staleness}"]
+    sets = [*EVAL_SETS, *WORKLOADS[workload].get("sets", []), f"experiment.iterations={iterations}"]
+    sets += [f"rollout.max_staleness={staleness}"]
     sets += SMOKE_SHAPE if smoke else []
+    sets += [f"rollout.engine={engine}"] if engine else []
     return load_config(ROOT / "configs" / WORKLOADS[workload]["config"], sets)
 
 
@@ -112,7 +140,7 @@ def rlfoundry_arm(args: argparse.Namespace) -> dict[str, Any]:
     from rl_core.run.runs import create_or_resume
 
     ensure_api()
-    cfg = workload_config(args.workload, args.iterations, args.staleness, args.smoke)
+    cfg = workload_config(args.workload, args.iterations, args.staleness, args.smoke, args.engine)
     ctx = RunContext(cfg, args.run_id)
     base_cached = committed(ctx.store, ctx.base_id, 0, "warmup") is not None
     create_or_resume(ctx, "new")
@@ -133,7 +161,88 @@ def rlfoundry_arm(args: argparse.Namespace) -> dict[str, Any]:
     for k in range(1, cfg.experiment.iterations + 1):
         evaluated += stamps[k][1]
         clock.append(round(stamps[k][0] - start - evaluated, 3))
-    return {"setup_s": round(start - t0, 2), "base_was_cached": base_cached, "clock_s": clock}
+    from tasks.common import context
+
+    stages = stage_seconds(ctx.store, args.run_id, cfg.experiment.iterations)
+    out = {"setup_s": round(start - t0, 2), "base_was_cached": base_cached, "clock_s": clock}
+    out |= {"engine": cfg.rollout.engine, "stage_median_s": stages}
+    held = context(cfg, args.run_id)  # the flow's, with its engines
+    try:
+        out["profile"] = profile_stages(held, args.run_id, cfg.experiment.iterations)
+    finally:
+        held.held.close()
+    return out
+
+
+def stage_seconds(store: Any, run_id: str, iterations: int) -> dict[str, float]:
+    """Median seconds of each iteration stage over iterations 2..N (1 also starts engines), from the run's
+    manifests."""
+    from rl_core.artifacts.stage import committed
+    from rl_core.pipeline.stages import ITERATION
+
+    out = {}
+    for spec in ITERATION:
+        seen = [
+            m.timings.seconds
+            for k in range(2, iterations + 1)
+            if (m := committed(store, run_id, k, spec.name))
+        ]
+        if seen:
+            out[spec.name] = round(statistics.median(seen), 3)
+    return out
+
+
+# What the profile of a stage names (cumulative seconds; nested entries are inside the ones above them).
+PROFILED = {
+    "generate": [
+        "generate_body", "sample_table", "generate", "sample_step", "load_weights", "_call_impl",
+        "write_table", "prompt_ids", "decode", "env_outcomes",
+    ],
+    "train": [
+        "train_body", "_step", "_update", "_engine_for", "make_batch", "train_advantages", "ppo_update",
+        "backward_step", "backward", "step", "_hold", "store_checkpoint", "optimizer_state", "save_file",
+        "put_dir", "write_bytes", "weights", "weights_digest", "write_table",
+    ],
+}  # fmt: skip
+
+
+def profile_stages(ctx: Any, run_id: str, k: int) -> dict[str, Any]:
+    """Iteration ``k``'s generate and train stages replayed under cProfile in the run's own context (its
+    engines held, as between iterations), each after a replay of iteration k-1's warmed them as the run did
+    (the weight sync and the held train engine included): the stage's seconds, the named functions'
+    cumulative seconds, and the 15 costliest functions."""
+    import cProfile
+    import pstats
+
+    from rl_core.pipeline.replay import replay
+
+    out: dict[str, Any] = {"iteration": k}
+    for stage in ("generate", "train"):
+        if k > 1:
+            replay(ctx.store, run_id, k - 1, stage, ctx=ctx)
+        prof = cProfile.Profile()
+        t0 = time.perf_counter()
+        prof.enable()
+        replay(ctx.store, run_id, k, stage, ctx=ctx)
+        prof.disable()
+        wall = time.perf_counter() - t0
+        stats = pstats.Stats(prof).stats  # (file, line, name) -> (cc, nc, tt, ct, callers)
+        by_name: dict[str, float] = {}
+        for (_, _, name), (_, _, _, ct, _) in stats.items():
+            by_name[name] = max(by_name.get(name, 0.0), ct)
+        top = sorted(
+            (
+                (ct, f"{'/'.join(Path(f).parts[-2:])}:{name}")
+                for (f, _, name), (_, _, _, ct, _) in stats.items()
+            ),
+            reverse=True,
+        )
+        out[stage] = {
+            "replay_s": round(wall, 3),
+            "named_s": {n: round(by_name[n], 3) for n in PROFILED[stage] if n in by_name},
+            "top_s": [[where, round(ct, 3)] for ct, where in top[:15]],
+        }
+    return out
 
 
 def reward_function(cfg: Any, tasks: dict[str, dict[str, Any]], eos_id: int) -> Any:
@@ -251,7 +360,17 @@ def trl_arm(args: argparse.Namespace) -> dict[str, Any]:
     gcfg = grpo_config(cfg, trl_dir(args.run_id) / "trainer", args.iterations)
     per_step = gcfg.steps_per_generation
     clock = step_clock(per_step, eval_points(args.iterations, args.eval_every), trl_dir(args.run_id), tok)
-    trainer = GRPOTrainer(
+    generation: list[float] = []
+
+    class TimedGRPOTrainer(GRPOTrainer):  # the generation part of each step (sampling and rewards) timed
+        def _generate_and_score_completions(self, *a: Any, **kw: Any) -> Any:
+            t = time.perf_counter()
+            try:
+                return super()._generate_and_score_completions(*a, **kw)
+            finally:
+                generation.append(time.perf_counter() - t)
+
+    trainer = TimedGRPOTrainer(
         model=model,
         reward_funcs=[reward_function(cfg, tasks, tok.eos_token_id)],
         args=gcfg,
@@ -261,7 +380,13 @@ def trl_arm(args: argparse.Namespace) -> dict[str, Any]:
     )
     setup = time.perf_counter() - t0
     trainer.train()
-    return {"setup_s": round(setup, 2), "clock_s": clock.clock, "optimizer_steps_per_step": per_step}
+    gen = generation[1:] or generation  # step 1 warms up, as rlfoundry's
+    return {
+        "setup_s": round(setup, 2),
+        "clock_s": clock.clock,
+        "optimizer_steps_per_step": per_step,
+        "generate_median_s": round(statistics.median(gen), 3) if gen else None,
+    }
 
 
 def trl_dir(run_id: str) -> Path:
@@ -374,11 +499,12 @@ def _arm(
 
 
 def measure(
-    workload: str, spec: dict[str, Any], staleness: int, smoke: bool, trl_missing: str
+    workload: str, spec: dict[str, Any], staleness: int, smoke: bool, trl_missing: str, engine: str = ""
 ) -> dict[str, Any]:
-    """Both arms, then the evaluation; ``trl_missing`` (why TRL cannot run, or empty) skips TRL's arm."""
+    """Both arms, then the evaluation; ``trl_missing`` (why TRL cannot run, or empty) skips TRL's arm. The
+    rlfoundry arm's last iteration is profiled stage by stage (``profile_arm``)."""
     run_id = f"vs-trl-{workload}-{time.strftime('%Y%m%d-%H%M%S')}"
-    flags = ["--smoke"] if smoke else []
+    flags = (["--smoke"] if smoke else []) + (["--engine", engine] if engine else [])
     rlf = _arm("rlfoundry", workload, run_id, spec, staleness, flags)
     trl = {"skipped": trl_missing} if trl_missing else _arm("trl", workload, run_id, spec, staleness, flags)
     ev = _arm("eval", workload, run_id, spec, staleness, flags + (["--skip-trl"] if trl_missing else []))
@@ -388,7 +514,15 @@ def measure(
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--workload", choices=[*WORKLOADS, "both"], default="both")
+    ap.add_argument(
+        "--workload",
+        choices=[*WORKLOADS, "both", "all"],
+        default="both",
+        help="both: default and generation; all: every workload (the three shapes and generation)",
+    )
+    ap.add_argument(
+        "--engine", choices=["", "vllm", "hf"], default="", help="rollout.engine (default: the config's)"
+    )
     ap.add_argument("--iterations", type=int, help="RL steps per arm (default: the workload's)")
     ap.add_argument("--eval-every", type=int, help="evaluate every this many steps (default: the workload's)")
     ap.add_argument("--gain", type=float, help="held-out accuracy gain to time (default: the workload's)")
@@ -427,12 +561,13 @@ def main() -> None:
     found = {}
     if args.smoke:  # one step per arm on the smallest workload
         args.iterations, args.eval_every = 1, 1
-        args.workload = "default" if args.workload == "both" else args.workload
-    for w in WORKLOADS if args.workload == "both" else [args.workload]:
+        args.workload = "default" if args.workload in ("both", "all") else args.workload
+    chosen = {"both": ["default", "generation"], "all": list(WORKLOADS)}.get(args.workload, [args.workload])
+    for w in chosen:
         given = {
             k: getattr(args, k) for k in ("iterations", "eval_every", "gain") if getattr(args, k) is not None
         }
-        found[w] = r = measure(w, WORKLOADS[w] | given, args.staleness, args.smoke, trl_missing)
+        found[w] = r = measure(w, WORKLOADS[w] | given, args.staleness, args.smoke, trl_missing, args.engine)
         rs, ts = r["rlfoundry"]["per_step"]["median_s"], r["trl"].get("per_step", {}).get("median_s")
         print(
             f"{w}: s/step rlfoundry {rs} trl {ts}; to +{r['gain']['timed']}: {r['seconds_to_gain']}",
@@ -442,6 +577,7 @@ def main() -> None:
     result = {"benchmark": "vs_trl", "workloads": found, "ratio": headline["ratio"]}
     result["trl_versions"] = {n: installed(n) for n in ("trl", "accelerate", "datasets")}
     name = "vs_trl" if args.workload == "both" else f"vs_trl_{args.workload}"
+    name += f"_{args.engine}" if args.engine else ""
     out = result_file(args.out, ROOT / "benchmarks" / "results" / f"{name}.json", args.smoke)
     finish(result, out, args.json, args.smoke)
 

@@ -211,6 +211,23 @@ class VLLMEngine:
         del self.llm
 
 
+def sample_step(logits: Any, gens: list[Any], temperature: float) -> tuple[list[int], list[float]]:
+    """One token per row of ``logits`` (rows x vocab, float32 on the CPU) and its logprob: greedy at
+    temperature 0, else drawn from the row's own generator (``gens[i]``, one draw per row and step, whether
+    the row is still running or not, so a request's samples never depend on the others). The softmax runs
+    over the whole batch at once; the draws stay per row. Bit for bit what a row-by-row loop gives
+    (``tests/unit/test_hf_sampling.py``)."""
+    import torch
+
+    if temperature == 0:
+        toks = logits.argmax(-1)
+        return toks.tolist(), torch.log_softmax(logits, -1).gather(1, toks[:, None])[:, 0].tolist()
+    logp = torch.log_softmax(logits / temperature, -1)
+    probs = logp.exp()
+    picked = [int(torch.multinomial(probs[i], 1, generator=g)) for i, g in enumerate(gens)]
+    return picked, logp.gather(1, torch.tensor(picked)[:, None])[:, 0].tolist()
+
+
 class HFEngine:
     """Plain transformers sampling loop with one torch.Generator per request (bitwise reproducible)."""
 
@@ -279,20 +296,12 @@ class HFEngine:
                 past = o.past_key_values
                 # Sampled on the CPU with each request's own generator, whatever device the model is on.
                 logits = suppress(o.logits[:, -1, :].float().cpu(), self.never)
-                nxt = []
-                for i, g in enumerate(gens):
-                    if spec.temperature == 0:
-                        tok = int(logits[i].argmax())
-                        lp = float(torch.log_softmax(logits[i], -1)[tok])
-                    else:
-                        logp = torch.log_softmax(logits[i] / spec.temperature, -1)
-                        tok = int(torch.multinomial(logp.exp(), 1, generator=g))
-                        lp = float(logp[tok])
+                nxt, lps = sample_step(logits, gens, spec.temperature)
+                for i, (tok, lp) in enumerate(zip(nxt, lps, strict=True)):
                     if not done[i]:
                         out_ids[i].append(tok)
                         out_lp[i].append(lp)
                         done[i] = tok in self.eos
-                    nxt.append(tok)
                 if all(done):
                     break
                 cur = torch.tensor(nxt, device=dev)[:, None]
