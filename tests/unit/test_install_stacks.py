@@ -46,15 +46,14 @@ def _make(
 def test_cpu_stack_without_a_gpu(tmp_path):
     out = _make(tmp_path)
     assert out.returncode == 0, out.stderr
-    assert "-c constraints.txt -e '.[dev,cpu]'" in out.stdout and "uv pip install" in out.stdout
-    assert "pip install -q --upgrade pip uv==0.13.9" in out.stdout  # the installer the lock pins
-    assert "uninstall -q --python .venv/bin/python torchvision" in out.stdout and "build_ops" in out.stdout
+    assert "pip install -q -c constraints.txt -e '.[dev,cpu]'" in out.stdout
+    assert "uninstall -q -y torchvision" in out.stdout and "build_ops" in out.stdout
 
 
 def test_cuda_stack_when_nvidia_smi_lists_a_gpu(tmp_path):
     out = _make(tmp_path, gpus=2)
     assert out.returncode == 0, out.stderr
-    assert "-c constraints-cuda.txt -e '.[dev,cuda]'" in out.stdout and "uv pip install" in out.stdout
+    assert "pip install -q -c constraints-cuda.txt -e '.[dev,cuda]'" in out.stdout
     # vllm needs its own torchvision; the CPU-only communication op is not built.
     assert "uninstall" not in out.stdout and "build_ops" not in out.stdout
 
