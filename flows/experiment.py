@@ -87,7 +87,7 @@ def _report(
         lineage_writer(cfg).submit(k, lambda p=parent, r=row, k=k: lin.log_summary(p, r, k))
     summary["mlflow_run"] = lin.link(it_run) if lin and it_run else None
     emit(summary)
-    report_iteration(run_id, k, summary, ms.get("vitals"))
+    report_iteration(run_id, k, summary, ms.get("vitals"), lambda fn: lineage_writer(cfg).submit(k, fn))
 
 
 @flow(name="rl-experiment", flow_run_name="{run_id}", validate_parameters=False)
@@ -135,13 +135,13 @@ def _experiment(cfg: Config, run_id: str) -> dict[str, Any]:
             _report(cfg, run_id, parent, k, ms, it_run)
             last = ms
     except AlarmStop:  # the iteration is committed: its lineage is written, the MLflow run marked stopped
+        lineage_writer(cfg).flush()  # and its vital-sign tables attached
         if lin and parent:
-            lineage_writer(cfg).flush()
             lin.finish(parent, "KILLED")
         raise
     final_eval = (last.get("evaluate") or ev0).metrics
+    lineage_writer(cfg).flush()
     if lin and parent:
-        lineage_writer(cfg).flush()
         if policy.stored is not False:  # the run's final policy, promoted in MLflow's model registry
             k = cfg.experiment.iterations
             version = lin.promote(f"rlfoundry-{cfg.experiment.name}", run_id, k, policy, final_eval)

@@ -76,11 +76,23 @@ def log_iteration(log: Any, run_id: str, summary: dict[str, Any]) -> None:
         (log.error if a["action"] == "stop" else log.warning)(line)
 
 
-def report_iteration(run_id: str, k: int, summary: dict[str, Any], vitals: Manifest | None) -> None:
+def report_iteration(
+    run_id: str, k: int, summary: dict[str, Any], vitals: Manifest | None, later: Any = None
+) -> None:
     """Log the iteration and its alarms to the flow run, and attach its vital signs as a table artifact;
-    raise ``AlarmStop`` if a stop alarm fired in vitals computed now (not reused from an earlier attempt)."""
+    raise ``AlarmStop`` if a stop alarm fired in vitals computed now (not reused from an earlier attempt).
+    ``later`` (a function taking a callable: the run's background writer, ``LineageWriter.submit`` bound to
+    the iteration) creates the artifact off the iteration's path (an API call of ~20 ms); the flow waits
+    for it before it ends."""
     log_iteration(run_logger(), run_id, summary)
-    attach_vitals(run_id, summary)
+    if later is None:
+        attach_vitals(run_id, summary)
+    else:
+        from prefect.runtime import flow_run
+
+        here = flow_run.get_id()
+        if here:
+            later(lambda: attach_vitals(run_id, summary, here))
     stops = [a for a in alarms_of(vitals) if a["action"] == "stop"]
     if stops and not vitals.reused:  # type: ignore[union-attr]
         names = ", ".join(a["name"] for a in stops)
@@ -100,10 +112,11 @@ def attach_vitals(run_id: str, summary: dict[str, Any], flow_run_id: Any = None)
     from prefect.exceptions import MissingContextError
 
     m, link = summary.get("vitals"), summary.get("mlflow_run")
-    try:
-        get_run_context()
-    except MissingContextError:
-        return
+    if flow_run_id is None:
+        try:
+            get_run_context()
+        except MissingContextError:
+            return
     if not m:
         return
     rows = [{"vital sign": key, "value": _fmt(m[key])} for key in TABLE_KEYS if m.get(key) is not None]

@@ -16,7 +16,7 @@ from rl_core.artifacts.manifest import Manifest
 from rl_core.artifacts.stage import committed, run_stage
 from rl_core.artifacts.store import with_retries
 from rl_core.artifacts.store_lock import run_shared_stage
-from rl_core.pipeline.stages import STAGES
+from rl_core.pipeline.stages import STAGES, run_body
 from rl_core.run.context import RunContext
 from rl_core.run.lineage import Lineage, LineageWriter
 from rl_core.schema.config import Config, config_hash
@@ -132,7 +132,7 @@ def run_table_stage(cfg: Config, run_id: str, name: str, iteration: int, mlflow_
     log.info("%s of iteration %d: started (%s)", name, iteration, spec.doc)
 
     def body(job: Any) -> Any:
-        return spec.body(ctx, job)
+        return run_body(spec, ctx, job)
 
     if spec.base:  # built once by the runs that share it, under its lock in the store
         sc = ctx.cfg.store

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 from rl_core.artifacts.faults import fault
 from rl_core.artifacts.paths import vllm_cache_root
+from rl_core.generation.sampling import sample_step
 from rl_core.models.vision import suppress, unsampleable_ids
 from rl_core.models.vllm_args import captured_stderr, visible_gpus
 
@@ -209,23 +210,6 @@ class VLLMEngine:
 
     def close(self) -> None:
         del self.llm
-
-
-def sample_step(logits: Any, gens: list[Any], temperature: float) -> tuple[list[int], list[float]]:
-    """One token per row of ``logits`` (rows x vocab, float32 on the CPU) and its logprob: greedy at
-    temperature 0, else drawn from the row's own generator (``gens[i]``, one draw per row and step, whether
-    the row is still running or not, so a request's samples never depend on the others). The softmax runs
-    over the whole batch at once; the draws stay per row. Bit for bit what a row-by-row loop gives
-    (``tests/unit/test_hf_sampling.py``)."""
-    import torch
-
-    if temperature == 0:
-        toks = logits.argmax(-1)
-        return toks.tolist(), torch.log_softmax(logits, -1).gather(1, toks[:, None])[:, 0].tolist()
-    logp = torch.log_softmax(logits / temperature, -1)
-    probs = logp.exp()
-    picked = [int(torch.multinomial(probs[i], 1, generator=g)) for i, g in enumerate(gens)]
-    return picked, logp.gather(1, torch.tensor(picked)[:, None])[:, 0].tolist()
 
 
 class HFEngine:

@@ -8,7 +8,9 @@ GPUs known by name, to plan for a machine without having it.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,6 +66,7 @@ class Machine:
     gpus: tuple[GPU, ...] = ()
     cpu_bf16: bool = False  # AVX512-BF16 or AMX: torch's CPU kernels compute bf16 natively
     flash_attn: bool = False  # the flash-attn package (2.x) is importable
+    cpu_threads: int = 1  # torch's CPU threads in this process (its intra-op pool: the cores it may use)
 
     @classmethod
     def this(cls) -> Machine:
@@ -78,7 +81,8 @@ class Machine:
             bool(getattr(cpu, probe, lambda: False)())
             for probe in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
         )
-        return cls(tuple(gpus), cpu_bf16, importlib.util.find_spec("flash_attn") is not None)
+        flash = importlib.util.find_spec("flash_attn") is not None
+        return cls(tuple(gpus), cpu_bf16, flash, torch.get_num_threads())
 
     @classmethod
     def described(cls, gpu: str, count: int = 1, *, flash_attn: bool = True) -> Machine:
@@ -92,4 +96,22 @@ class Machine:
             "gpus": [{"name": g.name, "memory_gib": round(g.memory_gib, 1)} for g in self.gpus],
             "cpu_bf16": self.cpu_bf16,
             "flash_attn": self.flash_attn,
+            "cpu_threads": self.cpu_threads,
         }
+
+
+@contextlib.contextmanager
+def torch_threads(n: int | None) -> Iterator[None]:
+    """Torch's CPU threads in this thread only (OpenMP's thread count is per calling thread), ``n`` while
+    the block runs, then as before; None: as they are."""
+    if not n:
+        yield
+        return
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

@@ -65,6 +65,8 @@ class Placement:
     server_gpus: tuple[tuple[int, ...], ...] = ()
     judge_vllm: dict[str, Any] = field(default_factory=dict)  # the LLM judge's engine's ({} on CPU)
     reward_vllm: dict[str, Any] = field(default_factory=dict)  # the reward server's ({} on CPU)
+    # torch's CPU threads per iteration stage ("*": the other iteration stages); {}: torch's own count
+    threads: dict[str, int] = field(default_factory=dict)
 
     @property
     def engine_processes(self) -> bool:
@@ -160,6 +162,33 @@ def _gpus(cfg: Any, machine: Machine) -> tuple[tuple[int, ...], tuple[int, ...],
     return trainer, (engine or trainer[:1]), colocated
 
 
+# The stages an asynchronous run's thread pool runs beside train (flows/iteration.py: ROLLOUT_STAGES).
+ROLLOUT_SIDE = ("generate", "execute_envs", "audit", "score_rewards")
+
+
+def stage_threads(cfg: Any, on_gpu: bool, machine: Machine) -> dict[str, int]:
+    """The CPU threads of each iteration stage: where the asynchronous schedule runs the rollout stages beside
+    train on a CPU machine, the cores are split between the two sides instead of both taking all of them
+    (oversubscribed, each side's OpenMP threads wait on the other's: benchmarks/vs_trl.py measured that
+    schedule slower than the synchronous one). Every iteration stage then gets its count explicitly, in the
+    flow and in a replay alike, so a stage's numbers never depend on which thread ran it. {} (torch's own
+    count) on a GPU machine, synchronously, with rollout servers, and on one core.
+
+    >>> from rl_core.schema.config import Config
+    >>> cfg = Config.model_validate({"rollout": {"max_staleness": 1}})
+    >>> two = Machine(cpu_threads=2)
+    >>> stage_threads(cfg, False, two)["generate"], stage_threads(cfg, False, two)["*"]
+    (1, 1)
+    >>> stage_threads(Config(), False, two), stage_threads(cfg, True, two)
+    ({}, {})
+    """
+    r = cfg.rollout
+    if on_gpu or not r.max_staleness or r.servers or r.server_urls or machine.cpu_threads < 2:
+        return {}
+    side = machine.cpu_threads // 2
+    return {**dict.fromkeys(ROLLOUT_SIDE, side), "*": machine.cpu_threads - side}
+
+
 def plan(cfg: Any, machine: Machine) -> Placement:
     """Where and in what precision every workload of ``cfg`` runs on ``machine``; PlacementError if it
     cannot (no GPU for a GPU setting, bf16 without support, a memory plan that does not fit)."""
@@ -213,6 +242,7 @@ def plan(cfg: Any, machine: Machine) -> Placement:
         server_gpus=servers,
         judge_vllm=judge_vllm,
         reward_vllm=reward_vllm,
+        threads=stage_threads(cfg, on_gpu, machine),
     )
 
 

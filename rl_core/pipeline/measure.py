@@ -18,7 +18,7 @@ from typing import Any
 from rl_core.artifacts.manifest import ArtifactRef
 from rl_core.artifacts.stage import StageJob
 from rl_core.artifacts.store import Store
-from rl_core.pipeline.stages import STAGES
+from rl_core.pipeline.stages import STAGES, run_body
 from rl_core.run.context import RunContext, run_config_hash
 from rl_core.run.runs import run_config
 from rl_core.schema.config import Config
@@ -42,7 +42,7 @@ def _measure(
     table's URI. Closes the context's engines (before the inspect tasks start servers of their own)."""
     try:
         ctx.store.clear(scratch)
-        result = STAGES["evaluate"].body(ctx, StageJob(0, {"policy": policy}, scratch))
+        result = run_body(STAGES["evaluate"], ctx, StageJob(0, {"policy": policy}, scratch))
     finally:
         ctx.held.close()
     metrics = dict(result.metrics)

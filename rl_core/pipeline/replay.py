@@ -22,7 +22,7 @@ import pandas as pd
 from rl_core.artifacts.manifest import ArtifactRef
 from rl_core.artifacts.stage import StageJob
 from rl_core.artifacts.store import Store
-from rl_core.pipeline.stages import STAGES
+from rl_core.pipeline.stages import STAGES, run_body
 from rl_core.run.context import RunContext, run_config_hash
 from rl_core.run.runs import config_for, run_config
 from rl_core.schema.config import Config
@@ -120,7 +120,7 @@ def replay(
         )
     scratch = f"{store.root}/_replay/{run_id}/iter-{iteration:04d}/{stage}"
     store.clear(scratch)
-    result = spec.body(ctx, StageJob(iteration, manifest.inputs, scratch))
+    result = run_body(spec, ctx, StageJob(iteration, manifest.inputs, scratch))
     if own:
         ctx.held.close()
     artifacts: dict[str, Any] = {}
@@ -262,7 +262,7 @@ def what_if(
             inputs = {k: remade.get(v.uri, v) for k, v in manifest.inputs.items()}
             scratch = f"{store.root}/_replay/{run_id}/what-if-{tag}/iter-{iteration:04d}/{s}"
             store.clear(scratch)
-            result = STAGES[s].body(ctx, StageJob(iteration, inputs, scratch))
+            result = run_body(STAGES[s], ctx, StageJob(iteration, inputs, scratch))
             remade |= {manifest.outputs[k].uri: v for k, v in result.outputs.items() if k in manifest.outputs}
             moved = {  # (a figure only one side has, such as a new evaluation suite's, shows as None -> x)
                 k: [manifest.metrics.get(k), result.metrics.get(k)]

@@ -32,6 +32,7 @@ from rl_core.evaluation.vitals import vitals_body
 from rl_core.generation.curriculum import curriculum_body
 from rl_core.generation.episodes import generate_body
 from rl_core.generation.outcomes import execute_envs_body
+from rl_core.models.machine import torch_threads
 from rl_core.schema.config import Config
 from rl_core.scoring.audit import audit_body
 from rl_core.scoring.rewards import score_rewards_body
@@ -221,3 +222,12 @@ def resolve_inputs(
             )
         out[name] = m.outputs[output]
     return out
+
+
+def run_body(spec: StageSpec, ctx: RunContext, job: StageJob) -> StageResult:
+    """The stage's body, on the CPU threads its placement gives an iteration stage
+    (``rl_core.models.placement.stage_threads``): the flow's tasks and replays both run bodies through here,
+    so a replayed stage computes as the run did."""
+    threads = {} if spec.base else ctx.placement.threads
+    with torch_threads(threads.get(spec.name, threads.get("*"))):
+        return spec.body(ctx, job)

@@ -65,23 +65,25 @@ def make_batch(
     """Columns used: prompt_ids, completion_ids, logprobs, loss_mask (per completion token), advantage, and
     image (encoded bytes, turned into pixels by the processor in ``ckpt_dir``) for multimodal rollouts.
     ``pack_tokens`` (``rl_core.training.packing.pack_budget``) has the forwards run on packed rows."""
-    seqs = [list(p) + list(c) for p, c in zip(df["prompt_ids"], df["completion_ids"], strict=True)]
-    width = max(len(s) for s in seqs)
-    n = len(seqs)
-    ids = torch.full((n, width), pad_id, dtype=torch.long)
-    attn = torch.zeros((n, width), dtype=torch.long)
-    lmask = torch.zeros((n, width - 1), dtype=torch.float32)
-    rlp = torch.zeros((n, width - 1), dtype=torch.float32)
+    prompts, completions = list(df["prompt_ids"]), list(df["completion_ids"])
+    n = len(prompts)
+    width = max(len(p) + len(c) for p, c in zip(prompts, completions, strict=True))
+    # Filled row by row in numpy (a slice assignment per row; torch.tensor per row cost ~20x more).
+    ids = np.full((n, width), pad_id, dtype=np.int64)
+    attn = np.zeros((n, width), dtype=np.int64)
+    lmask = np.zeros((n, width - 1), dtype=np.float32)
+    rlp = np.zeros((n, width - 1), dtype=np.float32)
     for i, (p, c, lp, m) in enumerate(
-        zip(df["prompt_ids"], df["completion_ids"], df["logprobs"], df["loss_mask"], strict=True)
+        zip(prompts, completions, df["logprobs"], df["loss_mask"], strict=True)
     ):
-        s = seqs[i]
-        ids[i, : len(s)] = torch.tensor(s)
-        attn[i, : len(s)] = 1
-        start = len(p) - 1  # target position of the first completion token
-        if len(c):
-            lmask[i, start : start + len(c)] = torch.tensor(np.asarray(m, dtype=np.float32))
-            rlp[i, start : start + len(c)] = torch.tensor(np.asarray(lp, dtype=np.float32))
+        a, b = len(p), len(c)
+        ids[i, :a] = p
+        ids[i, a : a + b] = c
+        attn[i, : a + b] = 1
+        if b:  # target position a-1 predicts the first completion token
+            lmask[i, a - 1 : a - 1 + b] = m
+            rlp[i, a - 1 : a - 1 + b] = lp
+    ids, attn, lmask, rlp = (torch.from_numpy(x) for x in (ids, attn, lmask, rlp))
     adv = torch.tensor(df["advantage"].to_numpy(dtype=np.float32))
     pixels = None
     if "image" in df.columns:

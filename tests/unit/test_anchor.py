@@ -105,3 +105,28 @@ def test_corrections_weigh_tokens_by_anchor_over_behaviour(kind):
 def test_a_correction_without_the_recomputed_anchor_is_refused_naming_the_fields():
     with pytest.raises(ConfigError, match="train.correction=tis.*train.old_logprobs=recompute"):
         load_config("configs/smoke.yaml", ["train.correction=tis"])
+
+
+def test_make_batch_lays_out_each_row_by_hand():
+    """Right-padded prompt + completion; the loss mask and the engine's logprobs sit at the target positions
+    of the completion tokens (position t predicts token t+1); an empty completion carries no loss."""
+    df = pd.DataFrame(
+        {
+            "prompt_ids": [np.array([5, 6, 7]), np.array([8])],
+            "completion_ids": [np.array([9, 2]), np.array([], dtype=np.int64)],
+            "logprobs": [np.array([-0.5, -0.25]), np.array([])],
+            "loss_mask": [np.array([1, 0]), np.array([], dtype=np.int64)],
+            "advantage": [1.5, -1.0],
+        }
+    )
+    b = make_batch(df, pad_id=0)
+    assert b.input_ids.tolist() == [[5, 6, 7, 9, 2], [8, 0, 0, 0, 0]]
+    assert b.attention_mask.tolist() == [[1, 1, 1, 1, 1], [1, 0, 0, 0, 0]]
+    assert b.loss_mask.tolist() == [[0, 0, 1, 0], [0, 0, 0, 0]]
+    assert b.rollout_logp.tolist() == [[0, 0, -0.5, -0.25], [0, 0, 0, 0]]
+    assert b.advantages.tolist() == [1.5, -1.0]
+    assert (b.input_ids.dtype, b.loss_mask.dtype, b.rollout_logp.dtype) == (
+        torch.long,
+        torch.float32,
+        torch.float32,
+    )

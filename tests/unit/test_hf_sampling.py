@@ -1,4 +1,4 @@
-"""The HF engine's sampling step (rl_core.generation.rollout.sample_step) against the row-by-row loop it
+"""The HF engine's sampling step (rl_core.generation.sampling.sample_step) against the row-by-row loop it
 replaced: the same tokens and the same logprob bits, greedy and sampled, for every row's own generator."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rl_core.generation.rollout import sample_step
+from rl_core.generation.sampling import sample_step
 
 
 def _row_by_row(logits: torch.Tensor, gens: list[torch.Generator], temperature: float):
@@ -39,3 +39,11 @@ def test_the_batched_step_is_the_row_by_row_loop_bit_for_bit(temperature, vocab)
         assert [g.get_state().tolist() == h.get_state().tolist() for g, h in zip(a, b, strict=True)] == [
             True
         ] * 64
+
+
+def test_nan_logits_are_refused_naming_the_rows():
+    logits = torch.zeros(4, 9)
+    logits[2, 3] = float("nan")
+    gens = [torch.Generator().manual_seed(i) for i in range(4)]
+    with pytest.raises(ValueError, match=r"NaN in rows \[2\]"):
+        sample_step(logits, gens, 1.0)

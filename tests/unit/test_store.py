@@ -18,6 +18,24 @@ def test_table_roundtrip_and_hash(tmp_path):
     assert ref.rows == 2
 
 
+def test_a_table_read_again_is_verified_again_and_is_a_copy(tmp_path):
+    """The parse cache: a second read gives an equal table that is not the first one, and a table changed
+    on disk after its first read is still reported corrupt (the bytes are read and hashed every time)."""
+    s = Store(str(tmp_path))
+    ref = s.write_table(s.root + "/r/t.parquet", pd.DataFrame({"a": [1, 2], "ids": [[1, 2], [3]]}))
+    first = s.read_table(ref)
+    first.loc[0, "a"] = 99
+    again = s.read_table(ref)
+    assert again["a"].tolist() == [1, 2] and list(again["ids"][1]) == [3]
+    path = tmp_path / "r" / "t.parquet"
+    path.write_bytes(path.read_bytes()[:-1] + b"X")
+    with pytest.raises(ArtifactError, match=r"corrupt: .*r/t\.parquet"):
+        s.read_table(ref)
+    path.unlink()
+    with pytest.raises(ArtifactError, match=r"missing: .*r/t\.parquet"):
+        s.read_table(ref)
+
+
 def test_corrupt_artifact_is_detected_with_path(tmp_path):
     s = Store(str(tmp_path))
     ref = s.write_bytes(s.root + "/r/x.bin", b"hello")

@@ -1,0 +1,32 @@
+"""The HF engine's sampling step: one token per row of a batch's last logits, each row from its own
+seeded generator (``rl_core.generation.rollout.HFEngine``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def sample_step(logits: Any, gens: list[Any], temperature: float) -> tuple[list[int], list[float]]:
+    """One token per row of ``logits`` (rows x vocab, float32 on the CPU) and its logprob: greedy at
+    temperature 0, else drawn from the row's own generator (``gens[i]``, one draw per row and step, whether
+    the row is still running or not, so a request's samples never depend on the others).
+
+    The draw is ``torch.multinomial(probs, 1, generator=g)`` bit for bit, done as torch does it for one
+    sample: the argmax of ``probs / q`` with ``q`` ~ Exp(1) drawn from the row's generator (the exponential
+    race). Only the draws of ``q`` go row by row; the softmax, the race and the logprobs run over the whole
+    batch at once (``tests/unit/test_hf_sampling.py`` checks tokens, logprob bits and generator states
+    against the row-by-row multinomial loop)."""
+    import torch
+
+    if temperature == 0:
+        toks = logits.argmax(-1)
+        return toks.tolist(), torch.log_softmax(logits, -1).gather(1, toks[:, None])[:, 0].tolist()
+    logp = torch.log_softmax(logits / temperature, -1)
+    if bool(torch.isnan(logp).any()):  # multinomial's own check, kept: a broken model is named, not sampled
+        rows = torch.isnan(logp).any(-1).nonzero()[:, 0].tolist()
+        raise ValueError(f"HF engine: the model's logits are NaN in rows {rows[:8]} of the batch")
+    race = torch.empty_like(logp)
+    for row, g in zip(race, gens, strict=True):
+        row.exponential_(1, generator=g)
+    picked = (logp.exp() / race).argmax(-1)
+    return picked.tolist(), logp.gather(1, picked[:, None])[:, 0].tolist()
