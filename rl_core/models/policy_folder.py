@@ -243,11 +243,12 @@ def check_stored_base(path: str, store: Any, base_id: str) -> None:
         )
 
 
-def check_model_section(cfg: Any) -> dict[str, Any] | None:
-    """``check_policy_folder`` for a run's config (None when the run builds its own tiny policy)."""
+def check_model_section(cfg: Any, rollout_engine: str | None = None) -> dict[str, Any] | None:
+    """``check_policy_folder`` for a run's config (None when the run builds its own tiny policy), for the
+    rollout engine the run's placement chose (``rollout_engine``; None: ``rollout.engine`` as set)."""
     if not cfg.model.path:
         return None
-    vllm = cfg.rollout.engine == "vllm"
+    vllm = (rollout_engine or cfg.rollout.engine) == "vllm"
     return check_policy_folder(
         cfg.model.path, chat_template=cfg.model.chat_template, max_model_len=cfg.model.max_position, vllm=vllm
     )

@@ -140,10 +140,10 @@ def evaluate_folder(
 
     cfg = load_config(config, [*(overrides or []), f"model.path={folder}"])
     _check_suites(cfg, suites)
-    check_model_section(cfg)
     where = hashlib.sha256(str(folder).encode()).hexdigest()[:12]
     scratch = f"{store.root}/_replay/_eval/{where}/eval-{run_config_hash(cfg)[:12]}"
     ctx = RunContext(cfg, f"_eval/{where}", store)
+    check_model_section(cfg, ctx.placement.rollout_engine)
     if prepare is not None:
         prepare(ctx)
     try:

@@ -196,7 +196,18 @@ class RunContext:
         PlacementError, a ConfigError, when the config cannot run here."""
         from rl_core.models.placement import Machine, plan
 
-        return plan(self.cfg, Machine.this())
+        return plan(self.cfg, Machine.this(), multimodal=self.multimodal)
+
+    @functools.cached_property
+    def multimodal(self) -> bool:
+        """The policy is a vision-language model: the environment gives images (the built-in policy is then
+        one), or ``model.path`` is a local LLaVA folder."""
+        from envs.base import Multimodal
+        from rl_core.models.vision import is_vlm
+
+        path = self.cfg.model.path
+        local = bool(path) and "://" not in path and (Path(path) / "config.json").is_file()
+        return isinstance(self.env, Multimodal) or (local and is_vlm(path))
 
     @functools.cached_property
     def accepted_hashes(self) -> frozenset[str]:

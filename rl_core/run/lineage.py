@@ -118,28 +118,41 @@ class Lineage:
         return found
 
     def log_stage(self, mlflow_run: str, manifest: Manifest, step: int | None = None) -> None:
+        self.log_stages(mlflow_run, [manifest], step)
+
+    def log_stages(self, mlflow_run: str, manifests: list[Manifest], step: int | None = None) -> None:
+        """The stages' metrics (``<stage>/<name>``, at the iteration as step) and output and input URIs as
+        tags, in as few ``log_batch`` calls as MLflow's limits allow (one per iteration: a call costs ~15 ms
+        on SQLite whatever it holds), each manifest as an artifact, and MLflow's own lineage of each stage
+        run now (``log_lineage``)."""
         from mlflow.entities import Metric, RunTag
 
-        stage = manifest.stage
-        step = manifest.iteration if step is None else step
         now = int(time.time() * 1000)
-        metrics = [
-            Metric(metric_name(f"{stage}/{k}"), float(v), now, step)
-            for k, v in manifest.metrics.items()
-            if isinstance(v, int | float) and not isinstance(v, bool)
-        ]
-        metrics.append(Metric(f"{stage}/seconds", float(manifest.timings.seconds), now, step))
-        tags = [
-            RunTag(f"{stage}.{name}.uri", out.uri if out.stored is not False else f"{out.uri} (not stored)")
-            for name, out in manifest.outputs.items()
-        ]
-        tags += [RunTag(f"{stage}.input.{name}.uri", inp.uri) for name, inp in manifest.inputs.items()]
-        if "policy_sha256" in manifest.metrics:
-            tags.append(RunTag("policy_sha256", manifest.metrics["policy_sha256"]))
-        self.client.log_batch(mlflow_run, metrics=metrics, tags=tags)
-        self.client.log_dict(mlflow_run, manifest.model_dump(mode="json"), f"manifests/{stage}.json")
-        if not manifest.reused:  # (a resumed run finds it logged already)
-            self.log_lineage(mlflow_run, manifest)
+        metrics: list[Any] = []
+        tags: dict[str, Any] = {}
+        for m in manifests:
+            stage, at = m.stage, m.iteration if step is None else step
+            metrics += [
+                Metric(metric_name(f"{stage}/{k}"), float(v), now, at)
+                for k, v in m.metrics.items()
+                if isinstance(v, int | float) and not isinstance(v, bool)
+            ]
+            metrics.append(Metric(f"{stage}/seconds", float(m.timings.seconds), now, at))
+            for name, out in m.outputs.items():
+                held = out.stored is False
+                tags[f"{stage}.{name}.uri"] = f"{out.uri} (not stored)" if held else out.uri
+            tags |= {f"{stage}.input.{name}.uri": inp.uri for name, inp in m.inputs.items()}
+            if "policy_sha256" in m.metrics:
+                tags["policy_sha256"] = m.metrics["policy_sha256"]
+        run_tags = [RunTag(k, v) for k, v in tags.items()]
+        calls = max(-(-len(metrics) // 1000), -(-len(run_tags) // 100), 1)  # MLflow's limits per call
+        for c in range(calls):
+            part = {"metrics": metrics[c * 1000 : (c + 1) * 1000], "tags": run_tags[c * 100 : (c + 1) * 100]}
+            self.client.log_batch(mlflow_run, **part)
+        for m in manifests:
+            self.client.log_dict(mlflow_run, m.model_dump(mode="json"), f"manifests/{m.stage}.json")
+            if not m.reused:  # (a resumed run finds it logged already)
+                self.log_lineage(mlflow_run, m)
 
     def log_lineage(self, mlflow_run: str, manifest: Manifest) -> None:
         """The stage's place in MLflow's own lineage: the tables the update read (rollouts, rewards) as the
@@ -227,7 +240,8 @@ class Lineage:
 
 
 class LineageWriter:
-    """Lineage writes in order on one background thread, tagged by iteration.
+    """Lineage writes in order on one background thread, tagged by iteration; stage records held back per
+    MLflow run (``defer``) until the run is closed (``take``: its records, written in one batch).
 
     >>> w = LineageWriter()
     >>> seen = []
@@ -242,6 +256,17 @@ class LineageWriter:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlf-lineage")
         self._pending: list[tuple[int, Future[Any]]] = []
         self._lock = threading.Lock()  # stages of two iterations may submit at once (asynchronous RL)
+        self._deferred: dict[str, list[Any]] = {}
+
+    def defer(self, run: str, record: Any) -> None:
+        """Hold ``record`` (a stage's manifest) for MLflow run ``run`` until ``take``."""
+        with self._lock:
+            self._deferred.setdefault(run, []).append(record)
+
+    def take(self, run: str) -> list[Any]:
+        """The records held for ``run``, in the order they came (and forget them)."""
+        with self._lock:
+            return self._deferred.pop(run, [])
 
     def submit(self, iteration: int, write: Callable[[], Any]) -> Future[Any]:
         """Queue ``write`` (tagged with ``iteration``); its future (``flush`` also waits for it)."""

@@ -181,7 +181,7 @@ def _create(ctx: RunContext, uri: str) -> None:
     if ctx.cfg.model.path:  # a bad or changed model.path folder (ModelFolderError) stops the run here
         from rl_core.models.policy_folder import check_model_section, check_stored_base
 
-        check_model_section(ctx.cfg)
+        check_model_section(ctx.cfg, ctx.placement.rollout_engine)
         check_stored_base(ctx.cfg.model.path, ctx.store, ctx.base_id)
     record = {
         "run_id": ctx.run_id,

@@ -155,8 +155,12 @@ class WarmupSection(_Section):
 
 
 class RolloutSection(_Section, SamplingFields, RolloutDeviceFields):
-    engine: Literal["vllm", "hf"] = Field(
-        "vllm", description="Rollout engine: vLLM (default) or HF transformers fallback."
+    engine: Literal["vllm", "hf", "auto"] = Field(
+        "vllm",
+        description="Rollout engine: vLLM, the HF transformers engine, or auto: chosen for this machine and "
+        "policy (vLLM on a GPU or with rollout servers; on the CPU HF up to 30M parameters, measured faster "
+        "there; rl_core.models.placement.choose_engine). The choice is recorded in the run's placement and "
+        "in each generate manifest.",
     )
     prompts_per_iteration: int = Field(64, ge=1, description="Prompts sampled per iteration.")
     n: int = Field(8, ge=1, le=256, description="Completions per prompt (the GRPO group size).")

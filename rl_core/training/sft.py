@@ -74,7 +74,7 @@ def _init_from_folder(ctx: RunContext, job: StageJob) -> StageResult:
     """The user's policy folder, checked, into the store byte for byte as the base checkpoint."""
     from rl_core.models.policy_folder import check_model_section, fetch_policy_folder
 
-    info = check_model_section(ctx.cfg)
+    info = check_model_section(ctx.cfg, ctx.placement.rollout_engine)
     assert info is not None
     with tempfile.TemporaryDirectory() as d:
         local = fetch_policy_folder(ctx.cfg.model.path, d)

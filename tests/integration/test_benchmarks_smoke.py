@@ -57,7 +57,7 @@ GAIN_RATIOS: dict[str, list[str]] = {
     "reasoning_gym_curve": ["curve", "base_accuracy", "final_accuracy"],
     "curriculum": ["workloads.default.none.curve", "workloads.default.frontier.curve"],
     "pg_family": ["curves.grpo.heldout", "curves.ppo.heldout"],
-    "vs_trl": ["workloads.default.rlfoundry.clock_s", "workloads.default.base_accuracy"]
+    "vs_trl": ["workloads.default.rlfoundry_sync.clock_s", "workloads.default.base_accuracy"]
     + (["workloads.default.trl.clock_s"] if find_spec("trl") else ["workloads.default.trl.skipped"]),
 }
 

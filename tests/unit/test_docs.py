@@ -116,3 +116,12 @@ def test_the_benchmark_table_has_every_result_file() -> None:
     vs_trl = json.loads((ROOT / "benchmarks/results/vs_trl.json").read_text())
     row = next(line for line in page.splitlines() if "vs_trl.json" in line)
     assert f"{vs_trl['ratio']:.3g}" in row and "2 cores" in row
+
+
+def test_the_readme_table_against_trl_is_generated_from_its_result_file() -> None:
+    """The README's per-step table is ``benchmarks/vs_trl.py --table benchmarks/results/vs_trl.json``."""
+    from benchmarks.vs_trl import table
+
+    result = json.loads((ROOT / "benchmarks/results/vs_trl.json").read_text())
+    assert table(result) in (ROOT / "README.md").read_text()
+    assert set(result["workloads"]) == {"default", "generation", "64x1", "512x1"}

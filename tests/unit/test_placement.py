@@ -225,3 +225,30 @@ def test_a_plan_that_cannot_run_stops_the_run_before_anything_is_written(tmp_pat
     with pytest.raises(ConfigError, match="AVX512-BF16"):
         create_or_resume(ctx, "new")
     assert not any(p.is_file() for p in tmp_path.rglob("*"))
+
+
+@pytest.mark.parametrize(
+    ("rollout", "model", "machine", "multimodal", "want"),
+    [
+        ({}, {}, CPU, False, ("hf", "1.1M")),  # the default experiment's ~1M-parameter policy on the CPU
+        ({}, {"hidden_size": 1024, "num_layers": 12, "intermediate_size": 4096}, CPU, False, ("vllm", "M")),
+        ({}, {}, TWO_H100, False, ("vllm", "GPU")),
+        ({"servers": 1}, {}, CPU, False, ("vllm", "servers")),
+        ({}, {}, CPU, True, ("hf", "vision-language")),
+    ],
+)
+def test_engine_auto_is_resolved_by_the_rule_and_recorded(rollout, model, machine, multimodal, want):
+    """rollout.engine: auto picks by machine, policy size, servers and modality; the placement (which the
+    run record keeps) names the engine and why; an engine set by name is kept whatever the rule says."""
+    cfg = _cfg(rollout={"engine": "auto", **rollout}, model=model)
+    p = plan(cfg, machine, multimodal=multimodal)
+    assert p.rollout_engine == want[0] and want[1] in p.engine_reason and p.engine_reason.startswith("auto")
+    assert p.as_dict()["rollout_engine"] == want[0]
+    named = plan(_cfg(rollout={"engine": "vllm", **rollout}, model=model), machine, multimodal=multimodal)
+    assert (named.rollout_engine, named.engine_reason) == ("vllm", "rollout.engine")
+
+
+def test_the_default_experiment_chooses_its_engine_with_auto():
+    cfg = load_config(ROOT / "configs" / "default.yaml")
+    assert cfg.rollout.engine == "auto"
+    assert plan(cfg, CPU).rollout_engine == "hf" and plan(cfg, TWO_H100).rollout_engine == "vllm"
