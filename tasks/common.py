@@ -18,7 +18,7 @@ from rl_core.artifacts.store import with_retries
 from rl_core.artifacts.store_lock import run_shared_stage
 from rl_core.pipeline.stages import STAGES, run_body
 from rl_core.run.context import RunContext
-from rl_core.run.lineage import Lineage, LineageWriter
+from rl_core.run.lineage import Lineage, LineageWriter, writes_inline
 from rl_core.schema.config import Config, config_hash
 
 _CONTEXTS: dict[tuple[str, str], RunContext] = {}
@@ -88,11 +88,12 @@ def lineage(cfg: Config) -> Lineage | None:
 
 @functools.cache
 def _writer(cfg_json: str) -> LineageWriter:
-    return LineageWriter()
+    return LineageWriter(inline=writes_inline(Config.model_validate_json(cfg_json)))
 
 
 def lineage_writer(cfg: Config) -> LineageWriter:
-    """The background writer of ``cfg``'s lineage records in this process (rl_core.run.lineage)."""
+    """The writer of ``cfg``'s lineage records in this process, inline or on its thread as
+    ``tracking.writes`` says (rl_core.run.lineage)."""
     return _writer(cfg.model_dump_json())
 
 

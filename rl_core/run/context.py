@@ -67,6 +67,7 @@ PLACEMENT = (
     ("rollout", "max_num_batched_tokens"),
     ("rollout", "chunked_prefill"),
     ("rollout", "cuda_graphs"),
+    ("tracking", "writes"),
 )
 # How far a run goes and where it evaluates, not what any stage computes: extending a run (more iterations,
 # other evaluation points) needs no --force and keeps every committed stage.

@@ -9,20 +9,29 @@ MLflow UI walks from a checkpoint back to the rollouts and rewards that produced
     child = lin.iteration_run(parent, run_id, 3, flow_run_id="...")
     lin.log_stage(child, manifest)
 
-Stage and summary records go through a ``LineageWriter``: one background thread writes them in submission
-order while the next stages run, so MLflow is off the critical path; ``flush`` waits and re-raises the
+Stage and summary records go through a ``LineageWriter``, in submission order; ``flush`` re-raises the
 first failure (the flow flushes each iteration's records one iteration later, and everything at its end).
+Where they are written is ``tracking.writes`` (``writes_inline``): in the flow's thread at the iteration's
+end when MLflow and the store are on this machine, else on a background thread while the next stages run.
+
+Inline, because a local MLflow write is CPU work in Python (SQLAlchemy over SQLite, ~45 ms an iteration
+here), and a thread doing it beside the generate stage takes the interpreter lock from it over a hundred
+times per stage: ``benchmarks/lineage_writes.py`` measures the two side by side in one run. A remote MLflow
+or S3 is another matter: its writes wait on the network, without the lock, and the thread hides that wait.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import tempfile
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from rl_core.artifacts.manifest import Manifest
 from rl_core.artifacts.paths import state_dir
@@ -35,6 +44,23 @@ LINEAGE_TABLE_STAGES = ("train",)
 
 def tracking_uri(cfg: Config) -> str:
     return cfg.tracking.mlflow_uri or f"sqlite:///{state_dir() / 'mlflow.db'}"
+
+
+def writes_inline(cfg: Config) -> bool:
+    """Whether ``cfg``'s lineage records are written in the flow's thread (``tracking.writes``; auto: when the
+    MLflow tracking store and the artifact store are both on this machine).
+
+    >>> from rl_core.schema.config import Config
+    >>> writes_inline(Config()), writes_inline(Config.model_validate({"store": {"uri": "s3://b/p"}}))
+    (True, False)
+    >>> writes_inline(Config.model_validate({"tracking": {"mlflow_uri": "http://127.0.0.1:5000"}}))
+    False
+    """
+    if cfg.tracking.writes != "auto":
+        return cfg.tracking.writes == "inline"
+    here = ("", "file", "sqlite")
+    store = urlsplit(cfg.store.uri).scheme if cfg.store.uri else ""
+    return urlsplit(tracking_uri(cfg)).scheme in here and store in here
 
 
 def metric_name(name: str) -> str:
@@ -108,12 +134,13 @@ class Lineage:
             "rlfoundry.kind": "iteration",
         }
         found = self._find(**tags)
-        if found is None:
-            tags["mlflow.parentRunId"] = parent
-            found = self.client.create_run(
+        flow = {"prefect.flow_run_id": flow_run_id} if flow_run_id else {}
+        if found is None:  # created with every tag at once (one call)
+            tags |= {"mlflow.parentRunId": parent, **flow}
+            return self.client.create_run(
                 self.experiment_id, run_name=f"{run_id}/iter-{iteration:04d}", tags=tags
             ).info.run_id
-        if flow_run_id:
+        if flow_run_id:  # (a resumed iteration: the flow run that now carries it)
             self.client.set_tag(found, "prefect.flow_run_id", flow_run_id)
         return found
 
@@ -123,8 +150,8 @@ class Lineage:
     def log_stages(self, mlflow_run: str, manifests: list[Manifest], step: int | None = None) -> None:
         """The stages' metrics (``<stage>/<name>``, at the iteration as step) and output and input URIs as
         tags, in as few ``log_batch`` calls as MLflow's limits allow (one per iteration: a call costs ~15 ms
-        on SQLite whatever it holds), each manifest as an artifact, and MLflow's own lineage of each stage
-        run now (``log_lineage``)."""
+        on SQLite whatever it holds), the manifests as artifacts (``manifests/<stage>.json``, one upload),
+        and MLflow's own lineage of each stage run now (``log_lineage``)."""
         from mlflow.entities import Metric, RunTag
 
         now = int(time.time() * 1000)
@@ -149,8 +176,12 @@ class Lineage:
         for c in range(calls):
             part = {"metrics": metrics[c * 1000 : (c + 1) * 1000], "tags": run_tags[c * 100 : (c + 1) * 100]}
             self.client.log_batch(mlflow_run, **part)
+        with tempfile.TemporaryDirectory(prefix="rlf-manifests-") as folder:  # one upload for them all
+            for m in manifests:
+                text = json.dumps(m.model_dump(mode="json"), indent=2)
+                (Path(folder) / f"{m.stage}.json").write_text(text, encoding="utf-8")
+            self.client.log_artifacts(mlflow_run, folder, "manifests")
         for m in manifests:
-            self.client.log_dict(mlflow_run, m.model_dump(mode="json"), f"manifests/{m.stage}.json")
             if not m.reused:  # (a resumed run finds it logged already)
                 self.log_lineage(mlflow_run, m)
 
@@ -240,8 +271,9 @@ class Lineage:
 
 
 class LineageWriter:
-    """Lineage writes in order on one background thread, tagged by iteration; stage records held back per
-    MLflow run (``defer``) until the run is closed (``take``: its records, written in one batch).
+    """Lineage writes in order, tagged by iteration: on one background thread, or ``inline`` (each when
+    submitted, in the submitting thread; a failure is still held for ``flush``). Stage records are held back
+    per MLflow run (``defer``) until the run is closed (``take``: its records, written in one batch).
 
     >>> w = LineageWriter()
     >>> seen = []
@@ -252,7 +284,8 @@ class LineageWriter:
     ['a', 'b']
     """
 
-    def __init__(self) -> None:
+    def __init__(self, inline: bool = False) -> None:
+        self.inline = inline
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlf-lineage")
         self._pending: list[tuple[int, Future[Any]]] = []
         self._lock = threading.Lock()  # stages of two iterations may submit at once (asynchronous RL)
@@ -269,7 +302,17 @@ class LineageWriter:
             return self._deferred.pop(run, [])
 
     def submit(self, iteration: int, write: Callable[[], Any]) -> Future[Any]:
-        """Queue ``write`` (tagged with ``iteration``); its future (``flush`` also waits for it)."""
+        """Queue ``write`` (tagged with ``iteration``), or run it now when inline; its future (``flush`` also
+        waits for it and raises its failure)."""
+        if self.inline:
+            fut: Future[Any] = Future()
+            try:
+                fut.set_result(write())
+            except Exception as exc:  # held, as the thread would hold it, for flush or result()
+                fut.set_exception(exc)
+            with self._lock:
+                self._pending.append((iteration, fut))
+            return fut
         with self._lock:
             fut = self._pool.submit(write)
             self._pending.append((iteration, fut))

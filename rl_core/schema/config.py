@@ -314,19 +314,21 @@ class StoreSection(_Section, StoreLockFields):
         "", description="Artifact store root: a path, file:// or s3:// URL. Empty = <state dir>/store."
     )
     retries: int = Field(
-        6,
-        ge=1,
-        le=100,
-        description="Attempts per S3 call while the endpoint is unreachable (then the run fails).",
+        6, ge=1, le=100, description="Attempts per S3 call while it is unreachable, then fail."
     )
     retry_max_wait_s: float = Field(
-        20.0, gt=0, description="Longest pause between S3 retries; pauses double from 0.5 s up to this."
+        20.0, gt=0, description="Longest pause between S3 retries (from 0.5 s, x2)."
     )
 
 
 class TrackingSection(_Section):
     mlflow_uri: str = Field("", description="MLflow tracking URI. Empty = sqlite:///<state dir>/mlflow.db.")
     enabled: bool = Field(True, description="Log lineage to MLflow.")
+    writes: Literal["auto", "inline", "background"] = Field(
+        "auto",
+        description="Lineage writes inline (at the iteration's end) or on a background thread; auto: inline "
+        "when MLflow and the store are local (CPU work), background across a network (rl_core.run.lineage).",
+    )
 
 
 class Config(_Section):

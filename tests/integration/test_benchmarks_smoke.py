@@ -34,6 +34,7 @@ SMOKES: tuple[str, ...] = (
     "engine_start",
     "gpu_check",
     "judge",
+    "lineage_writes",
     "orchestration",
     "packing",
     "pg_family",
