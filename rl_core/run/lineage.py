@@ -14,10 +14,10 @@ first failure (the flow flushes each iteration's records one iteration later, an
 Where they are written is ``tracking.writes`` (``writes_inline``): in the flow's thread at the iteration's
 end when MLflow and the store are on this machine, else on a background thread while the next stages run.
 
-Inline, because a local MLflow write is CPU work in Python (SQLAlchemy over SQLite, ~45 ms an iteration
-here), and a thread doing it beside the generate stage takes the interpreter lock from it over a hundred
-times per stage: ``benchmarks/lineage_writes.py`` measures the two side by side in one run. A remote MLflow
-or S3 is another matter: its writes wait on the network, without the lock, and the thread hides that wait.
+Inline, because a local MLflow write is CPU work in Python (SQLAlchemy over SQLite), and a thread doing it
+beside the generate stage takes the interpreter lock from it over a hundred times per stage
+(``benchmarks/lineage_writes.py`` measures the two side by side in one run). A remote MLflow or S3 is
+another matter: its writes wait on the network, without the lock, and the thread hides that wait.
 """
 
 from __future__ import annotations
