@@ -531,7 +531,7 @@ def rlfoundry_arms(spec: str) -> list[tuple[str, str, str]]:
 
 def measure(workload: str, spec: dict[str, Any], args: argparse.Namespace, trl_missing: str) -> dict:
     """Each rlfoundry arm (``rlfoundry_arms``: ``sync`` is rollout.max_staleness 0, the default
-    experiment's, ``async`` is ``--staleness``; each engine of ``--engines``), TRL's arm, then the evaluation
+    experiment's, ``async`` is ``--staleness``; each with its engine), TRL's arm, then the evaluation
     of them all; ``trl_missing`` (why TRL cannot run, or empty) skips TRL's arm. Each rlfoundry arm's last
     iteration is profiled stage by stage."""
     run_id = f"vs-trl-{workload}-{time.strftime('%Y%m%d-%H%M%S')}"

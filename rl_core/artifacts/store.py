@@ -124,8 +124,9 @@ def dir_digest(file_hashes: dict[str, str]) -> str:
 
 
 class _ParseCache:
-    """Parsed tables by the sha256 of their verified bytes (the last ``size``; thread-safe): parsing a
-    parquet file costs ~8 ms however small it is, reading and hashing its bytes well under one."""
+    """Parsed tables by the sha256 of their verified bytes (the last ``size``; thread-safe), one per
+    ``Store``: parsing a parquet file costs ~8 ms however small it is, reading and hashing its bytes well
+    under one. A pickled copy (a store sent to another process) starts empty."""
 
     def __init__(self, size: int):
         import threading
@@ -145,8 +146,10 @@ class _ParseCache:
             while len(self.items) > self.size:
                 self.items.popitem(last=False)
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_ParseCache, (self.size,))
 
-_parsed = _ParseCache(16)
+
 _PARSED_MAX_BYTES = 32 << 20  # larger tables are parsed at every read (not held in memory)
 
 
@@ -159,6 +162,7 @@ class Store:
         self.root = root.rstrip("/")
         self.protocol = root.split("://", 1)[0]
         self.retries, self.retry_max_wait_s = retries, retry_max_wait_s
+        self.parsed = _ParseCache(16)  # the stages of an iteration read its rollouts five times
         options: dict[str, Any] = {}
         if self.protocol == "s3":
             # One attempt per call inside botocore/s3fs: the backoff is ours, so it is bounded and reported.
@@ -301,18 +305,18 @@ class Store:
     def read_table(self, ref: ArtifactRef | str) -> pd.DataFrame:
         """The table, read and verified against its digest at every call; a table whose verified bytes were
         parsed before (the stages of an iteration read its rollouts five times) comes from the parse cache
-        (``_parsed``), as a copy."""
+        (``self.parsed``), as a copy."""
         data = self.read_bytes(ref)
         uri = ref.uri if isinstance(ref, ArtifactRef) else ref
         digest = ref.sha256 if isinstance(ref, ArtifactRef) else ""
-        if digest and (df := _parsed.get(digest)) is not None:
+        if digest and (df := self.parsed.get(digest)) is not None:
             return df.copy()
         try:
             df = pd.read_parquet(io.BytesIO(data))
         except Exception as e:
             raise ArtifactError(f"artifact unreadable as parquet: {uri}: {e}") from e
         if digest and len(data) <= _PARSED_MAX_BYTES:
-            _parsed.put(digest, df.copy())
+            self.parsed.put(digest, df.copy())
         return df
 
     # -- folders (checkpoints) ----------------------------------------------------------------------

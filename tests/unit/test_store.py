@@ -1,5 +1,7 @@
 """Artifact store: hashes, atomic manifests, corrupt artifacts reported with their path and never consumed."""
 
+import pickle
+
 import pandas as pd
 import pytest
 
@@ -27,6 +29,9 @@ def test_a_table_read_again_is_verified_again_and_is_a_copy(tmp_path):
     first.loc[0, "a"] = 99
     again = s.read_table(ref)
     assert again["a"].tolist() == [1, 2] and list(again["ids"][1]) == [3]
+    assert list(s.parsed.items) == [ref.sha256]  # parsed once, held by this store only
+    assert not Store(str(tmp_path)).parsed.items
+    assert not pickle.loads(pickle.dumps(s)).parsed.items  # a store sent to another process starts empty
     path = tmp_path / "r" / "t.parquet"
     path.write_bytes(path.read_bytes()[:-1] + b"X")
     with pytest.raises(ArtifactError, match=r"corrupt: .*r/t\.parquet"):
