@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from pathlib import Path
 
 import pandas as pd
@@ -51,24 +50,37 @@ def reward_folder(tmp_path_factory) -> Path:
 
 
 def _score_while_killing(client: RewardClient, server: RewardServer) -> tuple[list | None, Exception | None]:
-    """Score TEXTS in a thread; SIGKILL the server once three of its batches are answered."""
+    """Score TEXTS with the server SIGKILLed mid-way, on a fixed schedule: the kill starts as the fourth
+    request goes out (so it may land while that one is in flight) and has finished before the fifth is sent,
+    so at least one request meets a dead server however fast or slow this machine is."""
     got: dict = {}
-
-    def work() -> None:
-        try:
-            got["scores"] = client.score(TEXTS)
-        except Exception as e:  # noqa: BLE001  (the assertion is on what comes out)
-            got["error"] = e
-
     before = client.counts["requests"]
-    t = threading.Thread(target=work)
-    t.start()
-    while client.counts["requests"] < before + 3 and t.is_alive():
-        time.sleep(0.002)
-    assert t.is_alive(), "the batch finished before the kill"
-    assert server.server is not None
-    server.server.kill()
-    t.join(timeout=600)
+    post = client._post
+    killer: list[threading.Thread] = []
+
+    def kill() -> None:
+        assert server.server is not None
+        server.server.kill()
+
+    def scheduled_post(ids: list[list[int]]) -> list[float]:
+        n = client.counts["requests"] - before  # requests already sent
+        if n == 3 and not killer:
+            killer.append(threading.Thread(target=kill))
+            killer[0].start()
+        elif n >= 4 and killer:
+            killer[0].join()
+        return post(ids)
+
+    client._post = scheduled_post  # type: ignore[method-assign]
+    try:
+        got["scores"] = client.score(TEXTS)
+    except Exception as e:  # noqa: BLE001  (the assertion is on what comes out)
+        got["error"] = e
+    finally:
+        del client._post
+        if killer:
+            killer[0].join()
+    assert killer, "the scoring sent fewer than four requests"
     return got.get("scores"), got.get("error")
 
 
