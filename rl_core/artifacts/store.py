@@ -23,6 +23,7 @@ import logging
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -34,6 +35,7 @@ import tenacity
 
 from rl_core.artifacts.faults import fault, iteration_of
 from rl_core.artifacts.manifest import ArtifactRef, Manifest
+from rl_core.artifacts.memo import Memo, file_stats, settled
 
 MANIFEST = "_manifest.json"
 
@@ -123,33 +125,6 @@ def dir_digest(file_hashes: dict[str, str]) -> str:
     return sha256_bytes(json.dumps(sorted(file_hashes.items())).encode())
 
 
-class _ParseCache:
-    """Parsed tables by the sha256 of their verified bytes (the last ``size``; thread-safe), one per
-    ``Store``: parsing a parquet file costs ~8 ms however small it is, reading and hashing its bytes well
-    under one. A pickled copy (a store sent to another process) starts empty."""
-
-    def __init__(self, size: int):
-        import threading
-        from collections import OrderedDict
-
-        self.size, self.lock, self.items = size, threading.Lock(), OrderedDict()
-
-    def get(self, digest: str) -> pd.DataFrame | None:
-        with self.lock:
-            if digest in self.items:
-                self.items.move_to_end(digest)
-            return self.items.get(digest)
-
-    def put(self, digest: str, df: pd.DataFrame) -> None:
-        with self.lock:
-            self.items[digest] = df
-            while len(self.items) > self.size:
-                self.items.popitem(last=False)
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (_ParseCache, (self.size,))
-
-
 _PARSED_MAX_BYTES = 32 << 20  # larger tables are parsed at every read (not held in memory)
 
 
@@ -162,7 +137,8 @@ class Store:
         self.root = root.rstrip("/")
         self.protocol = root.split("://", 1)[0]
         self.retries, self.retry_max_wait_s = retries, retry_max_wait_s
-        self.parsed = _ParseCache(16)  # the stages of an iteration read its rollouts five times
+        self.parsed = Memo(16)  # the stages of an iteration read its rollouts five times
+        self.verified = Memo(64)  # local folders (checkpoints) by path and digest: their files' stats
         options: dict[str, Any] = {}
         if self.protocol == "s3":
             # One attempt per call inside botocore/s3fs: the backoff is ours, so it is bounded and reported.
@@ -214,10 +190,11 @@ class Store:
             os.makedirs(os.path.dirname(path), exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-")
             with os.fdopen(fd, "wb") as f:
-                f.write(data[: len(data) // 2])
+                half = memoryview(data)  # slices of a view: no copy of the bytes
+                f.write(half[: len(data) // 2])
                 f.flush()
                 fault("write", iteration_of(uri))
-                f.write(data[len(data) // 2 :])
+                f.write(half[len(data) // 2 :])
             os.replace(tmp, path)
         else:
             self._io(f"write {uri}", lambda: self.fs.pipe_file(path, data))  # a single S3 PUT is atomic
@@ -320,6 +297,11 @@ class Store:
         return df
 
     # -- folders (checkpoints) ----------------------------------------------------------------------
+    def put_files(self, files: dict[str, bytes], uri: str) -> ArtifactRef:
+        """Write a folder of ``files`` (relative name -> bytes); its reference, as ``put_dir`` gives it."""
+        hashes = {rel: self.write_bytes(f"{uri}/{rel}", data).sha256 for rel, data in sorted(files.items())}
+        return ArtifactRef(uri=uri, sha256=dir_digest(hashes), files=hashes)
+
     def put_dir(self, local_dir: str | Path, uri: str) -> ArtifactRef:
         """Upload a local folder; returns its reference (folder digest and per-file hashes)."""
         local_dir = Path(local_dir)
@@ -336,9 +318,13 @@ class Store:
         if ref.files is None:
             raise ArtifactError(f"artifact {ref.uri} is not a folder (its reference lists no files)")
         files = ref.files
-        if self.is_local:
-            path = Path(self._path(ref.uri))
-            self._verify_dir(ref, files, path)
+        if self.is_local:  # hashed again only when a file changed since (the stages read each several times)
+            path, began = Path(self._path(ref.uri)), time.time_ns()
+            key, stats = f"{path}\0{ref.sha256}", file_stats(path, sorted(files))
+            if stats is None or self.verified.get(key) != stats:
+                self._verify_dir(ref, files, path)
+                if stats is not None and settled(stats, began):
+                    self.verified.put(key, stats)
             return path
         dest = cache_root / ref.sha256
         if not (dest / ".complete").exists():

@@ -33,7 +33,6 @@ from rl_core.models.model import (
     load_model,
     load_tokenizer,
     pad_id,
-    save_weights,
     stored_weights,
     weight_files,
     weights_digest,
@@ -243,12 +242,12 @@ def _carried(src: Path) -> list[Path]:
 
 
 def store_checkpoint(ctx: RunContext, job: StageJob, weights: dict[str, Any]) -> ArtifactRef:
-    """Write the checkpoint folder: the input policy's files with the new weights."""
-    with tempfile.TemporaryDirectory() as d:
-        for f in _carried(ctx.local_checkpoint(job.inputs["policy"])):
-            shutil.copy(f, Path(d) / f.name)
-        save_weights(weights, d, ctx.cfg.model.max_shard_bytes)
-        return ctx.store.put_dir(d, f"{job.out_uri}/checkpoint")
+    """Write the checkpoint folder: the input policy's files with the new weights, from memory straight into
+    the store (each file written and hashed once)."""
+    src = ctx.local_checkpoint(job.inputs["policy"])
+    files = {f.name: f.read_bytes() for f in _carried(src)}
+    files |= weight_files(weights, is_tied(src), ctx.cfg.model.max_shard_bytes)
+    return ctx.store.put_files(files, f"{job.out_uri}/checkpoint")
 
 
 def _store(

@@ -72,10 +72,25 @@ def init_distributed() -> None:
 
 
 def _adamw(model: Any, cfg: Any) -> torch.optim.Optimizer:
-    # A torch AdamW (not DeepSpeed's cpu_adam/fused_adam) avoids a ~150 s C++ build on CPU.
+    """Torch's AdamW (not DeepSpeed's cpu_adam/fused_adam: a ~150 s C++ build on CPU). On the CPU its fused
+    kernel, as transformers' Trainer (and so TRL) uses by default: one pass over each tensor instead of a
+    dozen elementwise ops (benchmarks/train_step.py); elsewhere torch's own default."""
+    params = list(model.parameters())
+    on_cpu = all(p.device.type == "cpu" for p in params)
     return torch.optim.AdamW(
-        model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.999), eps=1e-8
+        params,
+        lr=cfg.lr,
+        weight_decay=cfg.weight_decay,
+        betas=(0.9, 0.999),
+        eps=1e-8,
+        fused=True if on_cpu else None,
     )
+
+
+def clip_gradients(params: Any, max_norm: float) -> float:
+    """Scale the gradients to a total L2 norm of at most ``max_norm`` with foreach kernels; the norm before
+    clipping."""
+    return float(torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True))
 
 
 def _device(device: str | None) -> torch.device | None:
@@ -104,10 +119,15 @@ class DeepSpeedTrainEngine:
         dp_world = dist.get_world_size() // cfg.tp_size
         # Whole shapes, before AutoTP replaces layers with their shards (rl_core.training.zero_state).
         self.full_shapes = {n: p.shape for n, p in model.named_parameters()}
+        # ZeRO-0 in float32 without tensor parallelism: the gradients are whole on every rank after the
+        # backward's all-reduce, so the engine clips them itself (clip_gradients: one norm, foreach kernels)
+        # where DeepSpeed would take the norm again parameter by parameter; sharded or bf16 states are
+        # DeepSpeed's to clip.
+        self.own_clip = cfg.zero_stage == 0 and not self.bf16 and cfg.tp_size == 1
         ds_config: dict[str, Any] = {
             "train_micro_batch_size_per_gpu": max(1, cfg.micro_batch_size // dp_world),
             "gradient_accumulation_steps": 1,
-            "gradient_clipping": cfg.grad_clip,
+            "gradient_clipping": 0.0 if self.own_clip else cfg.grad_clip,
             "zero_optimization": {"stage": cfg.zero_stage, "stage3_param_persistence_threshold": 0},
             "zero_allow_untested_optimizer": True,
             "steps_per_print": 1 << 30,
@@ -134,6 +154,10 @@ class DeepSpeedTrainEngine:
         self.device = self.engine.device
         self.dp_group = None
         self.world_size, self.rank = dist.get_world_size(), dist.get_rank()
+        if cfg.zero_stage == 0 and self.world_size == 1:
+            # One rank: the backward's all-reduce of the gradients (flatten them, a gloo or NCCL call, copy
+            # them back) would change nothing.
+            self.engine.enable_backward_allreduce = False
         if cfg.tp_size > 1:
             from deepspeed.utils import groups
 
@@ -155,7 +179,9 @@ class DeepSpeedTrainEngine:
     def backward_step(self, loss: torch.Tensor) -> float:
         self.engine.backward(loss)
         norm = None
-        if self.cfg.zero_stage == 0:  # ZeRO-0 does not report the norm it clips with
+        if self.own_clip:
+            norm = clip_gradients(self.engine.module.parameters(), self.cfg.grad_clip)
+        elif self.cfg.zero_stage == 0:  # ZeRO-0 (bf16 or AutoTP) does not report the norm it clips with
             grads = [p.grad for p in self.engine.module.parameters() if p.grad is not None]
             norm = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])))
         self.engine.step()
@@ -243,9 +269,9 @@ class TorchTrainEngine:
     def backward_step(self, loss: torch.Tensor) -> float:
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.cfg.grad_clip)
+        norm = clip_gradients(self.module.parameters(), self.cfg.grad_clip)
         self.optimizer.step()
-        return float(norm)
+        return norm
 
     def weights(self) -> dict[str, torch.Tensor]:
         return {k: v.detach().cpu().clone() for k, v in self.module.state_dict().items()}

@@ -46,6 +46,7 @@ SMOKES: tuple[str, ...] = (
     "sandbox",
     "scaleout_model",
     "train_layouts",
+    "train_step",
     "vs_trl",
     "weight_sync",
 )

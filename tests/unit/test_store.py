@@ -1,6 +1,7 @@
 """Artifact store: hashes, atomic manifests, corrupt artifacts reported with their path and never consumed."""
 
 import pickle
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -69,6 +70,43 @@ def test_checkpoint_folder_verified(tmp_path):
         s.local_dir(ref, tmp_path / "cache")
     with pytest.raises(ArtifactError, match="not a folder"):
         s.local_dir(ref.model_copy(update={"files": None}), tmp_path / "cache")
+
+
+def test_a_verified_folder_is_hashed_again_only_when_a_file_changed(tmp_path, monkeypatch):
+    """A local folder is hashed once while its files' stats stay as verified (the stages read a checkpoint
+    several times); a file rewritten in place to the same size, a replaced or a missing one is still
+    reported; files written in the last moments are hashed at every read (their mtime tick may not have
+    moved); a store sent to another process starts without what this one verified."""
+    import os
+    import time
+
+    import rl_core.artifacts.store as store_mod
+
+    s = Store(str(tmp_path / "store"))
+    ref = s.put_files({"model.safetensors": b"w1", "config.json": b"{}"}, s.root + "/r/ck")
+    folder = tmp_path / "store" / "r" / "ck"
+    hashed: list[str] = []
+    real = store_mod.sha256_file
+    monkeypatch.setattr(store_mod, "sha256_file", lambda p: hashed.append(Path(p).name) or real(p))
+    s.local_dir(ref, tmp_path / "cache")
+    s.local_dir(ref, tmp_path / "cache")
+    assert len(hashed) == 4 and not s.verified.items  # just written: hashed at every read
+    old = time.time() - 10
+    for f in folder.iterdir():
+        os.utime(f, (old, old))
+    hashed.clear()
+    for _ in range(3):
+        assert s.local_dir(ref, tmp_path / "cache") == folder
+    assert sorted(hashed) == ["config.json", "model.safetensors"]  # once, then trusted
+    assert not pickle.loads(pickle.dumps(s)).verified.items
+    (folder / "model.safetensors").write_bytes(b"w2")  # in place, same size
+    with pytest.raises(ArtifactError, match=r"corrupt: .*r/ck/model\.safetensors"):
+        s.local_dir(ref, tmp_path / "cache")
+    s.write_bytes(s.root + "/r/ck/model.safetensors", b"w1")  # replaced by the right bytes: fine again
+    assert s.local_dir(ref, tmp_path / "cache") == folder
+    (folder / "config.json").unlink()
+    with pytest.raises(ArtifactError, match=r"missing: .*r/ck/config\.json"):
+        s.local_dir(ref, tmp_path / "cache")
 
 
 def test_run_stage_commits_then_skips(tmp_path):
