@@ -13,6 +13,7 @@ from typing import Any
 
 from prefect import flow
 from prefect.runtime import flow_run
+from prefect.utilities.annotations import quote
 
 from flows.iteration import run_iterations
 from flows.observe import AlarmStop, report_iteration
@@ -114,8 +115,8 @@ def _experiment(cfg: Config, run_id: str) -> dict[str, Any]:
             "text": f"base model {ctx.base_id}: tokenizer + model, then {cfg.warmup.steps} warm-up steps",
         }
     )
-    init = task_for("init")(cfg, run_id, 0, base_run)
-    wu = task_for("warmup")(cfg, run_id, 0, base_run)
+    init = task_for("init")(quote(cfg), run_id, 0, base_run)
+    wu = task_for("warmup")(quote(cfg), run_id, 0, base_run)
     emit(
         {
             "kind": "status",
@@ -124,7 +125,7 @@ def _experiment(cfg: Config, run_id: str) -> dict[str, Any]:
         }
     )
     start_rollout_engine(cfg, run_id)
-    ev0 = task_for("evaluate")(cfg, run_id, 0, base_run)
+    ev0 = task_for("evaluate")(quote(cfg), run_id, 0, base_run)
     if lin and base_run:
         close_run(cfg, run_id, 0, base_run)
     emit(summarize(0, {"init": init, "warmup": wu, "evaluate": ev0}))

@@ -23,6 +23,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from prefect.utilities.annotations import quote
+
 from rl_core.artifacts.manifest import Manifest
 from rl_core.pipeline.stages import ITERATION, STAGES
 from rl_core.schema.config import Config
@@ -40,7 +42,7 @@ def _submit_rollouts(cfg: Config, run_id: str, iteration: int, mlflow_run: str |
         if not STAGES[name].due(cfg, iteration):
             futures[name] = None
             continue
-        futures[name] = task_for(name).submit(cfg, run_id, iteration, mlflow_run, wait_for=last)
+        futures[name] = task_for(name).submit(quote(cfg), run_id, iteration, mlflow_run, wait_for=last)
         last = [futures[name]]
     return futures
 
@@ -84,7 +86,7 @@ def run_iterations(
                 nxt = open_run(k + 1)
                 ahead[k + 1] = (nxt, _submit_rollouts(cfg, run_id, k + 1, nxt))
             due = spec.due(cfg, k)
-            manifests[spec.name] = task_for(spec.name)(cfg, run_id, k, run) if due else None
+            manifests[spec.name] = task_for(spec.name)(quote(cfg), run_id, k, run) if due else None
         if lin and run:
             close_run(cfg, run_id, k, run)
         yield k, manifests, run

@@ -4,13 +4,11 @@ The stage is declared in rl_core.pipeline.stages."""
 
 from __future__ import annotations
 
-from prefect import task as prefect_task
-
 from rl_core.artifacts.manifest import Manifest
 from rl_core.schema.config import Config
-from tasks.common import run_table_stage
+from tasks.common import run_table_stage, stage_task
 
 
-@prefect_task(name="curriculum", task_run_name="curriculum-iter-{iteration}")
+@stage_task("curriculum")
 def task(cfg: Config, run_id: str, iteration: int, mlflow_run: str | None = None) -> Manifest:
     return run_table_stage(cfg, run_id, "curriculum", iteration, mlflow_run)

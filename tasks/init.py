@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from prefect import task as prefect_task
-
 from rl_core.artifacts.manifest import Manifest
 from rl_core.schema.config import Config
-from tasks.common import run_table_stage
+from tasks.common import run_table_stage, stage_task
 
 
-@prefect_task(name="init", task_run_name="init-iter-{iteration}")
+@stage_task("init")
 def task(cfg: Config, run_id: str, iteration: int, mlflow_run: str | None = None) -> Manifest:
     return run_table_stage(cfg, run_id, "init", iteration, mlflow_run)

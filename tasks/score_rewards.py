@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from prefect import task as prefect_task
-
 from rl_core.artifacts.manifest import Manifest
 from rl_core.schema.config import Config
-from tasks.common import run_table_stage
+from tasks.common import run_table_stage, stage_task
 
 
-@prefect_task(name="score_rewards", task_run_name="score_rewards-iter-{iteration}")
+@stage_task("score_rewards")
 def task(cfg: Config, run_id: str, iteration: int, mlflow_run: str | None = None) -> Manifest:
     return run_table_stage(cfg, run_id, "score_rewards", iteration, mlflow_run)
