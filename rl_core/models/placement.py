@@ -142,9 +142,10 @@ def _check_bf16(cfg: Any, machine: Machine, trainer_gpus: tuple[int, ...]) -> No
 # against the HF engine, the same model and seeds): the HF engine sampled faster up to 27M parameters
 # (benchmarks/results/rollout.json 0.65, rollout_hidden512.json 0.93 at 27.3M, rollout_128tokens.json 0.74:
 # vLLM's tokens/s over HF's), and whole synchronous RL steps with it were faster than with vLLM at three of
-# benchmarks/vs_trl.py's four shapes in each of two runs (benchmarks/results/vs_trl.json, HF vs vLLM s/step:
-# 9.84 vs 11.77 on countup, 0.92 vs 1.20 at 512 x 1, 0.53 vs 0.64 at 64 x 1, but 0.99 vs 0.85 at 512 x 8;
-# the run before, e5365a7's file: 1.11 vs 1.49 at 512 x 8, 11.97 vs 13.11, 0.76 vs 0.93, 0.42 vs 0.40).
+# benchmarks/vs_trl.py's four shapes in each of three runs (benchmarks/results/vs_trl.json, HF vs vLLM s/step:
+# 0.84 vs 1.27 at 512 x 8, 7.76 vs 9.83 on countup, 0.76 vs 0.97 at 512 x 1, but 0.53 vs 0.44 at 64 x 1;
+# 2b53162's file: 9.84 vs 11.77, 0.92 vs 1.20, 0.53 vs 0.64, but 0.99 vs 0.85 at 512 x 8; e5365a7's:
+# 1.11 vs 1.49 at 512 x 8, 11.97 vs 13.11, 0.76 vs 0.93, 0.42 vs 0.40).
 # vLLM won where completions end at EOS at very different lengths (rollout_128tokens_eos.json, 3.08).
 AUTO_HF_MAX_PARAMS = 30_000_000
 
