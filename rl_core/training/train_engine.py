@@ -158,6 +158,14 @@ class DeepSpeedTrainEngine:
             # One rank: the backward's all-reduce of the gradients (flatten them, a gloo or NCCL call, copy
             # them back) would change nothing.
             self.engine.enable_backward_allreduce = False
+        # A parameter the loss did not reach (a LLaVA vision tower's last layer: the features come from the
+        # one before) gets a zero gradient, as DeepSpeed's all-reduce gives it at any world size: it still
+        # decays and has Adam moments, so one rank and many step alike and its optimizer state is whole.
+        self.zero_fill = (
+            []
+            if self.engine.enable_backward_allreduce
+            else [p for p in self.engine.module.parameters() if p.requires_grad and p.numel() > 0]
+        )
         if cfg.tp_size > 1:
             from deepspeed.utils import groups
 
@@ -178,6 +186,9 @@ class DeepSpeedTrainEngine:
 
     def backward_step(self, loss: torch.Tensor) -> float:
         self.engine.backward(loss)
+        for p in self.zero_fill:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
         norm = None
         if self.own_clip:
             norm = clip_gradients(self.engine.module.parameters(), self.cfg.grad_clip)
