@@ -1,4 +1,4 @@
-"""The DeepSpeed train engine at one rank (ZeRO-0, float32: its own clipping, no all-reduce) in this process."""
+"""The DeepSpeed train engine at one rank (ZeRO-0, float32: own clipping, no all-reduce), in-process."""
 
 from __future__ import annotations
 
