@@ -103,6 +103,25 @@ def _device(device: str | None) -> torch.device | None:
     return None
 
 
+def _ds_config(cfg: Any, dp_world: int, *, own_clip: bool, bf16: bool) -> dict[str, Any]:
+    """DeepSpeed's config for one engine: the mini-batch split over the data-parallel ranks, ZeRO's stage,
+    tensor parallelism and bf16 as the train config asks."""
+    ds_config: dict[str, Any] = {
+        "train_micro_batch_size_per_gpu": max(1, cfg.micro_batch_size // dp_world),
+        "gradient_accumulation_steps": 1,
+        "gradient_clipping": 0.0 if own_clip else cfg.grad_clip,
+        "zero_optimization": {"stage": cfg.zero_stage, "stage3_param_persistence_threshold": 0},
+        "zero_allow_untested_optimizer": True,
+        "steps_per_print": 1 << 30,
+        "wall_clock_breakdown": False,
+    }
+    if cfg.tp_size > 1:
+        ds_config["tensor_parallel"] = {"autotp_size": cfg.tp_size}
+    if bf16:
+        ds_config["bf16"] = {"enabled": True}
+    return ds_config
+
+
 class DeepSpeedTrainEngine:
     def __init__(self, model: Any, cfg: Any, device: str | None = None):
         import deepspeed
@@ -124,22 +143,10 @@ class DeepSpeedTrainEngine:
         # where DeepSpeed would take the norm again parameter by parameter; sharded or bf16 states are
         # DeepSpeed's to clip.
         self.own_clip = cfg.zero_stage == 0 and not self.bf16 and cfg.tp_size == 1
-        ds_config: dict[str, Any] = {
-            "train_micro_batch_size_per_gpu": max(1, cfg.micro_batch_size // dp_world),
-            "gradient_accumulation_steps": 1,
-            "gradient_clipping": 0.0 if self.own_clip else cfg.grad_clip,
-            "zero_optimization": {"stage": cfg.zero_stage, "stage3_param_persistence_threshold": 0},
-            "zero_allow_untested_optimizer": True,
-            "steps_per_print": 1 << 30,
-            "wall_clock_breakdown": False,
-        }
-        if cfg.tp_size > 1:
-            ds_config["tensor_parallel"] = {"autotp_size": cfg.tp_size}
+        ds_config = _ds_config(cfg, dp_world, own_clip=self.own_clip, bf16=self.bf16)
         # bf16: DeepSpeed casts the module to bf16 and its ZeRO optimizer keeps float32 masters (and the Adam
         # moments), made from the bf16 copy: the float32 weights loaded are put back as the masters below.
         masters = {n: p.detach().float().clone() for n, p in model.named_parameters()} if self.bf16 else {}
-        if self.bf16:
-            ds_config["bf16"] = {"enabled": True}
         if placed is not None:
             model = model.to(placed)
         self.engine, self.optimizer, _, _ = deepspeed.initialize(
