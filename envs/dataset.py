@@ -342,13 +342,13 @@ class DatasetEnv:
         if self.options.verifier == "code":
             verdicts = iter(code_outcomes(answered))
         else:
-            keys = ("correct", "well_formed", "parsed")
             checked = (check(self.options.verifier, task["answer"], text) for task, text in answered)
-            verdicts = (dict(zip(keys, c, strict=True)) for c in checked)
+            verdicts = ({**v._asdict(), "hedge": v.hedge or ""} for v in checked)
         out = []
         for text in texts:
             unclosed = text is None  # a <think> that never closed: nothing to verify
-            outcome = {"correct": False, "well_formed": False, "parsed": ""} if unclosed else next(verdicts)
+            blank = {"correct": False, "well_formed": False, "parsed": "", "hedge": ""}
+            outcome = blank if unclosed else next(verdicts)
             outcome["unclosed_reasoning"] = unclosed
             out.append(StepResult(observation=None, done=True, outcome=outcome))
         return out

@@ -1,5 +1,6 @@
 """The dataset environment's verifiers (``envs/dataset.py``): what an answer is checked with. ``math``
-(math-verify), ``numeric``, ``exact``, each on the text after the reasoning block; and ``code``: a row's own
+(math-verify), ``numeric``, ``exact``, each on the text after the reasoning block (``math`` and ``numeric``
+pay only the one value an answer commits to: ``envs/commitment.py``); and ``code``: a row's own
 tests — MBPP's assert lines or HumanEval's ``check(candidate)`` — run against the answer's code in the
 sandbox, through HumanEval's hardened harness (``envs/humaneval.py``: a fresh sandbox run per answer, the
 function called through a proxy that hands back only plain literals, a one-time nonce), the batch in one
@@ -7,13 +8,10 @@ pool map."""
 
 from __future__ import annotations
 
-import math
 import re
-import threading
 from typing import Any
 
-_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?|-?\.\d+")
-MAX_VERIFIED_CHARS = 4000  # what the verifier reads of an answer (math-verify's sympy is not linear)
+from envs.commitment import Verdict, math_verdict, numeric_verdict
 
 
 # -- answers -------------------------------------------------------------------------------------------
@@ -30,49 +28,15 @@ def final_answer(completion: str) -> str | None:
     return completion
 
 
-def last_number(text: str) -> float | None:
-    """The last number in ``text`` (``1,234``, ``-3.5``, ``7/8``), or None.
-
-    >>> last_number("so x = 1,234."), last_number("3/4 of it"), last_number("none")
-    (1234.0, 0.75, None)
-    """
-    found = _NUMBER.findall(text)
-    if not found:
-        return None
-    s = found[-1].replace(",", "")
-    if "/" in s:
-        num, den = s.split("/")
-        return float(num) / float(den) if float(den) else None
-    return float(s)
-
-
-def _math(answer: str, text: str) -> tuple[bool, bool, str]:
-    from math_verify import parse, verify
-
-    # math-verify bounds its work with SIGALRM, which only the main thread may set: elsewhere no timeout
-    # (the answer read is bounded instead).
-    main = threading.current_thread() is threading.main_thread()
-    limit = 5 if main else None
-    gold = parse(answer if "$" in answer or "\\boxed" in answer else f"${answer}$", parsing_timeout=limit)
-    pred = parse(text[-MAX_VERIFIED_CHARS:], parsing_timeout=limit)
-    if not pred:
-        return False, False, ""
-    ok = bool(gold) and verify(gold, pred, timeout_seconds=limit)
-    return ok, True, str(pred[-1])
-
-
-def check(verifier: str, answer: str, text: str) -> tuple[bool, bool, str]:
-    """(correct, well formed, what was parsed) of an answer text against the ground truth."""
+def check(verifier: str, answer: str, text: str) -> Verdict:
+    """(correct, well formed, what was parsed, hedge) of an answer text against the ground truth: ``math``
+    and ``numeric`` pay only the one value the text commits to (``envs.commitment``: a hedge scores 0)."""
     if verifier == "math":
-        return _math(answer, text)
+        return math_verdict(answer, text)
     if verifier == "numeric":
-        got, want = last_number(text[-MAX_VERIFIED_CHARS:]), last_number(answer)
-        if got is None:
-            return False, False, ""
-        ok = want is not None and math.isclose(got, want, rel_tol=1e-6, abs_tol=1e-9)
-        return ok, True, repr(got)
+        return numeric_verdict(answer, text)
     got_text, want_text = " ".join(text.split()), " ".join(answer.split())
-    return bool(got_text) and got_text == want_text, bool(got_text), got_text[:200]
+    return Verdict(bool(got_text) and got_text == want_text, bool(got_text), got_text[:200])
 
 
 # -- code ---------------------------------------------------------------------------------------------

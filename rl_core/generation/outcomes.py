@@ -166,4 +166,6 @@ def execute_envs_body(ctx: RunContext, job: StageJob) -> StageResult:
     metrics = {"well_formed": float(out["well_formed"].mean()), "correct": float(out["correct"].mean())}
     if "sandbox_s" in out:  # environments that run code report the sandbox time of each episode
         metrics["sandbox_s"] = float(out["sandbox_s"].sum())
+    if "hedge" in out:  # verifiers that pay one committed value: the share of answers that offered several
+        metrics["hedged"] = float((out["hedge"].fillna("") != "").mean())
     return StageResult(outputs={"env_results": ref}, metrics=metrics)

@@ -116,7 +116,7 @@ def test_verl_layout_chat_messages_and_nested_answers(tmp_path):
     ],
 )
 def test_verifiers(verifier, answer, completion, correct, formed):
-    ok, well, _ = check(verifier, answer, completion)
+    ok, well, _, _ = check(verifier, answer, completion)
     assert (ok, well) == (correct, formed)
 
 

@@ -1,0 +1,287 @@
+"""What an answer commits to: the one value the ``math`` and ``numeric`` verifiers score, or a hedge that
+scores 0 (``envs/dataset_verify.py`` calls these; ``docs/guide/datasets.md`` has the rule with examples).
+
+A policy under RL finds every way a verifier pays for more than one guess: "12 or 13", ``\\boxed{12}
+\\boxed{13}``, ``\\{12, 13\\}``, ``[11, 13]``, ``12 \\pm 1``, "13, 12" (math-verify alone reads the last
+number of the last two and pays when it is the gold one). The rule here:
+
+1. **The answer's span.** The text after the reasoning block (``final_answer``). In it, the ``\\boxed{}`` (or
+   ``\\fbox{}``) contents when there are any — every box, and they must agree; else the text after the last
+   answer cue (``answer is``, ``answer:``, ``final answer``, GSM8K's ``####``); else all of it.
+2. **Its pieces.** The span is split, outside brackets, at list and disjunction separators: ``,`` + space,
+   ``;``, line breaks, the words *or*, *and*, *either*, *to*, ``\\lor``, ``\\vee``, ``∨``, ``\\quad``, and the
+   space between two bare numbers. Each piece that holds a value (math-verify's parse; for ``numeric``, its
+   numbers after the last ``=``) is a candidate; prose pieces hold none.
+3. **One value.** Against a gold answer that is one value, the candidates must all be the same value and that
+   value must itself be one value: a set or list of several, an interval, a union, an inequality, ``\\pm`` /
+   ``\\mp`` (anywhere in the span), or a piece listing several numbers is a hedge. A hedge scores 0 and is
+   not well formed (its ``hedge`` says why). A gold answer that is itself a set, interval, tuple or list keeps
+   matching its own form (math-verify compares the structures); only disagreeing boxes or pieces joined by a
+   disjunction word hedge it.
+
+The honest forms stay paid: ``\\boxed{12}``, ``$12$``, ``x = 12``, "The answer is 12.", "3 x 4 = 12", each
+after a think block or not. An answer with several values and nothing marking which one is meant (no box, no
+cue) is not an answer to one: mark it.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import threading
+from typing import Any, NamedTuple
+
+MAX_VERIFIED_CHARS = 4000  # what the verifier reads of an answer (math-verify's sympy is not linear)
+MAX_PIECES = 16  # more candidates than this is a list, whatever they hold
+
+_BOX = re.compile(r"\\(?:boxed|fbox)\s*\{")
+_CUE = re.compile(r"(?i)(?:final\s+answer|answer)\s*(?:is\s*:?|:|=)|####")
+_TEXT = re.compile(r"\\(?:text|textbf|textit|mathrm|mbox|operatorname)\s*\{([^{}]*)\}")
+_MATH = re.compile(r"\$\$.+?\$\$|\$.+?\$|\\\(.+?\\\)|\\\[.+?\\\]", re.S)
+# marks of several values however they are parsed (math-verify reads "13 \lor 12" as 12)
+_HEDGE_MARK = re.compile(r"\\pm\b|\\mp\b|±|∓|\\lor\b|\\vee\b|∨|\\cup\b|∪")
+_SEPARATOR = re.compile(r",\s+|;|\n|\\q?quad\b|\b(?:and|to)\b|(?<=\d)\s+(?=[-+]?\.?\d)", re.I)
+_DISJUNCTION = re.compile(r"\\lor\b|\\vee\b|∨|\b(?:or|either)\b", re.I)  # cut inside brackets too
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?|-?\.\d+")
+_ASIDE = re.compile(r"\([^()]*\)")
+_WORD = re.compile(r"[A-Za-z]{2,}")
+_PROSE_ASIDE = re.compile(r"\([^()]*[A-Za-z]{2,}[^()]*\)")  # "(not 13)", "(or so)": not the answer
+_FORMULA = re.compile(r"[\d\\^]")
+_COMMAND = re.compile(r"\\[A-Za-z]+")
+
+
+class Verdict(NamedTuple):
+    """What the verifier found: ``hedge`` says why an answer committed to no single value (None if it did)."""
+
+    correct: bool
+    well_formed: bool
+    parsed: str
+    hedge: str | None = None
+
+
+def boxed(text: str) -> list[str]:
+    r"""The contents of every ``\boxed{...}`` / ``\fbox{...}`` in ``text`` (braces balanced), in order.
+
+    >>> boxed(r"so \boxed{\frac{1}{2}} or \fbox{3}")
+    ['\\frac{1}{2}', '3']
+    """
+    out = []
+    for m in _BOX.finditer(text):
+        depth, i = 1, m.end()
+        while i < len(text) and depth:
+            depth += {"{": 1, "}": -1}.get(text[i], 0)
+            i += 1
+        if depth == 0:
+            out.append(text[m.end() : i - 1])
+    return out
+
+
+def answer_spans(region: str) -> tuple[list[str], bool]:
+    """The texts the answer commits in (rule 1) and whether they are boxes: every box's contents, else what
+    follows the last cue, else the whole region.
+
+    >>> answer_spans("3 x 4 = 12, so the answer is 12."), answer_spans(r"\\boxed{12}")
+    ((['12.'], False), (['12'], True))
+    """
+    region = region[-MAX_VERIFIED_CHARS:]
+    boxes = boxed(region)
+    if boxes:
+        return boxes, True
+    cues = list(_CUE.finditer(region))
+    return [region[cues[-1].end() :]] if cues else [region], False
+
+
+def pieces(span: str, separator: re.Pattern[str] | None = _SEPARATOR) -> list[str]:
+    r"""``span`` split into candidate pieces (rule 2): each math segment (``$..$``, ``\(..\)``, ``\[..\]``)
+    whole, the text between them split at ``separator`` outside brackets (``	ext{..}`` unwrapped there);
+    empty pieces left out.
+
+    >>> pieces(r"$x = 12$ or $x = 13$"), pieces("{12, 13}, [1, 2]"), pieces("12 13")
+    (['$x = 12$', '$x = 13$'], ['{12, 13}', '[1, 2]'], ['12', '13'])
+    """
+    out, at = [], 0
+    for m in _MATH.finditer(span):
+        out += _split(_TEXT.sub(r" \1 ", span[at : m.start()]), separator)
+        out.append(m.group(0))
+        at = m.end()
+    out += _split(_TEXT.sub(r" \1 ", span[at:]), separator)
+    # a piece ending in "=" is the left side of the next one's value
+    return [p for p in (q.strip(" .:\t") for q in out) if p and not p.endswith("=")]
+
+
+def _split(text: str, separator: re.Pattern[str] | None) -> list[str]:
+    """``text`` cut at the disjunction words anywhere and at ``separator`` outside brackets."""
+    anywhere = {m.start(): m.end() for m in _DISJUNCTION.finditer(text)}
+    cuts = {**({m.start(): m.end() for m in separator.finditer(text)} if separator else {}), **anywhere}
+    out, depth, start, i = [], 0, 0, 0
+    while i < len(text):
+        if i in cuts and (depth == 0 or i in anywhere):
+            out.append(text[start:i])
+            start = i = cuts[i]
+            continue
+        depth = max(0, depth + {"(": 1, "[": 1, "{": 1, ")": -1, "]": -1, "}": -1}.get(text[i], 0))
+        i += 1
+    return [*out, text[start:]]
+
+
+# -- math (math-verify) ----------------------------------------------------------------------------------
+def _limit() -> int | None:
+    # math-verify bounds its work with SIGALRM, which only the main thread may set: elsewhere no timeout
+    # (the answer read is bounded instead).
+    return 5 if threading.current_thread() is threading.main_thread() else None
+
+
+def _parse(text: str, math: bool = False) -> Any:
+    """math-verify's value of ``text``, or None. ``math``: one formula (a box's contents, a gold answer);
+    else a piece of text, its asides in words left out, read as a formula when it looks like one (digits,
+    latex or ``^``, and no word of two letters or more)."""
+    from math_verify import parse
+
+    if not math and "$" not in text:
+        text = _PROSE_ASIDE.sub(" ", text)
+    if math or ("$" not in text and _FORMULA.search(text) and not _WORD.search(_COMMAND.sub(" ", text))):
+        text = f"${text}$"
+    got = parse(text, parsing_timeout=_limit())
+    return got[0] if got else None
+
+
+def _same(a: Any, b: Any) -> bool:
+    from math_verify import verify
+
+    return bool(verify([a], [b], timeout_seconds=_limit()))
+
+
+def single(value: Any) -> bool:
+    """Whether a parsed value is one value: not a set or list of several, an interval, a union, a logical
+    combination or an inequality (``x = v`` is ``v``).
+
+    >>> import sympy
+    >>> single(sympy.Integer(12)), single(sympy.FiniteSet(12)), single(sympy.FiniteSet(12, 13))
+    (True, True, False)
+    >>> single(sympy.Interval(11, 13)), single(sympy.Eq(sympy.Symbol("x"), 12))
+    (False, True)
+    """
+    from sympy import Eq, FiniteSet, Set, Tuple
+    from sympy.core.relational import Relational
+    from sympy.logic.boolalg import Boolean
+
+    if isinstance(value, FiniteSet):
+        return len(value) == 1 and single(next(iter(value)))
+    if isinstance(value, Set | Tuple | list | tuple):
+        return False
+    if isinstance(value, Relational):
+        return isinstance(value, Eq) and single(value.rhs)
+    return not isinstance(value, Boolean) or value in (True, False)
+
+
+def _distinct(values: list[Any], same: Any) -> list[Any]:
+    out: list[Any] = []
+    for v in values:
+        if not any(same(v, u) for u in out):
+            out.append(v)
+    return out
+
+
+def _candidates(
+    gold_is_one: bool, region: str, value: Any, split_boxes: bool = False
+) -> tuple[list[Any], str | None]:
+    """The values ``region`` offers (``value`` reads one piece, given whether it is a box's: a box is one
+    formula unless ``split_boxes``) or the hedge that disqualifies it: a several-values mark, a list too long
+    to be an answer, what ``value`` says (a text)."""
+    spans, boxes = answer_spans(region)
+    if gold_is_one and (mark := next((m for s in spans if (m := _HEDGE_MARK.search(s))), None)):
+        return [], f"a several-values mark ({mark.group(0)})"
+    found: list[Any] = []
+    for span in spans:
+        parts = [span] if boxes and not split_boxes else pieces(span, _SEPARATOR if gold_is_one else None)
+        if len(parts) > MAX_PIECES:
+            return [], f"a list of {len(parts)} pieces"
+        for p in parts:
+            got = value(p, boxes)
+            if isinstance(got, str):
+                return [], got
+            found += got
+    return found, None
+
+
+def math_verdict(gold: str, region: str) -> Verdict:
+    r"""Score ``region`` (the text after the reasoning) against ``gold`` with math-verify, paying only what it
+    commits to (the module docstring's rule).
+
+    >>> math_verdict("12", r"so \boxed{12}").correct, math_verdict("12", "13 or 12").hedge
+    (True, 'several candidates: 13, 12')
+    """
+    gold_value = _parse(gold) if "$" in gold or "\\boxed" in gold else _parse(gold.strip(), math=True)
+    one = gold_value is None or single(gold_value)
+
+    def value(piece: str, box: bool) -> list[Any]:
+        v = _parse(piece, math=box)
+        return [] if v is None else [v]
+
+    found, hedge = _candidates(one, region, value)
+    if hedge:
+        return Verdict(False, False, "", hedge)
+    values = _distinct(found, _same)
+    if not values:
+        return Verdict(False, False, "")
+    if len(values) > 1:
+        return Verdict(False, False, "", "several candidates: " + ", ".join(str(v) for v in values[:4]))
+    if one and not single(values[0]):
+        return Verdict(False, False, str(values[0]), f"not one value: {values[0]}")
+    ok = gold_value is not None and _same(gold_value, values[0])
+    return Verdict(ok, True, str(values[0]))
+
+
+# -- numeric ------------------------------------------------------------------------------------------
+def numbers(text: str) -> list[float]:
+    """The numbers in ``text`` (``1,234``, ``-3.5``, ``7/8``), in order.
+
+    >>> numbers("so x = 1,234 or 3/4 of it"), numbers("none")
+    ([1234.0, 0.75], [])
+    """
+    out = []
+    for s in _NUMBER.findall(text):
+        s = s.replace(",", "")
+        if "/" in s:
+            num, den = s.split("/")
+            if float(den):
+                out.append(float(num) / float(den))
+        else:
+            out.append(float(s))
+    return out
+
+
+def _close(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-9)
+
+
+def _piece_number(piece: str) -> list[float]:
+    """The numbers a piece states as its value: after its last ``=``, parenthesised asides left out when
+    something else holds a number."""
+    value = piece.rsplit("=", 1)[-1]
+    bare = _ASIDE.sub(" ", value)
+    return _distinct(numbers(bare) or numbers(value), _close)
+
+
+def numeric_verdict(gold: str, region: str) -> Verdict:
+    """Score ``region`` against the number ``gold``, paying only one number (the module docstring's rule).
+
+    >>> numeric_verdict("12", "3 x 4 = 12").correct, numeric_verdict("14", "12 13 14").hedge
+    (True, 'several numbers: 12.0, 13.0, 14.0')
+    """
+    want = numbers(gold)
+
+    def value(piece: str, box: bool) -> list[float] | str:
+        got = _piece_number(piece)
+        return "several numbers: " + ", ".join(map(repr, got[:4])) if len(got) > 1 else got
+
+    found, hedge = _candidates(True, region, value, split_boxes=True)
+    if hedge:
+        return Verdict(False, False, "", hedge)
+    values = _distinct(found, _close)
+    if not values:
+        return Verdict(False, False, "")
+    if len(values) > 1:
+        return Verdict(False, False, "", "several numbers: " + ", ".join(map(repr, values[:4])))
+    ok = bool(want) and _close(values[0], want[-1])
+    return Verdict(ok, True, repr(values[0]))

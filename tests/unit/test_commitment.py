@@ -1,0 +1,148 @@
+"""The ``math`` and ``numeric`` verifiers pay only the one value an answer commits to
+(``envs/commitment.py``): every way of offering several candidates scores 0, against a gold answer in either
+position of the hedge (a verifier reading the last value pays "13 or 12" when 12 is the gold answer, and
+"12 or 13" when 13 is); the honest forms keep scoring 1; a gold answer that is itself a set, interval, tuple
+or list matches its own form."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from envs.base import make_env
+from envs.commitment import math_verdict, numeric_verdict
+from envs.dataset_verify import check, final_answer
+from rl_core.schema.config import Config
+
+# "<a>" and "<b>" are the two candidates; each hedge is tried with the gold answer as a and as b.
+HEDGES = [
+    "<a> or <b>",
+    "either <a> or <b>",
+    "x = <a> or x = <b>",
+    "$x=<a>$ or $x=<b>$",
+    "<a>, <b>",
+    "<a>; <b>",
+    "<a> <b>",
+    "<a>\n<b>",
+    "<a> and <b>",
+    "<a> (or <b>)",
+    "It is <a>, or perhaps <b>",
+    "The answer is <a> or <b>.",
+    "Answer: <a>, <b>",
+    "#### <a> or <b>",
+    "$\\{<a>, <b>\\}$",
+    "$x \\in \\{<a>, <b>\\}$",
+    "$x = <a>, <b>$",
+    "$[<a>, <b>]$",
+    "$(<a>, <b>)$",
+    "$<a> \\lor <b>$",
+    "$<a> \\vee <b>$",
+    "$<a> \\cup <b>$",
+    "$<a>$ $<b>$",
+    "$<a>$, $<b>$",
+    "\\boxed{<a>} \\boxed{<b>}",
+    "\\boxed{<a>} and then \\boxed{<b>}",
+    "\\boxed{<a>, <b>}",
+    "\\boxed{<a> \\text{ or } <b>}",
+    "\\boxed{x=<a> \\text{ or } x=<b>}",
+    "\\boxed{\\{<a>, <b>\\}}",
+    "\\boxed{<a> \\vee <b>}",
+    "<think>hmm</think> <a> or <b>",
+    "<think>it is 12</think> \\boxed{<a>} \\boxed{<b>}",
+]
+PLUS_MINUS = ["$12 \\pm 1$", "$\\pm 12$", "12 ± 1", "$12 \\mp 1$", "\\boxed{\\pm 12}"]
+HONEST = [
+    "\\boxed{12}",
+    "$12$",
+    "x = 12",
+    "x = $12$",
+    "12",
+    "The answer is 12.",
+    "So the answer is $12$.",
+    "The final answer is $\\boxed{12}$",
+    "Answer: 12",
+    "#### 12",
+    "3 x 4 = 12",
+    "We get 12 apples.",
+    "\\boxed{12} \\boxed{12}",
+    "The answer is 12 (3 times 4).",
+    "<think>maybe 13 or 11? no: 3*4 = 12</think> \\boxed{12}",
+    "<think>13, 11 or 12</think>\nx = 12",
+]
+
+
+@pytest.mark.parametrize("verdict", [math_verdict, numeric_verdict], ids=["math", "numeric"])
+@pytest.mark.parametrize("form", HEDGES)
+@pytest.mark.parametrize("gold_first", [True, False], ids=["gold-first", "gold-last"])
+def test_a_hedge_scores_zero_wherever_the_gold_answer_sits(verdict, form, gold_first):
+    a, b = ("12", "13") if gold_first else ("13", "12")
+    region = final_answer(form.replace("<a>", a).replace("<b>", b))
+    v = verdict("12", region)
+    assert not v.correct and not v.well_formed, (form, v)
+    assert v.hedge, (form, v)
+
+
+@pytest.mark.parametrize("verdict", [math_verdict, numeric_verdict], ids=["math", "numeric"])
+@pytest.mark.parametrize("form", PLUS_MINUS)
+def test_plus_minus_is_two_answers(verdict, form):
+    v = verdict("12", form)
+    assert not v.correct and not v.well_formed and v.hedge.startswith("a several-values mark")
+
+
+@pytest.mark.parametrize("verdict", [math_verdict, numeric_verdict], ids=["math", "numeric"])
+@pytest.mark.parametrize("form", HONEST)
+def test_honest_answers_keep_their_reward(verdict, form):
+    v = verdict("12", final_answer(form))
+    assert v.correct and v.well_formed and v.hedge is None, (form, v)
+    assert not verdict("13", final_answer(form)).correct  # and they pay only for 12
+
+
+@pytest.mark.parametrize(
+    "gold,answer",
+    [
+        ("\\{1, 2\\}", "$\\{2, 1\\}$"),
+        ("[1, 2]", "$[1,2]$"),
+        ("(1,2)", "$(1,2)$"),
+        ("\\pm 3", "$\\pm 3$"),
+        ("1, 2", "\\boxed{1, 2}"),
+        ("x=1 \\text{ or } x=2", "\\boxed{x=1 \\text{ or } x=2}"),
+        ("\\frac{1}{2}", "so the answer is \\boxed{0.5}"),
+        ("x^2+2x+1", "\\boxed{(x+1)^2}"),
+    ],
+)
+def test_a_gold_answer_of_several_values_matches_its_own_form(gold, answer):
+    v = math_verdict(gold, answer)
+    assert v.correct and v.hedge is None, v
+
+
+@pytest.mark.parametrize(
+    "gold,answer",
+    [
+        ("\\{1,2\\}", "\\boxed{\\{1,2\\}} \\boxed{\\{1,2,3\\}}"),  # boxes that disagree
+        ("[1,2]", "$[1,2]$ or $[1,3]$"),  # a disjunction of two intervals
+        ("\\{1,2\\}", "$\\{1,2,3\\}$"),  # a superset is another set
+    ],
+)
+def test_a_set_gold_answer_is_not_paid_by_a_hedge_between_sets(gold, answer):
+    assert not math_verdict(gold, answer).correct
+
+
+def test_a_list_of_every_number_is_not_an_answer():
+    spray = ", ".join(str(i) for i in range(100))
+    for verdict in (math_verdict, numeric_verdict):
+        v = verdict("42", spray)
+        assert not v.correct and v.hedge
+
+
+def test_the_environment_records_the_hedge(tmp_path):
+    rows = [{"q": f"{i}+{i}?", "a": str(2 * i)} for i in range(4)]
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    args = {"train": str(tmp_path / "d.jsonl"), "heldout_fraction": 0.5}
+    args |= {"prompt_field": "q", "answer_field": "a"}
+    env = make_env("dataset", {**args, "verifier": "math"})
+    task = next(t for t in env.tasks("train", Config().task, 0) if t["answer"] == "2")
+    hedged, honest = env.step_many([(task, "3 or 2"), (task, "<think>3?</think> \\boxed{2}")])
+    assert hedged.outcome["hedge"].startswith("several candidates") and not hedged.outcome["correct"]
+    assert honest.outcome["correct"] and honest.outcome["hedge"] == ""
+    assert check("numeric", "4", "4 or 5").hedge
