@@ -204,6 +204,20 @@ def _candidates(
     return found, None
 
 
+def _committed(
+    gold_is_one: bool, region: str, value: Any, same: Any, what: str, split_boxes: bool = False
+) -> Any:
+    """The one value ``region`` commits to, or the ``Verdict`` that it committed to none: no value (not well
+    formed) or a hedge (several ``what``, or ``_candidates``' reason)."""
+    found, hedge = _candidates(gold_is_one, region, value, split_boxes)
+    values = [] if hedge else _distinct(found, same)
+    if len(values) > 1:
+        hedge = f"several {what}: " + ", ".join(str(v) for v in values[:4])
+    if hedge or not values:
+        return Verdict(False, False, "", hedge)
+    return values[0]
+
+
 def math_verdict(gold: str, region: str) -> Verdict:
     r"""Score ``region`` (the text after the reasoning) against ``gold`` with math-verify, paying only what it
     commits to (the module docstring's rule).
@@ -218,18 +232,12 @@ def math_verdict(gold: str, region: str) -> Verdict:
         v = _parse(piece, math=box)
         return [] if v is None else [v]
 
-    found, hedge = _candidates(one, region, value)
-    if hedge:
-        return Verdict(False, False, "", hedge)
-    values = _distinct(found, _same)
-    if not values:
-        return Verdict(False, False, "")
-    if len(values) > 1:
-        return Verdict(False, False, "", "several candidates: " + ", ".join(str(v) for v in values[:4]))
-    if one and not single(values[0]):
-        return Verdict(False, False, str(values[0]), f"not one value: {values[0]}")
-    ok = gold_value is not None and _same(gold_value, values[0])
-    return Verdict(ok, True, str(values[0]))
+    got = _committed(one, region, value, _same, "candidates")
+    if isinstance(got, Verdict):
+        return got
+    if one and not single(got):
+        return Verdict(False, False, str(got), f"not one value: {got}")
+    return Verdict(gold_value is not None and _same(gold_value, got), True, str(got))
 
 
 # -- numeric ------------------------------------------------------------------------------------------
@@ -273,15 +281,9 @@ def numeric_verdict(gold: str, region: str) -> Verdict:
 
     def value(piece: str, box: bool) -> list[float] | str:
         got = _piece_number(piece)
-        return "several numbers: " + ", ".join(map(repr, got[:4])) if len(got) > 1 else got
+        return "several numbers: " + ", ".join(map(str, got[:4])) if len(got) > 1 else got
 
-    found, hedge = _candidates(True, region, value, split_boxes=True)
-    if hedge:
-        return Verdict(False, False, "", hedge)
-    values = _distinct(found, _close)
-    if not values:
-        return Verdict(False, False, "")
-    if len(values) > 1:
-        return Verdict(False, False, "", "several numbers: " + ", ".join(map(repr, values[:4])))
-    ok = bool(want) and _close(values[0], want[-1])
-    return Verdict(ok, True, repr(values[0]))
+    got = _committed(True, region, value, _close, "numbers", split_boxes=True)
+    if isinstance(got, Verdict):
+        return got
+    return Verdict(bool(want) and _close(got, want[-1]), True, repr(got))
