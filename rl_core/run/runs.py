@@ -34,6 +34,7 @@ from pydantic import AfterValidator, WithJsonSchema
 
 from rl_core.artifacts.store import Store
 from rl_core.run.context import RunContext, data_files, legacy_config_hash, run_config_hash, stage_config
+from rl_core.run.preflight import check_prompts_fit
 from rl_core.schema.config import Config, config_from_dict
 
 RUN_RECORD = "run.json"
@@ -158,7 +159,8 @@ def create_or_resume(
     and every change); the committed stages before it stay as they were computed, under their own version. A
     change of the base model (model, task, warm-up, seed) is refused even so: start a new run. Nothing stored
     is deleted. Raises RunError (and RunIdError for a bad id; ModelFolderError for a new run whose
-    ``model.path`` is not a usable policy folder) before anything is written.
+    ``model.path`` is not a usable policy folder; PlacementError for a config this machine cannot run;
+    PromptTooLong for prompts that do not fit the context) before anything is written.
     """
     check_run_id(ctx.run_id)
     ctx.placement  # noqa: B018 -- a config that cannot run on this machine (PlacementError) stops here
@@ -172,6 +174,7 @@ def create_or_resume(
         raise RunError(
             f"run id {ctx.run_id!r} already exists in {ctx.store.root}; use `rlfoundry resume {ctx.run_id}`"
         )
+    check_prompts_fit(ctx)  # a --set may have changed the lengths
     _resume(ctx, uri, force)
     return "resumed"
 
@@ -183,6 +186,7 @@ def _create(ctx: RunContext, uri: str) -> None:
 
         check_model_section(ctx.cfg, ctx.placement.rollout_engine)
         check_stored_base(ctx.cfg.model.path, ctx.store, ctx.base_id)
+        check_prompts_fit(ctx)  # prompts + completions that do not fit the context (PromptTooLong)
     record = {
         "run_id": ctx.run_id,
         "config": ctx.cfg.model_dump(mode="json"),

@@ -1,0 +1,85 @@
+"""Checks a run passes before any stage runs, where the user's own model folder meets the user's own data:
+the longest prompt of the task, as the policy sees it (chat template applied, image placeholders included),
+plus ``rollout.max_tokens`` must fit ``model.max_position`` and the folder's ``max_position_embeddings``.
+Otherwise the engine would refuse the prompt mid-run (vLLM: "maximum context length is 64 tokens ... 67
+input tokens"), after stages had committed.
+
+    check_prompts_fit(ctx)   # ConfigError, one line: the prompt, its length, the field to set, the limit
+
+``rl_core.run.runs.create_or_resume`` calls it for a new run and for a resume (a ``--set`` may change the
+lengths); the built-in policy (no ``model.path``) builds its tokenizer from its own tasks and is not checked.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from rl_core.schema.config import ConfigError
+
+
+class PromptTooLong(ConfigError):
+    """The task's longest prompt and its completion do not fit the policy's context."""
+
+
+def longest_prompt(ctx: Any, folder: Path) -> tuple[int, str]:
+    """(tokens, which row) of the task's longest prompt as the policy at ``folder`` sees it: training and
+    held-out rows, each as the environment's ``reset`` gives it, through ``model.chat_template``, with an
+    image's placeholders where the environment shows one."""
+    from envs.base import Multimodal
+    from rl_core.models.model import load_tokenizer, prompt_ids
+
+    tok = load_tokenizer(folder)
+    extra = 0
+    if isinstance(ctx.env, Multimodal) and ctx.multimodal:
+        from rl_core.models.vision import image_prefix
+
+        extra = len(image_prefix(folder))
+    best, where = 0, ""
+    for split, tasks in (("train", ctx.train_tasks), ("heldout", ctx.heldout_tasks)):
+        for i, task in enumerate(tasks):
+            n = len(prompt_ids(tok, ctx.env.reset(task, 0), ctx.cfg.model.chat_template)) + extra
+            if n > best:
+                best, where = n, f"{split} row {i}"
+    return best, where
+
+
+def _folder_limit(folder: Path) -> int | None:
+    try:
+        data = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    limit = data.get("text_config", data).get("max_position_embeddings")
+    return int(limit) if limit else None
+
+
+def check_prompts_fit(ctx: Any) -> None:
+    """Refuse (``PromptTooLong``) a run whose longest templated prompt plus ``rollout.max_tokens`` exceeds
+    ``model.max_position`` or the folder's ``max_position_embeddings``; nothing for the built-in policy."""
+    cfg = ctx.cfg
+    if not cfg.model.path:
+        return
+    from rl_core.models.policy_folder import fetch_policy_folder
+
+    with tempfile.TemporaryDirectory() as d:
+        folder = fetch_policy_folder(cfg.model.path, d, large=False)
+        tokens, where = longest_prompt(ctx, folder)
+        limit = _folder_limit(folder)
+    need = tokens + cfg.rollout.max_tokens
+    prompt = (
+        f"the longest prompt of task.env={cfg.task.env} ({where}) is {tokens} tokens as the policy sees "
+        f"it; with rollout.max_tokens={cfg.rollout.max_tokens} a sequence needs {need}"
+    )
+    if limit is not None and need > limit:
+        raise PromptTooLong(
+            f"{prompt}, more than model.path's max_position_embeddings={limit}: shorten the prompts or "
+            "lower rollout.max_tokens"
+        )
+    if need > cfg.model.max_position:
+        folder_says = f" (model.path's max_position_embeddings: {limit})" if limit else ""
+        raise PromptTooLong(
+            f"{prompt} > model.max_position={cfg.model.max_position}: set model.max_position to at least "
+            f"{need}{folder_says}"
+        )
