@@ -9,6 +9,7 @@ vitals already committed does not stop again, so ``rlfoundry resume`` continues 
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from rl_core.artifacts.manifest import Manifest
@@ -67,13 +68,34 @@ def alarms_of(vitals: Manifest | None) -> list[dict[str, Any]]:
     return list(vitals.metrics.get("alarm_list", [])) if vitals is not None else []
 
 
+# Marks an alarm's log record: a console whose own display prints the alarms drops it (alarms_shown_here).
+ALARM_RECORD = "rlfoundry_alarm"
+
+
 def log_iteration(log: Any, run_id: str, summary: dict[str, Any]) -> None:
     """The iteration's line and one line per alarm (a warning; an error for a stop)."""
     log.info(iteration_line(summary))
     k = summary["iteration"]
     for a in summary.get("alarms", []):
         line = f"ALARM {a['name']} ({a['action']}) at iteration {k} of {run_id}: {a['message']}"
-        (log.error if a["action"] == "stop" else log.warning)(line)
+        (log.error if a["action"] == "stop" else log.warning)(line, extra={ALARM_RECORD: True})
+
+
+def _not_an_alarm(record: logging.LogRecord) -> bool:
+    return not getattr(record, ALARM_RECORD, False)
+
+
+def alarms_shown_here() -> None:
+    """This process's Prefect console handlers drop the alarm records (``rlfoundry run`` prints each alarm
+    in its progress display, once); they still reach the Prefect UI through its API handler, and a worker's
+    console (no display) keeps printing them."""
+    from prefect.logging.handlers import PrefectConsoleHandler
+
+    loggers = [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]
+    for lg in loggers:
+        for h in getattr(lg, "handlers", []):
+            if isinstance(h, PrefectConsoleHandler) and _not_an_alarm not in h.filters:
+                h.addFilter(_not_an_alarm)
 
 
 def report_iteration(

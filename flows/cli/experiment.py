@@ -37,6 +37,7 @@ class Progress:
         )
         self.task = self.progress.add_task("rl", total=total)
         self.curve: list[dict[str, Any]] = []
+        self.alarm_at: dict[str, list[int]] = {}  # alarm name -> the iterations it fired at
 
     def __call__(self, ev: dict[str, Any]) -> None:
         if ev["kind"] == "status":
@@ -58,10 +59,33 @@ class Progress:
             )
             self.console.print(f"iter {k:4d}  reward {ev['mean_reward']:.3f}  {acc}  {pk}  [dim]{times}[/]")
             for a in ev.get("alarms", []):
-                colour = "red" if a["action"] == "stop" else "yellow"
-                self.console.print(f"[{colour}]  alarm {a['name']} ({a['action']}): {a['message']}[/]")
+                self._alarm(k, a)
             self.progress.advance(self.task)
         self.curve.append(ev)
+
+    def _alarm(self, k: int, a: dict[str, Any]) -> None:
+        """An alarm's line the first time it fires; one line saying it repeats the second time; nothing
+        after that (a stop always prints). Every firing is in ``rlfoundry show`` and the summary."""
+        seen = self.alarm_at.setdefault(a["name"], [])
+        seen.append(k)
+        if a["action"] == "stop" or len(seen) == 1:
+            colour = "red" if a["action"] == "stop" else "yellow"
+            self.console.print(f"[{colour}]  alarm {a['name']} ({a['action']}): {a['message']}[/]")
+        elif len(seen) == 2:
+            self.console.print(
+                f"[yellow]  alarm {a['name']} again (iterations {seen[0]}, {k}): it repeats; not printed "
+                "again this run (each iteration's alarms: rlfoundry show)[/]"
+            )
+
+    def alarm_summary(self) -> str | None:
+        """One line naming each alarm that fired and at which iterations, or None."""
+        if not self.alarm_at:
+            return None
+        parts = []
+        for name, ks in sorted(self.alarm_at.items()):
+            at = ", ".join(map(str, ks[:8])) + (", ..." if len(ks) > 8 else "")
+            parts.append(f"{name} at {len(ks)} iteration{'s' * (len(ks) > 1)} ({at})")
+        return "alarms: " + "; ".join(parts)
 
 
 def run(
@@ -134,7 +158,7 @@ def launch(
     typer.echo(f"artifacts: {ctx.store.run_uri(rid)}")
     ensure_api()
     from flows.experiment import experiment_flow, with_result_storage
-    from flows.observe import AlarmStop
+    from flows.observe import AlarmStop, alarms_shown_here
 
     prog = Progress(cfg.experiment.iterations)
     t0 = time.time()
@@ -143,6 +167,7 @@ def launch(
         ev["elapsed_s"] = round(time.time() - t0, 2)
 
     unsubscribe = [subscribe(record), subscribe(prog)]
+    alarms_shown_here()  # the progress display prints each alarm: Prefect's console line would repeat it
     try:
         with prog.progress:
             result = with_result_storage(experiment_flow, ctx.store)(cfg, rid)
@@ -158,10 +183,10 @@ def launch(
         curve.write_text(
             json.dumps({"run_id": rid, "config": cfg.model_dump(mode="json"), "curve": prog.curve}, indent=1)
         )
-    _summary(cfg, rid, ctx.store.run_uri(rid), result)
+    _summary(cfg, rid, ctx.store.run_uri(rid), result, prog.alarm_summary())
 
 
-def _summary(cfg: Any, rid: str, run_uri: str, result: dict[str, Any]) -> None:
+def _summary(cfg: Any, rid: str, run_uri: str, result: dict[str, Any], alarms: str | None) -> None:
     from infra.localstack.stack import is_up, status
     from rl_core.run.lineage import tracking_uri
 
@@ -170,6 +195,8 @@ def _summary(cfg: Any, rid: str, run_uri: str, result: dict[str, Any]) -> None:
         f"\nrun {rid} finished: held-out accuracy {base:.3f} (base) -> {final:.3f} "
         f"({(final - base) * 100:+.1f} points)"
     )
+    if alarms:
+        typer.echo(alarms)
     typer.echo(f"artifacts: {run_uri}")
     typer.echo(f"inspect:   rlfoundry show {rid}")
     stack = status()
