@@ -4,9 +4,10 @@ suite instead of the next measurement.
 
 Each smoke is ``python benchmarks/NAME.py --smoke --json`` in a subprocess from the project root, with its own
 state dir and the session's Prefect server (``cli_env``). It must exit 0 and print as its last line one JSON
-object marked ``"smoke": true`` with the machine and a numeric ``ratio``, and leave benchmarks/results/ and
-the project's .state/ as they were. A new script in benchmarks/ without an entry here fails
-``test_every_benchmark_has_a_smoke``.
+object marked ``"smoke": true`` with the machine and a numeric ``ratio``, and leave benchmarks/results/ as it
+was; the runs it made are in its own state dir and none of them in the project's .state/ (asserted on the
+smoke's own run ids: other rlfoundry processes may use .state/ meanwhile). A new script in benchmarks/
+without an entry here fails ``test_every_benchmark_has_a_smoke``.
 
     .venv/bin/pytest -q tests/integration/test_benchmarks_smoke.py
 """
@@ -84,12 +85,10 @@ def files(folder: Path) -> dict[str, tuple[str, int]]:
     }
 
 
-def listing(folder: Path) -> dict[str, int]:
-    """The entries of ``folder`` and of its subfolders, with their mtimes (a developer's .state: large)."""
-    if not folder.is_dir():
-        return {}
-    found = [p for top in folder.iterdir() for p in [top, *(top.iterdir() if top.is_dir() else [])]]
-    return {p.relative_to(folder).as_posix(): p.stat().st_mtime_ns for p in found}
+def runs_in(state: Path) -> set[str]:
+    """The run ids in a state dir's store (not the shared base models, keyed by config)."""
+    store = state / "store"
+    return {p.name for p in store.iterdir() if p.is_dir() and p.name != "_base"} if store.is_dir() else set()
 
 
 def scripts() -> list[str]:
@@ -112,7 +111,7 @@ def test_benchmark_smoke(bench: str, tmp_path: Path) -> None:
     # the spinning. (OMP_NUM_THREADS=1 is no option for a fork server's child, whose OpenMP runtime kept the
     # server's thread count: vLLM's CPU attention refused the mismatch.)
     env = cli_env(state)  # vLLM caches in the machine's folder (rl_core.artifacts.paths.vllm_cache_root)
-    before = files(BENCHMARKS / "results"), listing(ROOT / ".state")
+    before = files(BENCHMARKS / "results")
     # a child of the fork server (tests/forkserver.py): the script's own process, its imports done once
     done = run_script(f"benchmarks/{bench}.py", ["--smoke", "--json"], env, timeout=840)
     assert done.returncode == 0, f"{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
@@ -125,6 +124,8 @@ def test_benchmark_smoke(bench: str, tmp_path: Path) -> None:
         assert not missing, f"{bench}: no {missing} in the result"
     else:
         assert result["ratio"] is not None
-    after = files(BENCHMARKS / "results"), listing(ROOT / ".state")
-    assert after[0] == before[0], "a smoke changed benchmarks/results/"
-    assert after[1] == before[1], "a smoke wrote into the project's .state/"
+    assert files(BENCHMARKS / "results") == before, "a smoke changed benchmarks/results/"
+    # What the smoke wrote is its own: run ids made for it, which no other process makes at the same time
+    # (unlike a listing of the shared .state/, which any rlfoundry process may change meanwhile).
+    leaked = sorted(r for r in runs_in(state) if (ROOT / ".state" / "store" / r).exists())
+    assert not leaked, f"a smoke wrote runs into the project's .state/: {leaked}"
