@@ -20,6 +20,7 @@ from flows.observe import AlarmStop, report_iteration
 from rl_core.artifacts.manifest import Manifest
 from rl_core.artifacts.report import emit, subscribe
 from rl_core.pipeline.stages import STAGES
+from rl_core.run.context import store_root
 from rl_core.schema.config import Config
 from tasks.common import close_run, context, lineage, lineage_writer, run_logger, task_for
 from tasks.generate import start_rollout_engine
@@ -88,7 +89,11 @@ def _report(
         lineage_writer(cfg).submit(k, lambda p=parent, r=row, k=k: lin.log_summary(p, r, k))
     summary["mlflow_run"] = lin.link(it_run) if lin and it_run else None
     emit(summary)
-    report_iteration(run_id, k, summary, ms.get("vitals"), lambda fn: lineage_writer(cfg).submit(k, fn))
+
+    def later(fn: Any) -> Any:
+        return lineage_writer(cfg).submit(k, fn)
+
+    report_iteration(run_id, k, summary, ms.get("vitals"), later, store_root(cfg))
 
 
 @flow(name="rl-experiment", flow_run_name="{run_id}", validate_parameters=False)

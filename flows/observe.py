@@ -99,7 +99,12 @@ def alarms_shown_here() -> None:
 
 
 def report_iteration(
-    run_id: str, k: int, summary: dict[str, Any], vitals: Manifest | None, later: Any = None
+    run_id: str,
+    k: int,
+    summary: dict[str, Any],
+    vitals: Manifest | None,
+    later: Any = None,
+    store_root: str | None = None,
 ) -> None:
     """Log the iteration and its alarms to the flow run, and attach its vital signs as a table artifact;
     raise ``AlarmStop`` if a stop alarm fired in vitals computed now (not reused from an earlier attempt).
@@ -118,11 +123,18 @@ def report_iteration(
     stops = [a for a in alarms_of(vitals) if a["action"] == "stop"]
     if stops and not vitals.reused:  # type: ignore[union-attr]
         names = ", ".join(a["name"] for a in stops)
+        look, go = (_command(v, run_id, store_root) for v in ("show", "resume"))
         raise AlarmStop(
             f"run {run_id} stopped by alarm {names} at iteration {k} (iteration {k} is committed): "
-            f"{stops[0]['message']}. Look: rlfoundry show {run_id}; continue: rlfoundry resume {run_id} "
+            f"{stops[0]['message']}. Look: {look}; continue: {go} "
             f"(optionally --set alarms.{stops[0]['name']}.action=warn)"
         )
+
+
+def _command(verb: str, run_id: str, store_root: str | None) -> str:
+    from rl_core.run.runs import run_command
+
+    return run_command(verb, run_id, store_root) if store_root else f"rlfoundry {verb} {run_id}"
 
 
 def attach_vitals(run_id: str, summary: dict[str, Any], flow_run_id: Any = None) -> None:

@@ -145,7 +145,7 @@ def launch(
     from rl_core.artifacts.report import subscribe
     from rl_core.artifacts.store import StoreUnavailable
     from rl_core.run.context import RunContext
-    from rl_core.run.runs import RunError, create_or_resume, new_run_id
+    from rl_core.run.runs import RunError, create_or_resume, new_run_id, run_command
     from rl_core.schema.config import ConfigError
 
     rid = run_id or new_run_id()
@@ -172,7 +172,8 @@ def launch(
         with prog.progress:
             result = with_result_storage(experiment_flow, ctx.store)(cfg, rid)
     except StoreUnavailable as e:
-        fail(f"{e}\nevery committed stage is kept; once the store answers again: rlfoundry resume {rid}", 3)
+        again = run_command("resume", rid, ctx.store.root)
+        fail(f"{e}\nevery committed stage is kept; once the store answers again: {again}", 3)
     except AlarmStop as e:
         fail(str(e), 4)
     finally:
@@ -183,12 +184,13 @@ def launch(
         curve.write_text(
             json.dumps({"run_id": rid, "config": cfg.model_dump(mode="json"), "curve": prog.curve}, indent=1)
         )
-    _summary(cfg, rid, ctx.store.run_uri(rid), result, prog.alarm_summary())
+    _summary(cfg, rid, ctx.store, result, prog.alarm_summary())
 
 
-def _summary(cfg: Any, rid: str, run_uri: str, result: dict[str, Any], alarms: str | None) -> None:
+def _summary(cfg: Any, rid: str, store: Any, result: dict[str, Any], alarms: str | None) -> None:
     from infra.localstack.stack import is_up, status
     from rl_core.run.lineage import tracking_uri
+    from rl_core.run.runs import run_command
 
     base, final = result["base_accuracy"], result["final"]["accuracy"]
     typer.echo(
@@ -197,8 +199,8 @@ def _summary(cfg: Any, rid: str, run_uri: str, result: dict[str, Any], alarms: s
     )
     if alarms:
         typer.echo(alarms)
-    typer.echo(f"artifacts: {run_uri}")
-    typer.echo(f"inspect:   rlfoundry show {rid}")
+    typer.echo(f"artifacts: {store.run_uri(rid)}")
+    typer.echo(f"inspect:   {run_command('show', rid, store.root)}")
     stack = status()
     if is_up(stack):
         svc = stack["services"]

@@ -172,7 +172,8 @@ def create_or_resume(
         return "created"
     if mode == "new":
         raise RunError(
-            f"run id {ctx.run_id!r} already exists in {ctx.store.root}; use `rlfoundry resume {ctx.run_id}`"
+            f"run id {ctx.run_id!r} already exists in {ctx.store.root}; use "
+            f"`{run_command('resume', ctx.run_id, ctx.store.root)}`"
         )
     check_prompts_fit(ctx)  # a --set may have changed the lengths
     _resume(ctx, uri, force)
@@ -270,6 +271,26 @@ def _resume(ctx: RunContext, uri: str, force: bool) -> None:
     _placed(ctx, record)
     ctx.store.write_json(uri, record)
     ctx.__dict__.pop("accepted_hashes", None)
+
+
+def run_command(verb: str, run_id: str, store_root: str, *more: str) -> str:
+    """The ``rlfoundry VERB RUN_ID`` a message tells the user to type, naming ``--store`` when the run's store
+    is not the one a bare command opens (the state dir's): followed as printed, it finds the run.
+
+    >>> run_command("resume", "r1", "s3://bucket/runs")
+    'rlfoundry resume r1 --store s3://bucket/runs'
+    >>> from rl_core.run.context import store_root
+    >>> run_command("show", "r1", store_root(Config()))
+    'rlfoundry show r1'
+    """
+    import shlex
+
+    from rl_core.run.context import store_root as default_root
+
+    words = ["rlfoundry", verb, run_id, *more]
+    if store_root.rstrip("/") != default_root(Config()).rstrip("/"):
+        words += ["--store", shlex.quote(store_root)]
+    return " ".join(words)
 
 
 def config_for(store: Store, run_id: str, config_hash: str) -> Config:

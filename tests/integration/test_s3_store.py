@@ -208,11 +208,12 @@ def test_s3_outage_fails_clearly_then_resume_matches(s3, s3_run, tmp_path):
         proc.kill()
     assert proc.returncode == 3, err[-3000:]
     assert f"S3 endpoint {srv.endpoint} unreachable" in err
-    assert "rlfoundry resume o1" in err
+    printed = err.rsplit("once the store answers again: ", 1)[1].split("\n")[0].split()
+    assert printed == ["rlfoundry", "resume", "o1", "--store", "s3://outage/runs"]  # works as printed
     assert SECRET not in out + err
     srv = S3Server.start(tmp_path / "weed", access_key=KEY, secret_key=SECRET, ports=srv.ports)
     try:
-        r = cli(["resume", "o1", "--store", "s3://outage/runs"], env)
+        r = cli(printed[1:], env)
         assert r.returncode == 0, r.stderr[-3000:]
         assert SECRET not in r.stdout + r.stderr
         resumed = _hashes(env, "o1", "s3://outage/runs")
