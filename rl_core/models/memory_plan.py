@@ -67,10 +67,17 @@ def model_shape(cfg: Any) -> Shape | None:
     return Shape(params, layers, h, inter, vocab, kv_dim, head_dim)
 
 
-def trainer_terms(cfg: Any, shape: Shape) -> dict[str, float]:
+def share_tokens(cfg: Any) -> int:
+    """The tokens of one rank's whole share of a mini-batch (its rows at model.max_position)."""
+    dp = max(1, cfg.train.world_size // cfg.train.tp_size)
+    return max(1, cfg.train.micro_batch_size // dp) * cfg.model.max_position
+
+
+def trainer_terms(cfg: Any, shape: Shape, forward_tokens: int | None = None) -> dict[str, float]:
     """Bytes one trainer rank holds, by term: weights in the compute dtype, float32 masters (bf16), Adam's
     two float32 moments, gradients (sharded by ZeRO stage 1/2/3 and AutoTP), the reference and critic
-    models when the algorithm needs them, one micro-batch's activations and the loss's float32 logits."""
+    models when the algorithm needs them, one forward's activations and the loss's float32 logits (a forward
+    of ``forward_tokens`` tokens, else of the rank's whole share)."""
     t = cfg.train
     p = shape.params
     dp = max(1, t.world_size // t.tp_size)
@@ -89,7 +96,7 @@ def trainer_terms(cfg: Any, shape: Shape) -> dict[str, float]:
         terms["reference"] = p * w / tp
     if t.algorithm == "ppo":
         terms["critic"] = p * 16.0  # float32 weights, gradients, Adam moments
-    tokens = max(1, t.micro_batch_size // dp) * cfg.model.max_position  # packed rows hold no more
+    tokens = min(share_tokens(cfg), forward_tokens or share_tokens(cfg))  # packed rows hold no more
     per_layer = ACT_PER_HIDDEN * shape.hidden + 4 * shape.intermediate
     terms["activations"] = tokens * shape.layers * per_layer * (w / 2)
     terms["logits"] = tokens * shape.vocab * 4 * 3  # float32 logits, log-softmax and their gradient
@@ -99,7 +106,33 @@ def trainer_terms(cfg: Any, shape: Shape) -> dict[str, float]:
 RESIDENT = ("weights", "fp32_masters", "adam_moments", "reference", "critic")
 
 
-def memory_plan(
+def memory_plan(cfg: Any, machine: Machine, shape: Shape, *where: Any, **how: Any) -> dict[str, Any]:
+    """GiB per GPU and phase (``planned``) with the token budget of one train forward,
+    ``train.forward_tokens`` when set, else the largest that fits the train phase, from the rank's whole share
+    halving down to one sequence (``forward_tokens`` in the plan: the train engine's budget).
+    PlacementError naming the plan when even one ``model.max_position`` sequence per forward does not fit
+    (or what overflows is not the forward's)."""
+    if cfg.train.forward_tokens:
+        return {**planned(cfg, machine, shape, *where, **how), "forward_tokens": cfg.train.forward_tokens}
+    rows = share_tokens(cfg) // cfg.model.max_position
+    while True:
+        budget = rows * cfg.model.max_position
+        try:
+            plan = planned(cfg, machine, shape, *where, **how, forward_tokens=budget)
+            return {**plan, "forward_tokens": budget}
+        except PlacementError as e:
+            if "train phase" not in str(e):
+                raise
+            if rows == 1:
+                raise PlacementError(
+                    f"{e}; even one {cfg.model.max_position}-token sequence per forward "
+                    f"(train.forward_tokens={budget}) does not fit: lower model.max_position, or spread the "
+                    "model (train.zero_stage 3, more train.world_size or train.tp_size)"
+                ) from None
+            rows //= 2
+
+
+def planned(
     cfg: Any,
     machine: Machine,
     shape: Shape,
@@ -108,6 +141,7 @@ def memory_plan(
     colocated: bool,
     engine_dtype: str,
     rollout_engine: str = "vllm",
+    forward_tokens: int | None = None,
 ) -> dict[str, Any]:
     """GiB per GPU and phase, with the terms; PlacementError naming the first GPU and phase that overflow.
 
@@ -116,7 +150,7 @@ def memory_plan(
     whole share (rollout.gpu_memory_utilization of the GPU); with an LLM judge on vLLM, the rollout engine's
     first GPU also holds the judge's (rollout.reward_gpu_memory_utilization), asleep in the train phase when
     colocated, and a reward server the flow starts holds as much there in both phases."""
-    terms = trainer_terms(cfg, shape)
+    terms = trainer_terms(cfg, shape, forward_tokens or cfg.train.forward_tokens)
     resident = sum(v for k, v in terms.items() if k in RESIDENT) / GIB
     peak = sum(terms.values()) / GIB
     gib = {k: round(v / GIB, 2) for k, v in terms.items()}
@@ -156,8 +190,7 @@ def memory_plan(
                     "rollout.gpus"
                 )
         gpus[str(i)] = entry
-    tokens = max(1, cfg.train.micro_batch_size // max(1, cfg.train.world_size // cfg.train.tp_size))
-    return {"gpus": gpus, "params": shape.params, "tokens_per_micro_batch": tokens * cfg.model.max_position}
+    return {"gpus": gpus, "params": shape.params, "tokens_per_micro_batch": share_tokens(cfg)}
 
 
 def _engine_share(cfg: Any, shape: Shape, i: int, gpu: GPU, tp: int, engine_dtype: str) -> float:

@@ -58,6 +58,8 @@ def base_id(cfg: Config) -> str:
 PLACEMENT = (
     ("train", "world_size"),
     ("train", "tp_size"),
+    ("train", "forward_tokens"),
+    ("train", "forward_sequences"),
     ("model", "max_shard_size"),
     ("store", "lock_stale_after_s"),
     ("store", "lock_heartbeat_s"),

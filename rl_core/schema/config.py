@@ -159,8 +159,8 @@ class RolloutSection(_Section, SamplingFields, RolloutDeviceFields):
         "vllm",
         description="Rollout engine: vLLM, the HF transformers engine, or auto: chosen for this machine and "
         "policy (vLLM on a GPU or with rollout servers; on the CPU HF up to 30M parameters, measured faster "
-        "there; rl_core.models.engine_choice.choose_engine). The choice is recorded in the run's placement and "
-        "in each generate manifest.",
+        "there; rl_core.models.engine_choice.choose_engine). The choice is recorded in the run's placement "
+        "and in each generate manifest.",
     )
     prompts_per_iteration: int = Field(64, ge=1, description="Prompts sampled per iteration.")
     n: int = Field(8, ge=1, le=256, description="Completions per prompt (the GRPO group size).")

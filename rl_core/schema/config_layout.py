@@ -6,8 +6,10 @@ section).
     cfg = load_config("configs/smoke.yaml", ["train.world_size=2", "train.zero_stage=3"])
     cfg.train.launched   # True: each train stage is a torchrun job (rl_core/training/train_launch.py)
 
-``world_size`` and ``tp_size`` are placement (``rl_core.run.context.PLACEMENT``): left out of the run's config
-hash, so a run resumes at another world size. Packing is not: it changes the float rounding of the forwards.
+``world_size``, ``tp_size`` and what one forward holds (``forward_tokens``, ``forward_sequences``: gradient
+accumulation) are placement (``rl_core.run.context.PLACEMENT``): left out of the run's config hash, so a run
+resumes at another world size or on another GPU. Packing is not: it changes the float rounding of the
+forwards.
 """
 
 from __future__ import annotations
@@ -49,6 +51,25 @@ class TrainLayoutFields(BaseModel):
         description="Token budget of one packed row (train.packing). 0 = the mini-batch's longest sequence "
         "(a row never holds more tokens than padding would). A sequence longer than the budget gets a row "
         "of its own. Attention cost per row grows with its square on CPU (sdpa/eager materialise the mask).",
+    )
+
+    forward_tokens: int | None = Field(
+        None,
+        ge=1,
+        le=16_777_216,
+        description="Token budget of one train forward on one rank: a rank's share of each mini-batch "
+        "(train.micro_batch_size sequences, one optimizer step) is split, in order, into micro-batches of "
+        "at most this many tokens (rows x the batch's width; packed: their real lengths), their gradients "
+        "accumulated before the one step; the loss is normalised over the whole mini-batch as without it. A "
+        "sequence longer than the budget gets a micro-batch of its own. None: on a GPU the memory plan's "
+        "budget, on the CPU the whole share in one forward. Placement (left out of the config hash).",
+    )
+    forward_sequences: int | None = Field(
+        None,
+        ge=1,
+        le=1_048_576,
+        description="At most this many sequences in one train forward on one rank (with forward_tokens, "
+        "both bounds hold). None: no bound. Placement, like forward_tokens.",
     )
 
     @model_validator(mode="after")

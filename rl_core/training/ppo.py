@@ -32,6 +32,7 @@ from rl_core.training.losses import (
     policy_loss,
     token_logprobs,
 )
+from rl_core.training.micro_batches import rank_micro_batches
 from rl_core.training.packing import packed_logits
 
 
@@ -145,7 +146,9 @@ def sequence_logprobs(
 
 
 def ppo_update(engine: Any, batch: Batch, cfg: Any) -> dict[str, float]:
-    """``cfg.epochs`` passes of mini-batches of ``cfg.micro_batch_size`` sequences, split over DP ranks.
+    """``cfg.epochs`` passes of mini-batches of ``cfg.micro_batch_size`` sequences, split over DP ranks; each
+    rank's share in micro-batches of at most ``cfg.forward_tokens`` tokens / ``cfg.forward_sequences`` rows
+    (``rl_core.training.micro_batches``), their gradients accumulated into the mini-batch's one step.
 
     Long: one PPO update reads best as one piece (old logprobs, the epoch/mini-batch loop, the clipped loss
     with its KL term, the step and the statistics), in the order a reader checks it against the paper."""
@@ -158,6 +161,7 @@ def ppo_update(engine: Any, batch: Batch, cfg: Any) -> dict[str, float]:
     stats: dict[str, list[float]] = {
         k: [] for k in ("loss", "pg_loss", "clip_frac", "kl", "ratio_mean", "grad_norm")
     }
+    costs = _forward_costs(batch)
     gen = torch.Generator().manual_seed(batch.seed)
     for epoch in range(cfg.epochs):
         order = torch.randperm(len(batch), generator=gen)
@@ -168,45 +172,64 @@ def ppo_update(engine: Any, batch: Batch, cfg: Any) -> dict[str, float]:
             total = totals.get(cfg.loss_agg, float(len(mb)))
             if total == 0:
                 continue
-            local = mb[rank::world]
-            ids = batch.input_ids[local].to(device)
-            logits = _logits(
-                engine.module,
-                ids,
-                batch.attention_mask[local].to(device),
-                _pixels(batch, local, device),
-                batch.pack_tokens,
-            )
-            logp = token_logprobs(logits, ids[:, 1:], batch.temperature)
-            if epoch == 0:
-                anchor.observe(local, logits, logp, start == 0)
-            ref = batch.ref_logp[local].to(device) if batch.ref_logp is not None else None
-            terms = PolicyTerms(
-                logp,
-                old_logp[local].to(device),
-                batch.advantages[local].to(device),
-                mask[local].to(device),
-                clip_low=cfg.clip_low,
-                clip_high=cfg.clip_high,
-                aggregation=cfg.loss_agg,
-                max_tokens=batch.max_tokens,
-                total=total,
-                is_weight=None if anchor.weight is None else anchor.weight[local].to(device),
-            )
-            loss, s = policy_loss(surrogate, terms, ref, cfg.kl_coef, cfg.kl_estimator)
-            # DeepSpeed averages gradients over ranks; scaling by world size makes that the global mean.
-            grad_norm = engine.backward_step(loss * world)
-            n_local = float(mask[local].sum())
-            loss_g, pg_g, kl_g, clip_g, ratio_g = allreduce_sum(
-                [
-                    float(loss.detach()),
-                    s["pg_loss"],
-                    s["kl"],
-                    s["clip_frac"] * n_local,
-                    s["ratio_mean"] * n_local,
-                ],
+            groups = rank_micro_batches(
+                mb,
+                costs,
                 world,
-                getattr(engine, "dp_group", None),
+                rank,
+                getattr(cfg, "forward_tokens", None),
+                getattr(cfg, "forward_sequences", None),
+            )
+            sums = [0.0] * 5  # loss, pg_loss, kl, clip tokens, ratio x tokens of this rank's rows
+            grad_norm = float("nan")
+            for j, rows in enumerate(groups):
+                last = j == len(groups) - 1
+                if not len(rows):
+                    # this rank needs fewer micro-batches than the most loaded one: a forward and backward
+                    # that add nothing, so that every rank runs as many (ZeRO-2/3 communicate in each)
+                    idle = _logits(
+                        engine.module,
+                        batch.input_ids[mb[:1]].to(device),
+                        batch.attention_mask[mb[:1]].to(device),
+                        _pixels(batch, mb[:1], device),
+                        batch.pack_tokens,
+                    )
+                    norm = engine.backward_step(idle.float().sum() * 0.0, step=last)
+                    grad_norm = norm if last else grad_norm
+                    continue
+                ids = batch.input_ids[rows].to(device)
+                logits = _logits(
+                    engine.module,
+                    ids,
+                    batch.attention_mask[rows].to(device),
+                    _pixels(batch, rows, device),
+                    batch.pack_tokens,
+                )
+                logp = token_logprobs(logits, ids[:, 1:], batch.temperature)
+                if epoch == 0:
+                    anchor.observe(rows, logits, logp, start == 0)
+                ref = batch.ref_logp[rows].to(device) if batch.ref_logp is not None else None
+                terms = PolicyTerms(
+                    logp,
+                    old_logp[rows].to(device),
+                    batch.advantages[rows].to(device),
+                    mask[rows].to(device),
+                    clip_low=cfg.clip_low,
+                    clip_high=cfg.clip_high,
+                    aggregation=cfg.loss_agg,
+                    max_tokens=batch.max_tokens,
+                    total=total,
+                    is_weight=None if anchor.weight is None else anchor.weight[rows].to(device),
+                )
+                loss, s = policy_loss(surrogate, terms, ref, cfg.kl_coef, cfg.kl_estimator)
+                # DeepSpeed averages gradients over ranks; scaling by world size makes that the global mean.
+                # The micro-batches' losses add up to the mini-batch's (each is normalised by its total).
+                grad_norm = engine.backward_step(loss * world, step=last)
+                n_local = float(mask[rows].sum())
+                part = [float(loss.detach()), s["pg_loss"], s["kl"], s["clip_frac"] * n_local]
+                sums = [a + b for a, b in zip(sums, [*part, s["ratio_mean"] * n_local], strict=True)]
+            loss_g, pg_g, kl_g, clip_g, ratio_g = allreduce_sum(
+                sums, world, getattr(engine, "dp_group", None)
             )
             tokens = float(mask[mb].sum())
             stats["loss"].append(loss_g)
@@ -220,6 +243,13 @@ def ppo_update(engine: Any, batch: Batch, cfg: Any) -> dict[str, float]:
     out.update(anchor.metrics(mask, cfg.mismatch_alarm))
     out["optimizer_steps"] = float(len(stats["loss"]))
     return out
+
+
+def _forward_costs(batch: Batch) -> torch.Tensor:
+    """Each row's tokens in a train forward: its real length on packed rows, the batch's width when padded."""
+    if batch.pack_tokens is not None:
+        return batch.attention_mask.sum(1)
+    return torch.full((len(batch),), batch.input_ids.shape[1])
 
 
 class _Anchor:
@@ -250,10 +280,11 @@ class _Anchor:
             return
         with torch.no_grad():
             self.entropy[rows] = entropy_from_logits(logits, self.batch.temperature).detach().cpu()
-            if first:
-                self.first_rows = rows
-                gap = (logp.detach().cpu() - self.batch.rollout_logp[rows]).abs()
-                self.diff = gap * self.batch.loss_mask[rows]
+            if first:  # the first mini-batch's micro-batches, one after another
+                gap = (logp.detach().cpu() - self.batch.rollout_logp[rows]).abs() * self.batch.loss_mask[rows]
+                had = self.first_rows is not None
+                self.first_rows = torch.cat([self.first_rows, rows]) if had else rows
+                self.diff = torch.cat([self.diff, gap]) if had else gap
 
     def metrics(self, mask: torch.Tensor, alarm: float) -> dict[str, float]:
         out = {"entropy": float((self.entropy * mask).sum() / mask.sum().clamp(min=1))}

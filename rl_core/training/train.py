@@ -66,7 +66,11 @@ def _engine_for(ctx: RunContext, policy: ArtifactRef, optimizer: ArtifactRef | N
         state, masters = read_optimizer_file(ctx.store.read_bytes(optimizer), optimizer.uri)
         if masters is not None:  # the float32 weights the rounded checkpoint was stored from
             _load_masters(model, masters, optimizer.uri)
-    engine = make_train_engine(ctx.cfg.train.backend, model, ctx.cfg.train, placed.device)
+    tc = ctx.cfg.train
+    budget = (ctx.placement.memory or {}).get("forward_tokens")
+    if tc.forward_tokens is None and budget:  # the memory plan's forward on a GPU (accumulated gradients)
+        tc = tc.model_copy(update={"forward_tokens": budget})
+    engine = make_train_engine(tc.backend, model, tc, placed.device)
     if state is not None:
         engine.load_optimizer_tree(state, optimizer.uri)
     held.train, held.train_cfg = engine, ctx.cfg.train.model_copy()

@@ -1,7 +1,8 @@
 """Train engines: DeepSpeed (ZeRO 0-3, gloo on CPU, NCCL on GPU) and plain torch (the reference).
 
 Both expose the same small surface that ``rl_core.training.ppo`` drives: ``module`` (the model, called for
-logits), ``backward_step(loss) -> grad_norm``, ``weights()``,
+logits), ``backward_step(loss, step) -> grad_norm`` (``step=False`` accumulates the gradients of a micro-batch
+into the next step), ``weights()``,
 ``optimizer_state()``/``load_optimizer_state()``, and ``train(batch) -> metrics``. One process in-flow by
 default; under a launcher (``torchrun``/``deepspeed``) each rank builds the same engine and DeepSpeed shards
 optimizer state and gradients across ranks.
@@ -30,7 +31,7 @@ class TrainEngine(Protocol):
 
     def close(self) -> None: ...
 
-    def backward_step(self, loss: torch.Tensor) -> float: ...
+    def backward_step(self, loss: torch.Tensor, step: bool = True) -> float: ...
 
     def weights(self) -> dict[str, torch.Tensor]: ...
 
@@ -191,8 +192,14 @@ class DeepSpeedTrainEngine:
         self.engine.destroy()
         del self.engine, self.optimizer, self.module
 
-    def backward_step(self, loss: torch.Tensor) -> float:
+    def backward_step(self, loss: torch.Tensor, step: bool = True) -> float:
+        """Backward ``loss`` into the gradients; with ``step``, the optimizer step on everything accumulated
+        since the last one (DeepSpeed's accumulation boundary: its reduction and step happen there) and the
+        gradient norm before clipping; without, nan."""
+        self.engine.set_gradient_accumulation_boundary(step)
         self.engine.backward(loss)
+        if not step:
+            return float("nan")
         for p in self.zero_fill:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
@@ -275,6 +282,7 @@ class TorchTrainEngine:
         self.module = model
         self.device = next(model.parameters()).device
         self.optimizer = _adamw(model, cfg)
+        self.accumulating = False  # gradients of earlier micro-batches wait for the step
 
     def train(self, batch: Any) -> dict[str, float]:
         from rl_core.training.ppo import ppo_update
@@ -284,9 +292,13 @@ class TorchTrainEngine:
     def close(self) -> None:
         del self.optimizer, self.module
 
-    def backward_step(self, loss: torch.Tensor) -> float:
-        self.optimizer.zero_grad(set_to_none=True)
+    def backward_step(self, loss: torch.Tensor, step: bool = True) -> float:
+        if not self.accumulating:
+            self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        self.accumulating = not step
+        if not step:
+            return float("nan")
         norm = clip_gradients(self.module.parameters(), self.cfg.grad_clip)
         self.optimizer.step()
         return norm

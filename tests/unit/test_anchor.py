@@ -33,7 +33,8 @@ class Engine:
         self.module = Counting()
         self.opt = torch.optim.SGD(self.module.parameters(), lr=0.1)
 
-    def backward_step(self, loss):
+    def backward_step(self, loss, step=True):
+        assert step  # no forward budget set: one forward per mini-batch
         self.opt.zero_grad()
         loss.backward()
         self.opt.step()

@@ -94,10 +94,16 @@ def test_the_gpu_config_fits_the_gpus_it_names_and_not_a_smaller_one():
     cfg = load_config(ROOT / "configs/gpu.yaml")
     header = (ROOT / "configs/gpu.yaml").read_text().splitlines()[0]
     assert "H200" in header and "80" in header
-    for gpu in ("H200", "H100", "A100-80GB"):
-        plan(cfg, Machine.described(gpu))
+    gpus = ("H200", "H100", "A100-80GB", "A100-40GB")
+    budgets = {gpu: plan(cfg, Machine.described(gpu)).memory["forward_tokens"] for gpu in gpus}
+    whole = cfg.train.micro_batch_size * cfg.model.max_position
+    assert budgets["H200"] == whole  # the whole mini-batch in one forward fits the GPUs it is sized for
+    # a smaller GPU gets smaller forwards (gradients accumulated: the same update), not a refusal ...
+    assert budgets["A100-40GB"] < whole
+    # ... unless the forward is fixed at the whole mini-batch
+    fixed = cfg.model_copy(update={"train": cfg.train.model_copy(update={"forward_tokens": whole})})
     with pytest.raises(PlacementError, match=r"GPU 0 \(NVIDIA A100-SXM4-40GB.*train phase.*micro_batch_size"):
-        plan(cfg, Machine.described("A100-40GB"))
+        plan(fixed, Machine.described("A100-40GB"))
 
 
 def test_without_flash_attn_the_kernel_is_sdpa_and_asking_for_it_is_refused():
