@@ -6,6 +6,7 @@ fixtures of tests/integration/conftest.py and tests/sandbox/conftest.py); unit t
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import json
 import os
 import re
@@ -148,6 +149,21 @@ def committed_stages(shown: dict) -> set[tuple[int, str]]:
         for st, v in it["stages"].items()
         if v["status"] == "committed"
     }
+
+
+def quiet_cron(now: dt.datetime | None = None) -> str:
+    """A daily cron that fires 12 hours from ``now`` (UTC): a deployment served by a test never meets its
+    own schedule, whatever the time of day the suite runs (a fixed "0 3 * * *" fired the sweep inside a
+    test run at 03:00).
+
+    >>> quiet_cron(dt.datetime(2026, 12, 5, 2, 59, tzinfo=dt.UTC))
+    '59 14 * * *'
+    >>> quiet_cron(dt.datetime(2026, 1, 1, 15, 0, tzinfo=dt.UTC))
+    '0 3 * * *'
+
+    """
+    at = (now or dt.datetime.now(dt.UTC)) + dt.timedelta(hours=12)
+    return f"{at.minute} {at.hour} * * *"
 
 
 def cli_env(state: Path) -> dict[str, str]:

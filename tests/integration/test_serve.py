@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from rl_core.schema.config import load_config
-from tests.conftest import cli_env, prefect_api_call, serving
+from tests.conftest import cli_env, prefect_api_call, quiet_cron, serving
 
 # Prefect 3.7's background task mark_deployments_ready, fired by a serving runner's heartbeat, fails at
 # once on its SQLite database ("database is locked" within ~30 ms, whatever the timeout): a Prefect bug,
@@ -18,7 +18,7 @@ from tests.conftest import cli_env, prefect_api_call, serving
 pytestmark = pytest.mark.server_log_allows(r"mark_deployments_ready|database is locked")
 
 ROOT = Path(__file__).resolve().parents[2]
-CRON = "0 3 * * *"
+CRON = quiet_cron()  # fires 12 hours from now: never while the suite runs
 
 
 def _wait(api, flow_run_id, timeout_s=900):
