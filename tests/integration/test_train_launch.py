@@ -49,9 +49,13 @@ def _manifest(state: Path, run_id: str, k: int) -> dict | None:
     return json.loads(p.read_text()) if p.exists() else None
 
 
-def _job_processes() -> list[str]:
+def _job_processes(state: Path) -> list[str]:
+    """The train jobs' processes (agent and ranks) of runs stored under ``state``: each names its store on
+    its command line, so another test's job on the machine is not counted."""
     out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
-    return [line for line in out.splitlines() if "rl_core.training.train_launch" in line]
+    return [
+        line for line in out.splitlines() if "rl_core.training.train_launch" in line and str(state) in line
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -119,7 +123,7 @@ def test_killed_rank_fails_cleanly_and_resumes_to_the_same_weights(state: Path):
     assert "rank 1 of 2 was killed by SIGKILL" in killed.stderr + killed.stdout
     first = _manifest(state, "killed", 1)
     assert first is not None and _manifest(state, "killed", 2) is None
-    assert _job_processes() == []  # the peer blocked in a collective was ended, no rank left behind
+    assert _job_processes(state) == []  # the peer blocked in a collective was ended, no rank left behind
 
     resumed = _cli(["resume", "killed"], state)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
