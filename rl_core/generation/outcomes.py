@@ -105,8 +105,10 @@ def _ray_map(
     if not ray.is_initialized():
         if address:
             ray.init(address=address, log_to_driver=False, runtime_env=modules or None)
-        else:  # a local single-node cluster on 127.0.0.1
+        else:  # a single-node cluster of its own on 127.0.0.1: never one it happens to find (RAY_ADDRESS,
+            # a `ray start` on this machine), which would also refuse num_cpus
             ray.init(
+                address="local",
                 num_cpus=workers,
                 include_dashboard=False,
                 _node_ip_address="127.0.0.1",

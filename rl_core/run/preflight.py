@@ -83,3 +83,24 @@ def check_prompts_fit(ctx: Any) -> None:
             f"{prompt} > model.max_position={cfg.model.max_position}: set model.max_position to at least "
             f"{need}{folder_says}"
         )
+
+
+def check_ray_address(cfg: Any, timeout_s: float = 3.0) -> None:
+    """Refuse (``ConfigError``, one line) a ``task.ray_address`` that nothing answers on, before any stage:
+    the run would otherwise fail in its first execute_envs, after generate had committed."""
+    address = cfg.task.ray_address if cfg.task.executor == "ray" else ""
+    if not address or address == "auto":
+        return
+    import socket
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(address if "://" in address else f"ray://{address}")
+    host, port = parts.hostname, parts.port or (10001 if parts.scheme == "ray" else 6379)
+    try:
+        with socket.create_connection((host or "", port), timeout=timeout_s):
+            pass
+    except OSError as e:
+        raise ConfigError(
+            f"task.ray_address={address}: nothing answers on {host}:{port} ({e.strerror or e}); start the "
+            "cluster (ray start --head), fix the address, or leave it empty for a cluster of the run's own"
+        ) from None

@@ -34,7 +34,7 @@ from pydantic import AfterValidator, WithJsonSchema
 
 from rl_core.artifacts.store import Store
 from rl_core.run.context import RunContext, data_files, legacy_config_hash, run_config_hash, stage_config
-from rl_core.run.preflight import check_prompts_fit
+from rl_core.run.preflight import check_prompts_fit, check_ray_address
 from rl_core.schema.config import Config, config_from_dict
 
 RUN_RECORD = "run.json"
@@ -164,6 +164,7 @@ def create_or_resume(
     """
     check_run_id(ctx.run_id)
     ctx.placement  # noqa: B018 -- a config that cannot run on this machine (PlacementError) stops here
+    check_ray_address(ctx.cfg)  # a Ray cluster nothing answers on stops here
     uri = f"{ctx.store.run_uri(ctx.run_id)}/{RUN_RECORD}"
     if not ctx.store.exists(uri):
         if mode == "resume":
@@ -280,15 +281,19 @@ def run_command(verb: str, run_id: str, store_root: str, *more: str) -> str:
     >>> run_command("resume", "r1", "s3://bucket/runs")
     'rlfoundry resume r1 --store s3://bucket/runs'
     >>> from rl_core.run.context import store_root
-    >>> run_command("show", "r1", store_root(Config()))
-    'rlfoundry show r1'
+    >>> here = store_root(Config())
+    >>> run_command("show", "r1", here), run_command("show", "r1", "file://" + here)
+    ('rlfoundry show r1', 'rlfoundry show r1')
     """
     import shlex
 
     from rl_core.run.context import store_root as default_root
 
+    def local(root: str) -> str:
+        return root.removeprefix("file://").rstrip("/")
+
     words = ["rlfoundry", verb, run_id, *more]
-    if store_root.rstrip("/") != default_root(Config()).rstrip("/"):
+    if local(store_root) != local(default_root(Config())):
         words += ["--store", shlex.quote(store_root)]
     return " ".join(words)
 

@@ -148,3 +148,43 @@ def test_a_head_size_vllm_cpu_cannot_run_is_refused_under_vllm_and_avoided_by_au
     servers = load_config("configs/smoke.yaml", [f"model.path={head16}", "rollout.servers=2"])
     with pytest.raises(PlacementError, match="rollout.servers on this CPU .* and rollout.servers=0"):
         plan(servers, Machine(cpu_threads=2))
+
+
+def test_a_ray_address_nothing_answers_on_is_refused_before_any_work(tmp_path):
+    from rl_core.artifacts.paths import free_port
+    from rl_core.schema.config import ConfigError
+
+    port = free_port()  # free: nothing listens there
+    cfg = load_config("configs/smoke.yaml", ["task.executor=ray", f"task.ray_address=ray://127.0.0.1:{port}"])
+    store = Store(str(tmp_path / "store"))
+    with pytest.raises(ConfigError, match=f"task.ray_address=ray://127.0.0.1:{port}: nothing answers on"):
+        create_or_resume(RunContext(cfg, "r", store), "new")
+    assert not (tmp_path / "store").exists() or not any((tmp_path / "store").rglob("run.json"))
+
+
+def test_without_an_address_the_run_starts_its_own_cluster_never_the_one_it_finds(monkeypatch):
+    """With a cluster already on the machine (RAY_ADDRESS set, as `ray start` or a test's cluster leaves it),
+    an address-less ``task.executor: ray`` starts a local cluster of its own (``address="local"``) instead of
+    joining that one (where Ray refuses num_cpus: a 451-line traceback)."""
+    import ray
+
+    from rl_core.generation import outcomes
+
+    calls = []
+
+    class Stop(Exception):
+        pass
+
+    def init(**kw):
+        calls.append(kw)
+        raise Stop
+
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", init)
+    with pytest.raises(Stop):
+        outcomes._ray_map("", 2, ("arithmetic", {}), [[]], {})
+    assert calls[0]["address"] == "local" and calls[0]["num_cpus"] == 2
+    with pytest.raises(Stop):
+        outcomes._ray_map("ray://head:10001", 2, ("arithmetic", {}), [[]], {})
+    assert calls[1]["address"] == "ray://head:10001" and "num_cpus" not in calls[1]  # joined as given
