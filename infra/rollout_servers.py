@@ -31,7 +31,7 @@ from infra.localstack.process import Server, clean_env, spawn
 from infra.rollout_auth import TOKEN_ENV
 from rl_core.artifacts.paths import PROJECT_ROOT, free_port, state_dir, vllm_cache_root
 from rl_core.models.engine_view import engine_folder
-from rl_core.models.vllm_args import cuda_visible, vllm_flags
+from rl_core.models.vllm_args import cuda_visible, rollout_server_args, vllm_flags
 
 
 def vllm_server_env(**extra: str) -> dict[str, str]:
@@ -82,32 +82,16 @@ class RolloutServers:
         self.servers: list[Server] = []
 
     def _command(self, port: int) -> list[str]:
+        model = str(engine_folder(self.ckpt_dir))  # a tied model's untied view (rl_core.models.engine_view)
         return [
-            sys.executable,
-            "-m",
-            "vllm.entrypoints.openai.api_server",
-            "--model",
-            str(engine_folder(self.ckpt_dir)),  # a tied model's untied view (rl_core.models.engine_view)
-            "--served-model-name",
-            "policy",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--dtype",
-            self.dtype,
-            "--max-model-len",
-            str(self.max_model_len),
-            "--seed",
-            "0",
-            "--logprobs-mode",
-            "processed_logprobs",
-            "--enable-prefix-caching",
-            "--max-num-seqs",
-            "256",
-            *vllm_flags(self.device_args),  # as the in-process engine's (rl_core.models.placement)
-            *("--middleware", "infra.rollout_auth.TokenAuth"),
-            *("--worker-extension-cls", "infra.rollout_auth.StoreCheckpointLoader"),
+            *(sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model),
+            *rollout_server_args(
+                host="127.0.0.1",
+                port=port,
+                dtype=self.dtype,
+                max_model_len=self.max_model_len,
+                device_flags=vllm_flags(self.device_args),
+            ),
         ]
 
     def _env(self, i: int) -> dict[str, str]:

@@ -2,7 +2,9 @@
 
 Points: ``<stage>:start`` (body begins), ``<stage>:outputs`` (outputs written, manifest not yet),
 ``<stage>:committed`` (manifest written), ``write`` (half-way through writing an artifact file of that
-iteration's folder), ``sync`` (before a weight sync into the rollout engine). Unset in normal runs: a no-op.
+iteration's folder), ``sync`` (before a weight sync into the rollout engine). A ``:node`` suffix kills this
+process's parent first: for a rank in a Ray actor, its node's raylet (the node is lost). Unset in normal
+runs: a no-op.
 The caller says which iteration it is in; nothing is remembered between calls.
 
     RLFOUNDRY_FAULT=train:outputs@2 rlfoundry run configs/smoke.yaml --run-id r1   # dies
@@ -33,5 +35,8 @@ def fault(point: str, iteration: int | None) -> None:
     if not spec:
         return
     where, _, at = spec.partition("@")
+    at, _, scope = at.partition(":")
     if where == point and (not at or int(at) == iteration):
+        if scope == "node":
+            os.kill(os.getppid(), signal.SIGKILL)
         os.kill(os.getpid(), signal.SIGKILL)

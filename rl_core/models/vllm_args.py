@@ -100,3 +100,29 @@ def cpu_head_sizes() -> tuple[int, ...]:
     from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
 
     return tuple(CPUAttentionBackend.get_supported_head_sizes())
+
+
+def rollout_server_args(
+    *, host: str, port: int | str, dtype: str, max_model_len: int | str, device_flags: list[str] | None = None
+) -> list[str]:
+    """The rollout server's ``vllm serve`` options after the model, the one source for every place one is
+    started (``infra/rollout_servers.py`` on this machine and on Ray, ``infra/k8s/rollout-servers.yaml`` in
+    Kubernetes, whose ``$(VAR)`` values come from its ConfigMap): the in-process engine's sampling contract
+    (logprobs after temperature and penalties, the run's dtype and context, a fixed seed), the token
+    middleware and the store checkpoint loader.
+
+    >>> args = rollout_server_args(host="0.0.0.0", port=8000, dtype="bfloat16", max_model_len=4096)
+    >>> args[args.index("--logprobs-mode") + 1], args[args.index("--max-model-len") + 1]
+    ('processed_logprobs', '4096')
+    """
+    return [
+        *("--served-model-name", "policy"),
+        *("--host", host, "--port", str(port)),
+        *("--dtype", dtype, "--max-model-len", str(max_model_len), "--seed", "0"),
+        *("--logprobs-mode", "processed_logprobs"),
+        "--enable-prefix-caching",
+        *("--max-num-seqs", "256"),
+        *(device_flags or []),  # as the in-process engine's (rl_core.models.placement)
+        *("--middleware", "infra.rollout_auth.TokenAuth"),
+        *("--worker-extension-cls", "infra.rollout_auth.StoreCheckpointLoader"),
+    ]

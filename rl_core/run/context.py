@@ -82,6 +82,8 @@ SWEEP_ONLY = (("eval", "inspect"),)
 # left out of every hash, so that a run stored before they existed, or resumed with other rules, is the same
 # run.
 MONITORING = ("alarms",)
+# Whole sections that say only where a run's work runs (a Ray cluster): left out of every hash as well.
+PLACEMENT_SECTIONS = ("cluster",)
 # How a checkpoint the train stage did not store is rebuilt: the train stage alone knows how and declares it
 # when its module loads (rl_core.training.train.rebuild), so that the context stays below the stages that use
 # it.
@@ -89,12 +91,13 @@ REBUILD_UNSTORED: Callable[[RunContext, ArtifactRef], None] | None = None
 
 
 def without_fields(data: dict[str, Any], fields: tuple[tuple[str, str], ...]) -> dict[str, Any]:
-    """A config dump without ``fields`` ((section, name) pairs) and without the MONITORING sections.
+    """A config dump without ``fields`` ((section, name) pairs), the MONITORING and PLACEMENT_SECTIONS.
 
     >>> without_fields({"train": {"lr": 0.1, "world_size": 2}, "model": {}, "alarms": {}}, PLACEMENT)
     {'train': {'lr': 0.1}, 'model': {}}
     """
-    out = {k: dict(v) if isinstance(v, dict) else v for k, v in data.items() if k not in MONITORING}
+    skip = MONITORING + PLACEMENT_SECTIONS
+    out = {k: dict(v) if isinstance(v, dict) else v for k, v in data.items() if k not in skip}
     for section, name in fields:
         if isinstance(out.get(section), dict):
             out[section].pop(name, None)

@@ -18,6 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from rl_core.schema.config_alarms import AlarmsSection
+from rl_core.schema.config_cluster import ClusterSection
 from rl_core.schema.config_device import RolloutDeviceFields, TrainDeviceFields
 from rl_core.schema.config_eval import EvalSection, EvalSuite  # noqa: F401  (EvalSuite: part of the schema's API)
 from rl_core.schema.config_layout import CheckpointLayoutFields, StoreLockFields, TrainLayoutFields
@@ -337,9 +338,7 @@ class Config(_Section):
     experiment: ExperimentSection = Field(
         default_factory=ExperimentSection, description="Run identity and length."
     )
-    model: ModelSection = Field(
-        default_factory=ModelSection, description="Policy architecture and tokenizer."
-    )
+    model: ModelSection = Field(default_factory=ModelSection, description="Policy shape and tokenizer.")
     task: TaskSection = Field(default_factory=TaskSection, description="Environment and task data.")
     warmup: WarmupSection = Field(default_factory=WarmupSection, description="Supervised warm-up stage.")
     rollout: RolloutSection = Field(default_factory=RolloutSection, description="Generation stage.")
@@ -348,6 +347,7 @@ class Config(_Section):
     eval: EvalSection = Field(default_factory=EvalSection, description="Evaluation stage.")
     store: StoreSection = Field(default_factory=StoreSection, description="Artifact store.")
     tracking: TrackingSection = Field(default_factory=TrackingSection, description="Lineage tracking.")
+    cluster: ClusterSection = Field(default_factory=ClusterSection, description="Beyond one machine (Ray).")
     alarms: AlarmsSection = Field(
         default_factory=AlarmsSection, description="Vital-sign alarms checked after every iteration."
     )

@@ -364,6 +364,10 @@ def rebuild(ctx: RunContext, ref: ArtifactRef) -> None:
 
 
 def train_body(ctx: RunContext, job: StageJob) -> StageResult:
+    if ctx.cfg.train.launched and ctx.cfg.cluster.ray_address:  # its ranks as actors on a Ray cluster
+        from rl_core.training.ray_launch import launch_train_on_ray
+
+        return launch_train_on_ray(ctx, job)
     if ctx.cfg.train.launched:  # train.world_size / tp_size > 1: a torchrun job of its own
         from rl_core.training.train_launch import launch_train
 

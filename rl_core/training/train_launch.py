@@ -75,15 +75,9 @@ def _failure(log: Path, iteration: int, world_size: int, rc: int) -> TrainJobErr
     )
 
 
-def launch_train(ctx: Any, job: Any) -> Any:
-    """Run the train stage ``job`` as a torchrun job of ``train.world_size`` ranks; its StageResult."""
-    from rl_core.artifacts.stage import StageResult
-
-    tc = ctx.cfg.train
-    logs = state_dir() / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    log = logs / f"train-{ctx.run_id.replace('/', '_')}-iter-{job.iteration:04d}.log"
-    # The job lives in the store, beside the stage's outputs: ranks on other nodes read it from there.
+def write_job(ctx: Any, job: Any) -> tuple[str, str]:
+    """The stage's job file in the store, beside its outputs (ranks on other nodes read it from there), and
+    where rank 0 writes its result: (job URI, result URI)."""
     job_uri, result_uri = f"{job.out_uri}/_job/job.json", f"{job.out_uri}/_job/result.json"
     ctx.store.write_json(
         job_uri,
@@ -98,6 +92,18 @@ def launch_train(ctx: Any, job: Any) -> Any:
             "placement": ctx.placement.as_dict(),
         },
     )
+    return job_uri, result_uri
+
+
+def launch_train(ctx: Any, job: Any) -> Any:
+    """Run the train stage ``job`` as a torchrun job of ``train.world_size`` ranks; its StageResult."""
+    from rl_core.artifacts.stage import StageResult
+
+    tc = ctx.cfg.train
+    logs = state_dir() / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    log = logs / f"train-{ctx.run_id.replace('/', '_')}-iter-{job.iteration:04d}.log"
+    job_uri, result_uri = write_job(ctx, job)
     cmd = [
         sys.executable,
         "-m",
@@ -151,7 +157,9 @@ def _rank(store_root: str, job_uri: str) -> None:
     cfg = Config.model_validate(spec["config"])
     store = Store(store_root, retries=cfg.store.retries, retry_max_wait_s=cfg.store.retry_max_wait_s)
     ctx = RunContext(cfg, spec["run_id"], store)
-    ctx.__dict__["placement"] = Placement.from_dict(spec["placement"]).for_rank(int(os.environ["LOCAL_RANK"]))
+    # cuda:LOCAL_RANK of the GPUs torchrun's ranks see; a Ray actor sees its own GPU only (index 0)
+    index = int(os.environ.get("RLFOUNDRY_DEVICE_INDEX", os.environ["LOCAL_RANK"]))
+    ctx.__dict__["placement"] = Placement.from_dict(spec["placement"]).for_rank(index)
     inputs = {k: ArtifactRef.model_validate(v) for k, v in spec["inputs"].items()}
     job = StageJob(spec["iteration"], inputs, spec["out_uri"])
     init_distributed()

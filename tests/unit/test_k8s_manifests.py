@@ -202,7 +202,7 @@ def test_rollout_servers_are_probed_and_stay_internal():
         assert c["livenessProbe"]["httpGet"]["path"] == "/health"
     assert not _by_kind("Ingress"), "/collective_rpc must not be exposed"
     for c in vllm:  # behind the run's token, new weights fetched from the store (infra/rollout_auth.py)
-        command = c["command"]
+        command = c["command"] + c.get("args", [])
         assert command[command.index("--middleware") + 1] == "infra.rollout_auth.TokenAuth"
         assert "infra.rollout_auth.StoreCheckpointLoader" in command
         token = {e["name"]: e for e in c["env"]}["RLFOUNDRY_SERVER_TOKEN"]["valueFrom"]["secretKeyRef"]
@@ -234,3 +234,27 @@ def test_the_trainer_has_shared_memory_and_a_rendezvous_name():
     command = " ".join(pod["containers"][0]["command"])
     assert f"--nnodes={spec['completions']}" in command
     assert f"--master-addr={job['metadata']['name']}-0.{pod['subdomain']}" in command
+
+
+def test_the_rollout_pods_start_vllm_with_the_same_arguments_as_every_other_server():
+    """One source for the rollout servers' command line (rl_core.models.vllm_args.rollout_server_args): the
+    pod's is the function's, with the run's dtype and context from the ConfigMap (Kubernetes expands
+    ``$(VAR)`` from the container's env), so a pod returns the logprobs the trainer expects."""
+    from rl_core.models.vllm_args import rollout_server_args
+
+    (vllm,) = _component("rollout")["spec"]["containers"]
+    assert vllm["command"] == ["vllm", "serve", "/models/policy"]
+    want = rollout_server_args(
+        host="0.0.0.0",
+        port=8000,
+        dtype="$(RLFOUNDRY_ENGINE_DTYPE)",
+        max_model_len="$(RLFOUNDRY_MAX_MODEL_LEN)",
+    )
+    assert vllm["args"] == want
+    env = {e["name"]: e for e in vllm["env"]}
+    config = next(d for d in _by_kind("ConfigMap") if d["metadata"]["name"] == "rlfoundry-config")["data"]
+    for var in ("RLFOUNDRY_ENGINE_DTYPE", "RLFOUNDRY_MAX_MODEL_LEN"):
+        ref = env[var]["valueFrom"]["configMapKeyRef"]
+        assert ref["name"] == "rlfoundry-config" and ref["key"] in config
+    for flag in ("--logprobs-mode", "--dtype", "--max-model-len", "--seed"):
+        assert flag in vllm["args"]

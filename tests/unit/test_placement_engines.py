@@ -12,7 +12,7 @@ import pytest
 
 from infra.rollout_servers import RolloutServers
 from rl_core.models.placement import Machine, PlacementError, plan
-from rl_core.models.vllm_args import cpu_vllm_args, cuda_visible, vllm_flags
+from rl_core.models.vllm_args import cpu_vllm_args, cuda_visible, rollout_server_args, vllm_flags
 from rl_core.schema.config import config_from_dict
 
 CPU = Machine(cpu_bf16=True)
@@ -66,6 +66,15 @@ def test_cpu_servers_keep_the_cpu_command():
         at = cmd.index(flags[0])
         assert cmd[at : at + len(flags)] == flags
     assert not any("gpu-memory" in c or "tensor-parallel" in c for c in cmd)
+    # the one source of a server's options (Kubernetes' pods use it too): the run's own values, the flags
+    want = rollout_server_args(
+        host="127.0.0.1",
+        port=8001,
+        dtype="float32",
+        max_model_len=64,
+        device_flags=vllm_flags(servers.device_args),
+    )
+    assert cmd[cmd.index("--served-model-name") :] == want
     assert servers.gpus == () and "CUDA_VISIBLE_DEVICES" not in servers._env(0)
     # without a placement (a caller that has none): the same CPU arguments
     bare = RolloutServers("/ckpt", cfg.rollout, max_model_len=64)

@@ -1,0 +1,169 @@
+"""The train stage's ranks as Ray actors on a cluster (``cluster.ray_address``): the same job as the torchrun
+launcher's (``rl_core.training.train_launch``), placed by a Ray placement group instead of started on this
+machine.
+
+    launch_train_on_ray(ctx, job)     # in the flow: the StageResult of rank 0, with where each rank ran
+
+The flow writes the job into the store (config, inputs, output folder, its placement); one actor per rank is
+placed by a placement group of one bundle per rank (a CPU each, and a GPU each on a GPU machine), spread over
+the cluster's nodes; rank 0's actor names its node's address and a free port there, every rank joins
+torch.distributed there (gloo on CPU, NCCL on GPUs, as the launcher's) with RANK, LOCAL_RANK (its index
+among the ranks on its node: ``cuda:LOCAL_RANK``) and WORLD_SIZE, and runs ``train_launch._rank``: it reads
+its inputs from the store and rank 0 writes the checkpoint and the result file there. Nothing crosses nodes
+by a local path: the store must be one every node reaches (S3 at scale).
+
+A rank whose node is lost (its raylet or process killed) fails the stage in one line naming the rank, its
+node and the workload; nothing is committed and ``rlfoundry resume`` runs the stage again. The actors end
+with the stage.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from rl_core.artifacts.paths import PROJECT_ROOT
+from rl_core.training.train_launch import TrainJobError, write_job
+
+
+def connect(address: str) -> None:
+    """Join the Ray cluster at ``address`` once per process (the project's code travels with the job)."""
+    import ray
+
+    if not ray.is_initialized():
+        env = {"PYTHONPATH": str(PROJECT_ROOT), "RAY_USAGE_STATS_ENABLED": "0"}
+        ray.init(address=address, log_to_driver=False, runtime_env={"env_vars": env})
+
+
+class _Rank:
+    """One rank of the job, in a Ray actor's process."""
+
+    def where(self) -> dict[str, Any]:
+        """This actor's node (Ray's id and address) and a free port on it (rank 0's is the rendezvous)."""
+        import ray
+
+        from rl_core.artifacts.paths import free_port
+
+        ctx = ray.get_runtime_context()
+        gpus = ray.get_gpu_ids()  # Ray shows the actor its own GPU only: cuda:0 in here
+        device = f"cuda:{gpus[0]} of its node" if gpus else "cpu"
+        node, address = ctx.get_node_id(), ray.util.get_node_ip_address()
+        return {"node": node, "address": address, "port": free_port(), "device": device}
+
+    def run(self, store_root: str, job_uri: str, env: dict[str, str]) -> dict[str, Any]:
+        """Join the job's process group with ``env`` (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_*) and run it."""
+        import ray
+
+        from rl_core.training.train_launch import _rank
+
+        for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+            os.environ.pop(key, None)
+        os.environ.update(env)
+        if ray.get_gpu_ids():  # the one GPU Ray gave this actor is the only one it sees
+            os.environ["RLFOUNDRY_DEVICE_INDEX"] = "0"
+        _rank(store_root, job_uri)
+        return {"rank": int(env["RANK"]), "pid": os.getpid()}
+
+
+def rank_env(nodes: list[str], master: tuple[str, int]) -> list[dict[str, str]]:
+    """Each rank's torch.distributed environment: LOCAL_RANK its index among the ranks of its node.
+
+    >>> [e["LOCAL_RANK"] for e in rank_env(["a", "b", "a", "b"], ("10.0.0.1", 29500))]
+    ['0', '0', '1', '1']
+    """
+    seen: dict[str, int] = {}
+    out = []
+    for r, node in enumerate(nodes):
+        local = seen.get(node, 0)
+        seen[node] = local + 1
+        out.append(
+            {
+                "RANK": str(r),
+                "LOCAL_RANK": str(local),
+                "WORLD_SIZE": str(len(nodes)),
+                "LOCAL_WORLD_SIZE": str(nodes.count(node)),
+                "MASTER_ADDR": master[0],
+                "MASTER_PORT": str(master[1]),
+                "OMP_NUM_THREADS": "1",
+            }
+        )
+    return out
+
+
+def launch_train_on_ray(ctx: Any, job: Any) -> Any:
+    """Run the train stage ``job`` as ``train.world_size`` Ray actors; its StageResult, whose metrics carry
+    ``placement``: the Ray node and device of every rank."""
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    from rl_core.artifacts.manifest import ArtifactRef
+    from rl_core.artifacts.stage import StageResult
+
+    world, cluster = ctx.cfg.train.world_size, ctx.cfg.cluster
+    connect(cluster.ray_address)
+    gpu = 1 if ctx.placement.trainer_gpus else 0
+    bundle = {"CPU": 1, **({"GPU": gpu} if gpu else {})}
+    job_uri, result_uri = write_job(ctx, job)
+    pg = placement_group([bundle] * world, strategy="SPREAD")
+    try:
+        ray.get(pg.ready(), timeout=cluster.ready_timeout_s)
+    except ray.exceptions.GetTimeoutError:
+        remove_placement_group(pg)
+        raise TrainJobError(
+            f"train stage of iteration {job.iteration}: the Ray cluster at {cluster.ray_address} did not "
+            f"place {world} ranks of {bundle} within cluster.ready_timeout_s={cluster.ready_timeout_s:g} "
+            f"(it has {ray.cluster_resources()}); nothing committed"
+        ) from None
+    actor = ray.remote(num_cpus=1, num_gpus=gpu, max_restarts=0)(_Rank)
+    ranks = [
+        actor.options(
+            scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=r)
+        ).remote()
+        for r in range(world)
+    ]
+    try:
+        where = ray.get([a.where.remote() for a in ranks])
+        envs = rank_env([w["node"] for w in where], (where[0]["address"], where[0]["port"]))
+        if "RLFOUNDRY_FAULT" in os.environ:  # crash tests: the fault travels to the ranks' nodes
+            envs = [{**e, "RLFOUNDRY_FAULT": os.environ["RLFOUNDRY_FAULT"]} for e in envs]
+        runs = [a.run.remote(ctx.store.root, job_uri, e) for a, e in zip(ranks, envs, strict=True)]
+        _wait(runs, where, job.iteration)
+    finally:
+        for a in ranks:
+            ray.kill(a)
+        remove_placement_group(pg)
+    result = ctx.store.read_json(result_uri)
+    device = ctx.placement.workloads["trainer"].device
+    placed = [
+        {
+            "rank": r,
+            "node": w["node"],
+            "address": w["address"],
+            "device": "cuda:" + e["LOCAL_RANK"] if gpu else device,
+        }
+        for r, (w, e) in enumerate(zip(where, envs, strict=True))
+    ]
+    metrics = {**result["metrics"], "placement": {"ray_address": cluster.ray_address, "train_ranks": placed}}
+    outputs = {k: ArtifactRef.model_validate(v) for k, v in result["outputs"].items()}
+    return StageResult(outputs=outputs, metrics=metrics, seeds=result["seeds"])
+
+
+def _wait(runs: list[Any], where: list[dict[str, Any]], iteration: int) -> None:
+    """Every rank's end; a rank that fails as a TrainJobError naming it and its node (its peers, blocked in a
+    collective, are killed with the actors by the caller)."""
+    import ray
+
+    pending = list(runs)
+    while pending:
+        done, pending = ray.wait(pending, num_returns=1)
+        try:
+            ray.get(done[0])
+        except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as e:
+            r = runs.index(done[0])
+            lost = isinstance(e, ray.exceptions.RayActorError)
+            how = "its actor died (node lost or process killed)" if lost else f"it failed: {str(e)[-600:]}"
+            raise TrainJobError(
+                f"train stage of iteration {iteration}: rank {r} of {len(runs)} on Ray node "
+                f"{where[r]['node'][:12]} ({where[r]['address']}): {how}; nothing committed"
+            ) from None
