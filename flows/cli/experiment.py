@@ -159,6 +159,7 @@ def launch(
     ensure_api()
     from flows.experiment import experiment_flow, with_result_storage
     from flows.observe import AlarmStop, alarms_shown_here
+    from rl_core.training.train_launch import TrainJobError
 
     prog = Progress(cfg.experiment.iterations)
     t0 = time.time()
@@ -176,6 +177,9 @@ def launch(
         fail(f"{e}\nevery committed stage is kept; once the store answers again: {again}", 3)
     except AlarmStop as e:
         fail(str(e), 4)
+    except TrainJobError as e:  # a launched train stage failed: which rank, where, and its log
+        first = str(e).splitlines()[0]
+        fail(f"{first}\nevery committed stage is kept: {run_command('resume', rid, ctx.store.root)}", 1)
     finally:
         for unsub in unsubscribe:
             unsub()

@@ -149,9 +149,11 @@ def launch_train_on_ray(ctx: Any, job: Any) -> Any:
     return StageResult(outputs=outputs, metrics=metrics, seeds=result["seeds"])
 
 
-def _wait(runs: list[Any], where: list[dict[str, Any]], iteration: int) -> None:
-    """Every rank's end; a rank that fails as a TrainJobError naming it and its node (its peers, blocked in a
-    collective, are killed with the actors by the caller)."""
+def _wait(runs: list[Any], where: list[dict[str, Any]], iteration: int, grace_s: float = 30.0) -> None:
+    """Every rank's end. When one fails, the others get ``grace_s`` to end too (a lost rank's peers fail in
+    their next collective), then the cause is named: a rank whose actor died (its node lost, its process
+    killed) before any rank that merely failed after it, the lowest such rank: the same line whatever order
+    the failures arrived in."""
     import ray
 
     pending = list(runs)
@@ -159,11 +161,31 @@ def _wait(runs: list[Any], where: list[dict[str, Any]], iteration: int) -> None:
         done, pending = ray.wait(pending, num_returns=1)
         try:
             ray.get(done[0])
-        except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as e:
-            r = runs.index(done[0])
-            lost = isinstance(e, ray.exceptions.RayActorError)
-            how = "its actor died (node lost or process killed)" if lost else f"it failed: {str(e)[-600:]}"
-            raise TrainJobError(
-                f"train stage of iteration {iteration}: rank {r} of {len(runs)} on Ray node "
-                f"{where[r]['node'][:12]} ({where[r]['address']}): {how}; nothing committed"
-            ) from None
+        except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError):
+            ray.wait(pending, num_returns=len(pending), timeout=grace_s)
+            raise _cause(runs, where, iteration) from None
+
+
+def _cause(runs: list[Any], where: list[dict[str, Any]], iteration: int) -> TrainJobError:
+    import ray
+
+    died, failed = [], []
+    for r, ref in enumerate(runs):
+        try:
+            ray.get(ref, timeout=0)
+        except ray.exceptions.RayActorError:
+            died.append(r)
+        except ray.exceptions.RayTaskError as e:
+            failed.append((r, e))
+        except ray.exceptions.GetTimeoutError:
+            pass  # still blocked in a collective: killed with the actors
+    if died:
+        r, how = died[0], "its actor died (node lost or process killed)"
+    else:
+        r, e = failed[0]
+        how = f"it failed: {str(e).strip().splitlines()[-1][-300:]}"
+    node = where[r]
+    return TrainJobError(
+        f"train stage of iteration {iteration}: rank {r} of {len(runs)} on Ray node {node['node'][:12]} "
+        f"({node['address']}): {how}; nothing committed"
+    )

@@ -45,6 +45,9 @@ def _env(world_size: int, gpus: tuple[int, ...] = ()) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in _DROP and not k.startswith(drop)}
     threads = max(1, (os.cpu_count() or 1) // world_size)
     env.update(
+        # a rank that dies of a fatal signal (SIGSEGV, SIGABRT from a native library) prints every Python
+        # thread's stack into the job's log first: what it was doing is in the failure's tail
+        PYTHONFAULTHANDLER="1",
         OMP_NUM_THREADS=str(threads),
         TORCH_EXTENSIONS_DIR=env.get("TORCH_EXTENSIONS_DIR", str(cache_dir("torch_extensions"))),
         RLFOUNDRY_STATE_DIR=str(state_dir()),

@@ -42,7 +42,9 @@ def cluster_scenario(state: str, out: str) -> None:
         env = cli_env(Path(state))
         env.pop("PREFECT_API_URL", None)  # the session's server is outside this namespace: a private one
         args = [*RUN, "--set", f"cluster.ray_address={cluster.address}"]
-        lost = cli([*args, "--run-id", "lost"], {**env, "RLFOUNDRY_FAULT": "train:rank1@1:node"}, fresh=True)
+        lost = cli(
+            ["run", *args, "--run-id", "lost"], {**env, "RLFOUNDRY_FAULT": "train:rank1@1:node"}, fresh=True
+        )
         cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1")  # a node back, as an autoscaler would
         cluster.wait_for_nodes()
         resumed = cli(["resume", "lost"], env, fresh=True)
