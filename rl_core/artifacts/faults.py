@@ -3,8 +3,9 @@
 Points: ``<stage>:start`` (body begins), ``<stage>:outputs`` (outputs written, manifest not yet),
 ``<stage>:committed`` (manifest written), ``write`` (half-way through writing an artifact file of that
 iteration's folder), ``sync`` (before a weight sync into the rollout engine). A ``:node`` suffix kills this
-process's parent first: for a rank in a Ray actor, its node's raylet (the node is lost). Unset in normal
-runs: a no-op.
+process's parent first: for a rank in a Ray actor, its node's raylet (the node is lost); ``:abort`` ends the
+process with SIGABRT instead (a native library's abort), and with ``RLFOUNDRY_FAULT_ONCE=FILE`` only while
+FILE does not exist (it is created then). Unset in normal runs: a no-op.
 The caller says which iteration it is in; nothing is remembered between calls.
 
     RLFOUNDRY_FAULT=train:outputs@2 rlfoundry run configs/smoke.yaml --run-id r1   # dies
@@ -37,6 +38,13 @@ def fault(point: str, iteration: int | None) -> None:
     where, _, at = spec.partition("@")
     at, _, scope = at.partition(":")
     if where == point and (not at or int(at) == iteration):
+        once = os.environ.get("RLFOUNDRY_FAULT_ONCE")
+        if once:
+            try:
+                with open(once, "x"):
+                    pass
+            except FileExistsError:
+                return
         if scope == "node":
             os.kill(os.getppid(), signal.SIGKILL)
-        os.kill(os.getpid(), signal.SIGKILL)
+        os.kill(os.getpid(), signal.SIGABRT if scope == "abort" else signal.SIGKILL)

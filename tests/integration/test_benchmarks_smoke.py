@@ -30,6 +30,7 @@ NOT_BENCHMARKS = {"__init__", "common", "reward_exploits"}  # helpers, and the a
 SMOKES: tuple[str, ...] = (
     "async",
     "checkpoint_cadence",
+    "cluster",
     "code_curve",
     "curriculum",
     "engine_start",

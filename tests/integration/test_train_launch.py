@@ -149,3 +149,35 @@ def test_a_run_started_on_two_ranks_resumes_on_one(state: Path):
     # The one process (ZeRO-3 in the flow) went on from the 2-rank state (ZeRO-3 shards gathered when stored).
     assert second["inputs"]["optimizer"]["uri"].endswith("iter-0001/train/optimizer.safetensors")
     assert os.path.getsize(Path(second["inputs"]["optimizer"]["uri"].removeprefix("file://"))) > 0
+
+
+@pytest.mark.slow
+def test_a_rank_aborted_by_a_native_library_is_run_once_more(state: Path, monkeypatch: pytest.MonkeyPatch):
+    """A rank ended by SIGABRT (a native library's abort: "terminate called without an active exception" once
+    failed a suite run) gets the job run once more; its first log is kept with the rank's Python stacks
+    (PYTHONFAULTHANDLER), and the outputs are the stage's own: the same step losses as the one process."""
+    from rl_core.artifacts.manifest import ArtifactRef
+    from rl_core.artifacts.stage import StageJob
+    from rl_core.artifacts.store import Store
+    from rl_core.run.context import RunContext
+    from rl_core.run.runs import run_config
+    from rl_core.schema.config import config_from_dict
+    from rl_core.training.train_launch import launch_train
+
+    monkeypatch.setenv("RLFOUNDRY_STATE_DIR", str(state))
+    monkeypatch.setenv("RLFOUNDRY_FAULT", "train:rank1@1:abort")
+    monkeypatch.setenv("RLFOUNDRY_FAULT_ONCE", str(state / "aborted-once"))
+    store = Store(f"file://{state}/store")
+    data = run_config(store, "one").model_dump(mode="json")
+    data["train"] |= {"world_size": 2, "zero_stage": 2}
+    ctx = RunContext(config_from_dict(data), "one", store)
+    one = _manifest(state, "one", 1)
+    inputs = {k: ArtifactRef.model_validate(v) for k, v in one["inputs"].items()}
+    got = launch_train(ctx, StageJob(1, inputs, f"{store.root}/_replay/one/abort/iter-0001/train"))
+    gaps = [
+        abs(a - b) for a, b in zip(got.metrics["step_losses"], one["metrics"]["step_losses"], strict=True)
+    ]
+    assert max(gaps) < LOSS_TOL
+    (first,) = (state / "logs").glob("train-one-iter-0001.aborted.log")
+    text = first.read_text(errors="replace")
+    assert "Fatal Python error: Aborted" in text and "exitcode  : -6" in text  # the stacks, then the cause

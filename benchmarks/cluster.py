@@ -1,0 +1,143 @@
+"""The same run on one machine and on a Ray cluster of 3 nodes on this machine, side by side: what the
+cluster path costs (issue 43).
+
+    .venv/bin/python benchmarks/cluster.py --json [--iterations 3] [--out benchmarks/results/cluster.json]
+
+Both arms run configs/smoke.yaml's shape with 2 train ranks (32 completions, 4 optimizer steps a stage) from
+one shared base model: "one_machine" launches each train stage with torchrun, "cluster" as Ray actors on a
+cluster this script starts in a network namespace of its own (``unshare --net``, loopback only: Ray's servers
+listen on every interface), a head running the driver and two worker nodes of one CPU each. Recorded per
+arm: seconds per iteration (the stages' sum) and of the train stage, per iteration, and the final policy
+hash (the two arms must end on the same one). ``ratio``: one machine's seconds per iteration over the
+cluster's (higher is better; below 1 is the cluster path's overhead here, where every node shares the same
+two cores). The rollout engines' weight sync to Ray actors is not measured: the engines stay in the flow's
+process (not built as actors yet).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import ROOT, add_smoke_flag, finish, python, result_file  # noqa: E402
+
+RUN = [
+    "configs/smoke.yaml",
+    *("--set", "train.micro_batch_size=8", "--set", "rollout.engine=hf", "--set", "tracking.enabled=false"),
+    *("--set", "train.world_size=2"),
+]
+
+
+def _run(args: list[str], env: dict[str, str], fresh: bool = False) -> None:
+    done = (
+        subprocess.run(
+            [sys.executable, "-m", "flows.cli", *args], cwd=ROOT, env=env, capture_output=True, text=True
+        )
+        if fresh
+        else python(["-m", "flows.cli", *args], env)
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"rlfoundry {' '.join(args[:3])} failed:\n{done.stderr[-3000:]}")
+
+
+def _figures(env: dict[str, str], run_id: str) -> dict[str, object]:
+    done = python(["-m", "flows.cli", "show", run_id, "--json"], env)
+    data = json.loads(done.stdout)
+    its = data["iterations"]
+    train = [it["stages"]["train"]["seconds"] for it in its]
+    total = [sum(s["seconds"] for s in it["stages"].values() if s.get("seconds")) for it in its]
+    placed = its[-1]["stages"]["train"]["metrics"].get("placement")
+    return {
+        "iteration_s": [round(t, 2) for t in total],
+        "train_s": [round(t, 2) for t in train],
+        "median_iteration_s": round(statistics.median(total), 2),
+        "median_train_s": round(statistics.median(train), 2),
+        "policy_sha256": its[-1]["policy_sha256"],
+        "placement": placed,
+    }
+
+
+def cluster_arm(state: str, iterations: int, out: str) -> None:
+    """Inside the private network namespace: the cluster, the run on it, its figures to ``out``."""
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 0, "node_ip_address": "127.0.0.1", "include_dashboard": False},
+    )
+    try:
+        for _ in range(2):
+            cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1")
+        cluster.wait_for_nodes()
+        env = {**os.environ, "RLFOUNDRY_STATE_DIR": state}
+        env.pop("PREFECT_API_URL", None)  # a server outside this namespace is unreachable: a private one
+        env.pop("RLFOUNDRY_TEST_FORKSERVER", None)  # the suite's fork server is outside it too
+        args = ["run", *RUN, "--set", f"experiment.iterations={iterations}"]
+        _run(
+            [*args, "--set", f"cluster.ray_address={cluster.address}", "--run-id", "cluster"], env, fresh=True
+        )
+        Path(out).write_text(json.dumps(_figures(env, "cluster")))
+    finally:
+        cluster.shutdown()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--iterations", type=int, default=3)
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--cluster-arm", nargs=3, metavar=("STATE", "ITERATIONS", "OUT"), help=argparse.SUPPRESS)
+    add_smoke_flag(ap)
+    args = ap.parse_args()
+    if args.cluster_arm:
+        cluster_arm(args.cluster_arm[0], int(args.cluster_arm[1]), args.cluster_arm[2])
+        return
+    iterations = 1 if args.smoke else args.iterations
+    state = os.environ.get("RLFOUNDRY_STATE_DIR") or tempfile.mkdtemp(prefix="rlf-bench-cluster-")
+    env = {**os.environ, "RLFOUNDRY_STATE_DIR": state}
+    _run(["run", *RUN, "--set", f"experiment.iterations={iterations}", "--run-id", "one"], env)
+    local = _figures(env, "one")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "cluster.json"
+        cmd = [
+            sys.executable,
+            str(Path(__file__).resolve()),
+            "--cluster-arm",
+            state,
+            str(iterations),
+            str(out),
+        ]
+        netns = ["unshare", "--net", "--", "sh", "-c", 'ip link set lo up && exec "$@"', "sh", *cmd]
+        done = subprocess.run(
+            netns, cwd=ROOT, capture_output=True, text=True, env={**env, "RAY_USAGE_STATS_ENABLED": "0"}
+        )
+        if done.returncode != 0:
+            raise SystemExit(f"the cluster arm failed:\n{done.stderr[-3000:]}")
+        cluster = json.loads(out.read_text())
+    result = {
+        "benchmark": "cluster",
+        "iterations": iterations,
+        "one_machine": local,
+        "cluster": cluster,
+        "same_policy": local["policy_sha256"] == cluster["policy_sha256"],
+        "weight_sync_s": None,  # the engines are not Ray actors yet: nothing to sync over the network
+        "ratio": round(local["median_iteration_s"] / cluster["median_iteration_s"], 3),
+    }
+    finish(
+        result,
+        result_file(args.out, ROOT / "benchmarks/results/cluster.json", args.smoke),
+        args.json,
+        args.smoke,
+    )
+
+
+if __name__ == "__main__":
+    main()
