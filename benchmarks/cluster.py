@@ -67,26 +67,15 @@ def _figures(env: dict[str, str], run_id: str) -> dict[str, object]:
 
 def cluster_arm(state: str, iterations: int, out: str) -> None:
     """Inside the private network namespace: the cluster, the run on it, its figures to ``out``."""
-    from ray.cluster_utils import Cluster
+    from infra.ray_local import local_cluster, private_env
 
-    cluster = Cluster(
-        initialize_head=True,
-        head_node_args={"num_cpus": 0, "node_ip_address": "127.0.0.1", "include_dashboard": False},
-    )
-    try:
-        for _ in range(2):
-            cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1")
-        cluster.wait_for_nodes()
-        env = {**os.environ, "RLFOUNDRY_STATE_DIR": state}
-        env.pop("PREFECT_API_URL", None)  # a server outside this namespace is unreachable: a private one
-        env.pop("RLFOUNDRY_TEST_FORKSERVER", None)  # the suite's fork server is outside it too
+    with local_cluster(workers=2) as cluster:
+        env = private_env({**os.environ, "RLFOUNDRY_STATE_DIR": state})
         args = ["run", *RUN, "--set", f"experiment.iterations={iterations}"]
         _run(
             [*args, "--set", f"cluster.ray_address={cluster.address}", "--run-id", "cluster"], env, fresh=True
         )
         Path(out).write_text(json.dumps(_figures(env, "cluster")))
-    finally:
-        cluster.shutdown()
 
 
 def main() -> None:

@@ -29,18 +29,10 @@ RUN = [
 
 def cluster_scenario(state: str, out: str) -> None:
     """In the private network namespace: the cluster, the run that loses a node, the resume."""
-    from ray.cluster_utils import Cluster
+    from infra.ray_local import local_cluster, private_env
 
-    cluster = Cluster(
-        initialize_head=True,
-        head_node_args={"num_cpus": 0, "node_ip_address": "127.0.0.1", "include_dashboard": False},
-    )
-    try:
-        for _ in range(2):
-            cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1")
-        cluster.wait_for_nodes()
-        env = cli_env(Path(state))
-        env.pop("PREFECT_API_URL", None)  # the session's server is outside this namespace: a private one
+    with local_cluster(workers=2) as cluster:
+        env = private_env(cli_env(Path(state)))
         args = [*RUN, "--set", f"cluster.ray_address={cluster.address}"]
         lost = cli(
             ["run", *args, "--run-id", "lost"], {**env, "RLFOUNDRY_FAULT": "train:rank1@1:node"}, fresh=True
@@ -54,8 +46,6 @@ def cluster_scenario(state: str, out: str) -> None:
             "address": cluster.address,
         }
         Path(out).write_text(json.dumps(result))
-    finally:
-        cluster.shutdown()
 
 
 @pytest.mark.slow

@@ -1,0 +1,40 @@
+"""A Ray cluster of several nodes on this machine, for the tests and benchmarks of the cluster path: a head
+that runs the driver and no work (0 CPUs) and ``workers`` nodes of one CPU each, all on 127.0.0.1. Ray's
+servers listen on every interface whatever address they are given: start it inside a network namespace of its
+own (``unshare --net``, loopback up), as ``tests/integration/test_ray_cluster.py`` and
+``benchmarks/cluster.py`` do.
+
+    with local_cluster(workers=2) as cluster:
+        run(["--set", f"cluster.ray_address={cluster.address}"])
+        cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1")   # a node joins
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+
+@contextlib.contextmanager
+def local_cluster(workers: int = 2) -> Iterator[Any]:
+    """``ray.cluster_utils.Cluster`` with its nodes up; shut down on exit."""
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 0, "node_ip_address": "127.0.0.1", "include_dashboard": False},
+    )
+    try:
+        for _ in range(workers):
+            cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1")
+        cluster.wait_for_nodes()
+        yield cluster
+    finally:
+        cluster.shutdown()
+
+
+def private_env(env: dict[str, str]) -> dict[str, str]:
+    """``env`` for a command inside the namespace: no Prefect server or fork server from outside it (a run
+    starts a private Prefect server)."""
+    return {k: v for k, v in env.items() if k not in ("PREFECT_API_URL", "RLFOUNDRY_TEST_FORKSERVER")}
