@@ -86,11 +86,18 @@ def check_prompts_fit(ctx: Any) -> None:
 
 
 def check_ray_address(cfg: Any, timeout_s: float = 3.0) -> None:
-    """Refuse (``ConfigError``, one line) a ``task.ray_address`` that nothing answers on, before any stage:
-    the run would otherwise fail in its first execute_envs, after generate had committed."""
-    address = cfg.task.ray_address if cfg.task.executor == "ray" else ""
-    if not address or address == "auto":
-        return
+    """Refuse (``ConfigError``, one line) a ``task.ray_address`` or ``cluster.ray_address`` that nothing
+    answers on, before any stage: the run would otherwise fail in its first execute_envs or train stage,
+    after earlier stages had committed."""
+    named = [("cluster.ray_address", cfg.cluster.ray_address)]
+    if cfg.task.executor == "ray":
+        named.append(("task.ray_address", cfg.task.ray_address))
+    for field, address in named:
+        if address and address != "auto":
+            _answers(field, address, timeout_s)
+
+
+def _answers(field: str, address: str, timeout_s: float) -> None:
     import socket
     from urllib.parse import urlsplit
 
@@ -101,6 +108,31 @@ def check_ray_address(cfg: Any, timeout_s: float = 3.0) -> None:
             pass
     except OSError as e:
         raise ConfigError(
-            f"task.ray_address={address}: nothing answers on {host}:{port} ({e.strerror or e}); start the "
-            "cluster (ray start --head), fix the address, or leave it empty for a cluster of the run's own"
+            f"{field}={address}: nothing answers on {host}:{port} ({e.strerror or e}); start the cluster "
+            "(ray start --head), fix the address, or leave it empty"
         ) from None
+
+
+def check_cluster_resources(ctx: Any) -> None:
+    """Refuse (``ConfigError``, one line) a cluster that has fewer CPUs (GPUs on a GPU machine) than the
+    launched train stage's ranks take, one each, naming what it has: joined now, before any stage."""
+    cfg = ctx.cfg
+    if not (cfg.cluster.ray_address and cfg.train.launched):
+        return
+    import ray
+
+    from rl_core.run.cluster import connect
+
+    connect(cfg.cluster.ray_address)
+    have = ray.cluster_resources()
+    need = {"CPU": float(cfg.train.world_size)}
+    if ctx.placement.trainer_gpus:
+        need["GPU"] = float(cfg.train.world_size)
+    short = {k: v for k, v in need.items() if have.get(k, 0.0) < v}
+    if short:
+        has = ", ".join(f"{k} {have.get(k, 0.0):g}" for k in need)
+        wants = ", ".join(f"{v:g} {k}" for k, v in short.items())
+        raise ConfigError(
+            f"cluster.ray_address={cfg.cluster.ray_address}: the cluster has {has} in all; train.world_size="
+            f"{cfg.train.world_size} needs {wants} (one per rank): add nodes or lower train.world_size"
+        )

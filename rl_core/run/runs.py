@@ -34,7 +34,7 @@ from pydantic import AfterValidator, WithJsonSchema
 
 from rl_core.artifacts.store import Store
 from rl_core.run.context import RunContext, data_files, legacy_config_hash, run_config_hash, stage_config
-from rl_core.run.preflight import check_prompts_fit, check_ray_address
+from rl_core.run.preflight import check_cluster_resources, check_prompts_fit, check_ray_address
 from rl_core.schema.config import Config, config_from_dict
 
 RUN_RECORD = "run.json"
@@ -165,6 +165,7 @@ def create_or_resume(
     check_run_id(ctx.run_id)
     ctx.placement  # noqa: B018 -- a config that cannot run on this machine (PlacementError) stops here
     check_ray_address(ctx.cfg)  # a Ray cluster nothing answers on stops here
+    check_cluster_resources(ctx)  # and one without the CPUs (GPUs) the train ranks take
     uri = f"{ctx.store.run_uri(ctx.run_id)}/{RUN_RECORD}"
     if not ctx.store.exists(uri):
         if mode == "resume":

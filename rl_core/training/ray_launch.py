@@ -22,17 +22,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from rl_core.artifacts.paths import PROJECT_ROOT
+from rl_core.run.cluster import connect
 from rl_core.training.train_launch import TrainJobError, write_job
-
-
-def connect(address: str) -> None:
-    """Join the Ray cluster at ``address`` once per process (the project's code travels with the job)."""
-    import ray
-
-    if not ray.is_initialized():
-        env = {"PYTHONPATH": str(PROJECT_ROOT), "RAY_USAGE_STATS_ENABLED": "0"}
-        ray.init(address=address, log_to_driver=False, runtime_env={"env_vars": env})
 
 
 class _Rank:

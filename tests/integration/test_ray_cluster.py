@@ -2,11 +2,13 @@
 127.0.0.1 inside a network namespace of its own (Ray's servers listen on every interface), a head that runs
 the driver and no rank (0 CPUs) and two worker nodes of one CPU each.
 
-One run with ``cluster.ray_address`` and 2 ranks loses rank 1's node (its raylet killed by the fault hook
-after rank 1's update, a fixed point) in the train stage of iteration 1: the stage fails in one line naming
-the rank, its node and the workload, nothing of it is committed; a node joins again and ``rlfoundry resume``
-ends on the same policy hash as the same config on one machine (torchrun, 2 ranks); the train manifest of
-the cluster run records where each rank ran (its Ray node and device), on two different nodes.
+A run that asks for more ranks than the cluster has CPUs is refused before any stage, in one line naming
+what the cluster has. One run with ``cluster.ray_address`` and 2 ranks loses rank 1's node (its raylet
+killed by the fault hook after rank 1's update, a fixed point) in the train stage of iteration 1: the stage
+fails in one line naming the rank, its node and the workload, nothing of it is committed; a node joins
+again and ``rlfoundry resume`` ends on the same policy hash as the same config on one machine (torchrun, 2
+ranks); the train manifest of the cluster run records where each rank ran (its Ray node and device), on two
+different nodes.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ def cluster_scenario(state: str, out: str) -> None:
     with local_cluster(workers=2) as cluster:
         env = private_env(cli_env(Path(state)))
         args = [*RUN, "--set", f"cluster.ray_address={cluster.address}"]
+        # more ranks than the cluster has CPUs: refused before any stage, naming what it has
+        short = cli(["run", *args, "--set", "train.world_size=3", "--run-id", "short"], env, fresh=True)
         lost = cli(
             ["run", *args, "--run-id", "lost"], {**env, "RLFOUNDRY_FAULT": "train:rank1@1:node"}, fresh=True
         )
@@ -41,6 +45,7 @@ def cluster_scenario(state: str, out: str) -> None:
         cluster.wait_for_nodes()
         resumed = cli(["resume", "lost"], env, fresh=True)
         result = {
+            "short": [short.returncode, short.stderr[-2000:]],
             "lost": [lost.returncode, lost.stdout[-2000:] + lost.stderr[-4000:]],
             "resumed": [resumed.returncode, resumed.stdout[-2000:] + resumed.stderr[-4000:]],
             "address": cluster.address,
@@ -61,6 +66,13 @@ def test_ranks_on_a_three_node_cluster_survive_a_lost_node_and_match_one_machine
     r = python_in_private_netns(code, timeout=900)
     assert r.returncode == 0, r.stderr[-4000:]
     got = json.loads(out.read_text())
+    code_short, text = got["short"]
+    assert code_short == 2, text
+    assert text.strip().splitlines()[-1] == (
+        f"error: cluster.ray_address={got['address']}: the cluster has CPU 2 in all; "
+        "train.world_size=3 needs 3 CPU (one per rank): add nodes or lower train.world_size"
+    )
+    assert not (state / "store" / "short").exists()
     code_lost, text = got["lost"]
     assert code_lost != 0
     line = next((ln for ln in text.splitlines() if "train stage of iteration 1" in ln), "")

@@ -159,6 +159,9 @@ def test_a_ray_address_nothing_answers_on_is_refused_before_any_work(tmp_path):
     store = Store(str(tmp_path / "store"))
     with pytest.raises(ConfigError, match=f"task.ray_address=ray://127.0.0.1:{port}: nothing answers on"):
         create_or_resume(RunContext(cfg, "r", store), "new")
+    joins = load_config("configs/smoke.yaml", ["train.world_size=2", f"cluster.ray_address=127.0.0.1:{port}"])
+    with pytest.raises(ConfigError, match=f"cluster.ray_address=127.0.0.1:{port}: nothing answers on"):
+        create_or_resume(RunContext(joins, "r", store), "new")
     assert not (tmp_path / "store").exists() or not any((tmp_path / "store").rglob("run.json"))
 
 
