@@ -45,6 +45,7 @@ _DISJUNCTION = re.compile(r"\\lor\b|\\vee\b|∨|\b(?:or|either)\b", re.I)  # cut
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?|-?\.\d+")
 _ASIDE = re.compile(r"\([^()]*\)")
 _WORD = re.compile(r"[A-Za-z]{2,}")
+_EMPHASIS = re.compile(r"\*\*|__|`")  # markdown around an answer (**12**, `12`): not part of it
 _PROSE_ASIDE = re.compile(r"\([^()]*[A-Za-z]{2,}[^()]*\)")  # "(not 13)", "(or so)": not the answer
 _FORMULA = re.compile(r"[\d\\^]")
 _COMMAND = re.compile(r"\\[A-Za-z]+")
@@ -138,7 +139,7 @@ def _parse(text: str, math: bool = False) -> Any:
     from math_verify import parse
 
     if not math and "$" not in text:
-        text = _PROSE_ASIDE.sub(" ", text)
+        text = _PROSE_ASIDE.sub(" ", _EMPHASIS.sub(" ", text))
     if math or ("$" not in text and _FORMULA.search(text) and not _WORD.search(_COMMAND.sub(" ", text))):
         text = f"${text}$"
     got = parse(text, parsing_timeout=_limit())

@@ -18,6 +18,7 @@ from rl_core.schema.config import Config
 # "<a>" and "<b>" are the two candidates; each hedge is tried with the gold answer as a and as b.
 HEDGES = [
     "<a> or <b>",
+    "**<a>** or **<b>**",
     "either <a> or <b>",
     "x = <a> or x = <b>",
     "$x=<a>$ or $x=<b>$",
@@ -67,6 +68,9 @@ HONEST = [
     "We get 12 apples.",
     "\\boxed{12} \\boxed{12}",
     "The answer is 12 (3 times 4).",
+    "**Answer:** 12",
+    "The answer is **12**.",
+    "Final answer: 12",
     "<think>maybe 13 or 11? no: 3*4 = 12</think> \\boxed{12}",
     "<think>13, 11 or 12</think>\nx = 12",
 ]
