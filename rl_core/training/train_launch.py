@@ -11,7 +11,9 @@ in-flow engine, then gathers the whole weights and optimizer state to rank 0, wh
 checkpoint folder, ``optimizer.safetensors`` and the result file (job and result: the stage folder's
 ``_job/``). The manifest is the flow's: a job that fails commits nothing, and ``resume`` runs the stage again.
 
-Failure and lifetime: torchrun (``--max-restarts 0``) stops the other ranks as soon as one exits abnormally
+Failure and lifetime: torchrun (``--max-restarts 0``) stops the other ranks as soon as one exits abnormally.
+A job whose rank died of SIGABRT (a native library's abort) runs once more, its first log kept as
+``<log>.aborted.log`` with the ranks' Python stacks (``PYTHONFAULTHANDLER``); any other failure is final
 (a kill -9 of one rank leaves its peer blocked in a collective: torchrun ends it); the flow names the rank
 that failed and how, with the tail of the job's log. Every process of the job ends when the one that started
 it is gone (the agent watches the flow, each rank watches the agent), so a killed flow leaves no rank behind.
@@ -126,25 +128,36 @@ def launch_train(ctx: Any, job: Any) -> Any:
     logs.mkdir(parents=True, exist_ok=True)
     log = logs / f"train-{ctx.run_id.replace('/', '_')}-iter-{job.iteration:04d}.log"
     job_uri, result_uri = write_job(ctx, job)
-    cmd = [
-        sys.executable,
-        "-m",
-        "rl_core.training.train_launch",
-        "agent",
-        f"--nproc-per-node={tc.world_size}",
-    ]
-    cmd += ["--master-addr=127.0.0.1", f"--master-port={free_port()}", "--max-restarts=0"]
-    cmd += ["--monitor-interval=0.5", "-m", "rl_core.training.train_launch", "rank", ctx.store.root, job_uri]
+
+    def command() -> list[str]:  # a fresh rendezvous port for each attempt
+        cmd = [
+            sys.executable,
+            "-m",
+            "rl_core.training.train_launch",
+            "agent",
+            f"--nproc-per-node={tc.world_size}",
+        ]
+        cmd += ["--master-addr=127.0.0.1", f"--master-port={free_port()}", "--max-restarts=0"]
+        return [
+            *cmd,
+            "--monitor-interval=0.5",
+            "-m",
+            "rl_core.training.train_launch",
+            "rank",
+            ctx.store.root,
+            job_uri,
+        ]
+
     env = _env(tc.world_size, ctx.placement.trainer_gpus)
-    rc = _job(cmd, env, log)
+    rc = _job(command(), env, log)
     if rc != 0 and _aborted(log):
         # A rank ended by SIGABRT from a native library ("terminate called without an active exception",
-        # seen once in a suite run, not reproduced in 40 launches alone or under load): the job runs once
+        # seen in suite runs, not reproduced in 44 launches alone or under load): the job runs once
         # more, its first log kept beside (with the rank's Python stacks: PYTHONFAULTHANDLER). Nothing was
         # committed and the stage is a function of its stored inputs: the outputs are the same either way.
         first = log.with_suffix(".aborted.log")
         log.replace(first)
-        rc = _job(cmd, env, log)
+        rc = _job(command(), env, log)
         if rc != 0:
             raise _failure(log, job.iteration, tc.world_size, rc, f"; a first attempt aborted too ({first})")
     if rc != 0:
