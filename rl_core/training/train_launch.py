@@ -152,7 +152,7 @@ def launch_train(ctx: Any, job: Any) -> Any:
     rc = _job(command(), env, log)
     if rc != 0 and _aborted(log):
         # A rank ended by SIGABRT from a native library ("terminate called without an active exception",
-        # seen in suite runs, not reproduced in 44 launches alone or under load): the job runs once
+        # seen in suite runs, not reproduced in 38 launches alone or under load): the job runs once
         # more, its first log kept beside (with the rank's Python stacks: PYTHONFAULTHANDLER). Nothing was
         # committed and the stage is a function of its stored inputs: the outputs are the same either way.
         first = log.with_suffix(".aborted.log")
