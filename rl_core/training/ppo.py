@@ -184,27 +184,23 @@ def ppo_update(engine: Any, batch: Batch, cfg: Any) -> dict[str, float]:
             grad_norm = float("nan")
             for j, rows in enumerate(groups):
                 last = j == len(groups) - 1
-                if not len(rows):
-                    # this rank needs fewer micro-batches than the most loaded one: a forward and backward
-                    # that add nothing, so that every rank runs as many (ZeRO-2/3 communicate in each)
-                    idle = _logits(
-                        engine.module,
-                        batch.input_ids[mb[:1]].to(device),
-                        batch.attention_mask[mb[:1]].to(device),
-                        _pixels(batch, mb[:1], device),
-                        batch.pack_tokens,
-                    )
-                    norm = engine.backward_step(idle.float().sum() * 0.0, step=last)
-                    grad_norm = norm if last else grad_norm
-                    continue
-                ids = batch.input_ids[rows].to(device)
+                # a rank that needs fewer micro-batches than the most loaded one runs a forward and backward
+                # that add nothing (of one row of the mini-batch), so that every rank runs as many (ZeRO-2/3
+                # communicate in each)
+                idle = not len(rows)
+                fwd = mb[:1] if idle else rows
+                ids = batch.input_ids[fwd].to(device)
                 logits = _logits(
                     engine.module,
                     ids,
-                    batch.attention_mask[rows].to(device),
-                    _pixels(batch, rows, device),
+                    batch.attention_mask[fwd].to(device),
+                    _pixels(batch, fwd, device),
                     batch.pack_tokens,
                 )
+                if idle:
+                    norm = engine.backward_step(logits.float().sum() * 0.0, step=last)
+                    grad_norm = norm if last else grad_norm
+                    continue
                 logp = token_logprobs(logits, ids[:, 1:], batch.temperature)
                 if epoch == 0:
                     anchor.observe(rows, logits, logp, start == 0)
