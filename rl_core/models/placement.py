@@ -127,6 +127,23 @@ class Placement:
         }
         return replace(self, workloads=own)
 
+    def for_engine_actor(self) -> Placement:
+        """The placement a rollout engine in a Ray actor starts with (``rl_core.generation.ray_engines``): the
+        flow's, its engine on the first of the GPUs Ray gave the actor (the only ones it sees: ``cuda:0``).
+
+        >>> gpu = Placement({"rollout": Workload("cuda:3", "bfloat16", "sdpa")}, rollout_gpus=(3,),
+        ...                 server_gpus=((3,), (4,)))
+        >>> gpu.for_engine_actor().workloads["rollout"].device, gpu.for_engine_actor().rollout_gpus
+        ('cuda:0', (0,))
+        """
+        if not self.server_gpus:
+            return self
+        own = {
+            name: replace(w, device="cuda:0") if name in ("rollout", "hf_engine") else w
+            for name, w in self.workloads.items()
+        }
+        return replace(self, workloads=own, rollout_gpus=tuple(range(len(self.server_gpus[0]))))
+
 
 # The workloads that live in the trainer's ranks (a launched rank runs them on its own GPU).
 TRAINER_SIDE = ("trainer", "reference", "critic")

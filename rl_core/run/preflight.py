@@ -114,25 +114,38 @@ def _answers(field: str, address: str, timeout_s: float) -> None:
 
 
 def check_cluster_resources(ctx: Any) -> None:
-    """Refuse (``ConfigError``, one line) a cluster that has fewer CPUs (GPUs on a GPU machine) than the
-    launched train stage's ranks take, one each, naming what it has: joined now, before any stage."""
+    """Refuse (``ConfigError``, one line) a cluster that has fewer CPUs (GPUs on a GPU machine) than the run's
+    actors take together, naming what it has: a launched train stage's ranks (one CPU each) and the rollout
+    engines (``rollout.servers``: one CPU each, and each its GPUs on a GPU machine), which live beside the
+    ranks. Joined now, before any stage."""
     cfg = ctx.cfg
-    if not (cfg.cluster.ray_address and cfg.train.launched):
+    ranks = cfg.train.world_size if cfg.train.launched else 0
+    engines = cfg.rollout.servers if not cfg.rollout.server_urls else 0
+    if not cfg.cluster.ray_address or not (ranks or engines):
         return
     import ray
 
     from rl_core.run.cluster import connect
 
-    connect(cfg.cluster.ray_address)
+    connect(cfg.cluster.ray_address, cfg.task.env)
     have = ray.cluster_resources()
-    need = {"CPU": float(cfg.train.world_size)}
-    if ctx.placement.trainer_gpus:
-        need["GPU"] = float(cfg.train.world_size)
+    need = {"CPU": float(ranks + engines)}
+    gpus = (ranks if ctx.placement.trainer_gpus else 0) + sum(len(g) for g in ctx.placement.server_gpus)
+    if gpus:
+        need["GPU"] = float(gpus)
     short = {k: v for k, v in need.items() if have.get(k, 0.0) < v}
     if short:
         has = ", ".join(f"{k} {have.get(k, 0.0):g}" for k in need)
         wants = ", ".join(f"{v:g} {k}" for k, v in short.items())
+        what = " and ".join(
+            x
+            for x in (
+                f"train.world_size={ranks} ranks" if ranks else "",
+                f"rollout.servers={engines} engines" if engines else "",
+            )
+            if x
+        )
         raise ConfigError(
-            f"cluster.ray_address={cfg.cluster.ray_address}: the cluster has {has} in all; train.world_size="
-            f"{cfg.train.world_size} needs {wants} (one per rank): add nodes or lower train.world_size"
+            f"cluster.ray_address={cfg.cluster.ray_address}: the cluster has {has} in all; {what} need "
+            f"{wants} (one CPU each): add nodes or lower them"
         )

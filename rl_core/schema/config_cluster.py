@@ -17,9 +17,14 @@ class ClusterSection(BaseModel):
         "",
         description="A running Ray cluster to join (ray://head:10001 or head:6379). Set: each launched train "
         "stage (train.world_size or tp_size > 1) runs its ranks as Ray actors placed by a placement group "
-        "(DeepSpeed over torch.distributed, rendezvous on rank 0's node), and execute_envs with "
-        "task.executor=ray uses this cluster. Empty: one machine (torchrun), as without it.",
+        "(DeepSpeed over torch.distributed, rendezvous on rank 0's node), rollout.servers engines run as "
+        "Ray actors there (weights synced through Ray's object store after every update), and execute_envs "
+        "with task.executor=ray runs its environment workers there (unless task.ray_address names another). "
+        "Empty: one machine (torchrun), as without it.",
     )
     ready_timeout_s: float = Field(
-        120.0, gt=0, le=3600, description="How long a train stage waits for the cluster to place its ranks."
+        120.0,
+        gt=0,
+        le=3600,
+        description="How long a stage waits for the cluster to place its ranks or engines.",
     )

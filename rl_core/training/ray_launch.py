@@ -92,7 +92,7 @@ def launch_train_on_ray(ctx: Any, job: Any) -> Any:
     from rl_core.artifacts.stage import StageResult
 
     world, cluster = ctx.cfg.train.world_size, ctx.cfg.cluster
-    connect(cluster.ray_address)
+    connect(cluster.ray_address, ctx.cfg.task.env)
     gpu = 1 if ctx.placement.trainer_gpus else 0
     bundle = {"CPU": 1, **({"GPU": gpu} if gpu else {})}
     job_uri, result_uri = write_job(ctx, job)
