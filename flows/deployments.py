@@ -290,7 +290,8 @@ def kubernetes_template(template: dict[str, Any]) -> dict[str, Any]:
     """Prefect's Kubernetes job template adapted to infra/k8s: Jobs in the ``rlfoundry`` namespace, pods
     labelled as flow runs (the rollout servers admit only flow-run and trainer pods), the environment of
     the ``rlfoundry-config`` ConfigMap, the ``rlfoundry-s3`` Secret (optional: workload identity needs
-    none) and the rollout servers' token (``rlfoundry-rollout-token``, optional)."""
+    none), the rollout servers' token (``rlfoundry-rollout-token``, optional) and the Ray cluster's
+    (``rlfoundry-ray-auth``, optional; RAY_AUTH_MODE=token: infra/k8s/ray-cluster.yaml has auth on)."""
     variables = template["variables"]["properties"]
     variables["namespace"]["default"] = K8S_NAMESPACE
     variables["image"]["default"] = K8S_IMAGE
@@ -303,7 +304,11 @@ def kubernetes_template(template: dict[str, Any]) -> dict[str, Any]:
         {"configMapRef": {"name": "rlfoundry-config"}},
         {"secretRef": {"name": "rlfoundry-s3", "optional": True}},
         {"secretRef": {"name": "rlfoundry-rollout-token", "optional": True}},  # RLFOUNDRY_ROLLOUT_TOKEN
+        {"secretRef": {"name": "rlfoundry-ray-auth", "optional": True}},  # RAY_AUTH_TOKEN (ray-cluster.yaml)
     ]
+    # A driver of infra/k8s/ray-cluster.yaml (cluster.ray_address) authenticates with that cluster's token
+    # (the container's env is Prefect's variable: its default, which a deployment's job variables may extend).
+    variables["env"]["default"] = {**(variables["env"].get("default") or {}), "RAY_AUTH_MODE": "token"}
     return template
 
 

@@ -181,11 +181,10 @@ class RolloutSection(_Section, SamplingFields, RolloutDeviceFields):
         0,
         ge=0,
         le=64,
-        description="Rollout engines of their own; 0 = the in-process engine. On one machine: vLLM servers "
-        "the flow starts (OpenAI API processes; with rollout.engine=hf, the one in-process engine serving "
-        "the N engines' shards in turn); with cluster.ray_address: N Ray actors, each holding the run's "
-        "engine (vLLM or HF). Requests go to engine i mod N. On a GPU machine each takes an equal share of "
-        "rollout.gpus (tensor parallel over it).",
+        description="Rollout engines of their own (0: the in-process engine); requests go to engine i mod N. "
+        "One machine: vLLM servers the flow starts (with rollout.engine=hf, the in-process engine serves "
+        "the N shards in turn); cluster.ray_address: N Ray actors holding the run's engine (vLLM or HF). "
+        "On a GPU machine each takes an equal share of rollout.gpus (tensor parallel over it).",
     )
     server_urls: list[str] = Field(
         [], description="Running vLLM rollout servers to use instead (e.g. pods); overrides servers."

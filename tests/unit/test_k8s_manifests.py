@@ -1,7 +1,9 @@
 """infra/k8s, checked offline: every document against the Kubernetes JSON schemas of one pinned version
-(strict: unknown fields are errors), then the policies the schemas cannot express (limits, no inline secrets,
-a sandbox with no token, no network and a seccomp profile or gVisor, probes on the rollout servers, Services
-that select something). kubernetes-validate ships the schemas in its wheel; the network is blocked here."""
+(strict: unknown fields are errors; KubeRay's RayCluster, a custom resource, against the fields of its v1 CRD
+that the manifest uses, strictly, and its pod templates against Kubernetes' PodTemplate schema), then the
+policies the schemas cannot express (limits, no inline secrets, a sandbox with no token, no network and a
+seccomp profile or gVisor, probes on the rollout servers, Services that select something, Ray's token
+authentication on). kubernetes-validate ships the schemas in its wheel; the network is blocked here."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "infra" / "k8s"
 KUBERNETES_VERSION = "1.30.0"
 WORKLOADS = {"Deployment", "StatefulSet", "DaemonSet", "Job", "ReplicaSet"}
+CUSTOM = {"RayCluster"}  # custom resources: not in Kubernetes' schemas (RAY_CLUSTER_SCHEMA below)
 SECRET_NAME = re.compile(r"KEY|SECRET|TOKEN|PASSWORD|CREDENTIAL", re.IGNORECASE)
 # an AWS access key id, or a credential assigned in clear in a file
 INLINE_CREDENTIAL = re.compile(r"\b(AKIA|ASIA)[0-9A-Z]{16}\b|aws_secret_access_key\s*[:=]", re.IGNORECASE)
@@ -43,11 +46,21 @@ def _by_kind(kind: str) -> list[dict[str, Any]]:
     return [d for _, d in RESOURCES if d["kind"] == kind]
 
 
+def _ray_groups(cluster: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(group name, group spec) of a RayCluster: its head and each worker group."""
+    yield "head", cluster["spec"]["headGroupSpec"]
+    for group in cluster["spec"].get("workerGroupSpecs", []):
+        yield group["groupName"], group
+
+
 def _templates() -> Iterator[tuple[str, dict[str, Any]]]:
-    """(workload name, pod template) of every workload."""
+    """(workload name, pod template) of every workload, a RayCluster's groups included."""
     for _, d in RESOURCES:
         if d["kind"] in WORKLOADS:
             yield d["metadata"]["name"], d["spec"]["template"]
+        elif d["kind"] == "RayCluster":
+            for group, spec in _ray_groups(d):
+                yield f"{d['metadata']['name']}/{group}", spec["template"]
 
 
 def _containers(template: dict[str, Any]) -> list[dict[str, Any]]:
@@ -93,7 +106,82 @@ def test_the_manifests_are_all_listed_and_there():
     "doc", [d for _, d in RESOURCES], ids=[f"{f}:{d['kind']}/{d['metadata']['name']}" for f, d in RESOURCES]
 )
 def test_validates_against_the_kubernetes_schema(doc):
+    if doc["kind"] in CUSTOM:
+        check_ray_cluster(doc)
+        return
     assert kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True) == "1.30"
+
+
+# The fields of KubeRay's RayCluster (ray.io/v1, operator v1.5) that a manifest here may use, strictly: a
+# misspelled or unknown field is an error, as for Kubernetes' own kinds. Pod templates are checked separately.
+_STR_MAP = {"type": "object", "additionalProperties": {"type": "string"}}
+_GROUP = {
+    "rayStartParams": _STR_MAP,
+    "template": {"type": "object"},
+}
+RAY_CLUSTER_SCHEMA = {
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "additionalProperties": False,
+    "properties": {
+        "apiVersion": {"const": "ray.io/v1"},
+        "kind": {"const": "RayCluster"},
+        "metadata": {"type": "object"},
+        "spec": {
+            "type": "object",
+            "required": ["rayVersion", "headGroupSpec"],
+            "additionalProperties": False,
+            "properties": {
+                "rayVersion": {"type": "string", "pattern": r"^\d+\.\d+\.\d+$"},
+                "enableInTreeAutoscaling": {"type": "boolean"},
+                "headGroupSpec": {
+                    "type": "object",
+                    "required": ["rayStartParams", "template"],
+                    "additionalProperties": False,
+                    "properties": {
+                        **_GROUP,
+                        "serviceType": {"enum": ["ClusterIP", "NodePort", "LoadBalancer"]},
+                    },
+                },
+                "workerGroupSpecs": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "required": ["groupName", "rayStartParams", "template", "maxReplicas"],
+                        "additionalProperties": False,
+                        "properties": {
+                            **_GROUP,
+                            "groupName": {"type": "string", "minLength": 1},
+                            "replicas": {"type": "integer", "minimum": 0},
+                            "minReplicas": {"type": "integer", "minimum": 0},
+                            "maxReplicas": {"type": "integer", "minimum": 1},
+                        },
+                    },
+                },
+            },
+        },
+    },
+}
+
+
+def check_ray_cluster(doc: dict[str, Any]) -> None:
+    """A RayCluster against ``RAY_CLUSTER_SCHEMA`` and each group's pod template against Kubernetes'
+    PodTemplate schema (raises on the first error)."""
+    import jsonschema
+
+    jsonschema.validate(doc, RAY_CLUSTER_SCHEMA)
+    for group, spec in _ray_groups(doc):
+        wrapped = {
+            "apiVersion": "v1",
+            "kind": "PodTemplate",
+            "metadata": {"name": f"{doc['metadata']['name']}-{group}"},
+            "template": spec["template"],
+        }
+        kubernetes_validate.validate(wrapped, KUBERNETES_VERSION, strict=True)
+        replicas = (spec.get("minReplicas", 0), spec.get("replicas", 0), spec.get("maxReplicas", 0))
+        assert group == "head" or replicas[0] <= replicas[1] <= replicas[2], (
+            f"{group}: min <= replicas <= max"
+        )
 
 
 def _misspelled(d: dict[str, Any]) -> None:
@@ -258,3 +346,115 @@ def test_the_rollout_pods_start_vllm_with_the_same_arguments_as_every_other_serv
         assert ref["name"] == "rlfoundry-config" and ref["key"] in config
     for flag in ("--logprobs-mode", "--dtype", "--max-model-len", "--seed"):
         assert flag in vllm["args"]
+
+
+def _ray_cluster() -> dict[str, Any]:
+    (cluster,) = _by_kind("RayCluster")
+    return cluster
+
+
+def _misspelled_group_field(d: dict[str, Any]) -> None:
+    d["spec"]["workerGroupSpecs"][0]["replica"] = 3
+
+
+def _misspelled_pod_field(d: dict[str, Any]) -> None:
+    d["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["imagePullPolicyy"] = "Always"
+
+
+def _start_param_not_a_string(d: dict[str, Any]) -> None:
+    d["spec"]["headGroupSpec"]["rayStartParams"]["num-cpus"] = 0
+
+
+def _more_replicas_than_the_max(d: dict[str, Any]) -> None:
+    d["spec"]["workerGroupSpecs"][0]["replicas"] = 99
+
+
+@pytest.mark.parametrize(
+    "breakage, error",
+    [
+        (_misspelled_group_field, "'replica' was unexpected"),
+        (_misspelled_pod_field, "'imagePullPolicyy' was unexpected"),
+        (_start_param_not_a_string, "0 is not of type 'string'"),
+        (_more_replicas_than_the_max, "min <= replicas <= max"),
+    ],
+)
+def test_the_ray_cluster_check_rejects_a_broken_cluster(breakage, error):
+    """The RayCluster check is not vacuous: a misspelled field of KubeRay's or of the pod template, a
+    wrong type, an impossible replica count: each fails, for that reason."""
+    broken = copy.deepcopy(_ray_cluster())
+    breakage(broken)
+    with pytest.raises(Exception) as caught:  # noqa: PT011 (jsonschema's, kubernetes-validate's, an assert)
+        check_ray_cluster(broken)
+    assert error in str(caught.value)
+
+
+def test_the_ray_cluster_has_token_auth_on_everywhere_and_its_drivers_have_the_token():
+    """Ray 2.58 leaves token authentication off: every Ray container turns it on with the Secret's token,
+    the head runs no work, the ports stay internal, the env workers run the sandbox's seccomp profile, the
+    GPU workers have GPUs and shared memory, and the Prefect pool's flow-run pods (the drivers) carry the
+    same Secret and mode. The version is the one pyproject.toml pins."""
+    import tomllib
+
+    from flows.deployments import kubernetes_template
+
+    cluster = _ray_cluster()
+    pins = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    wanted = [
+        d
+        for d in pins["project"]["dependencies"]
+        + sum(pins["project"].get("optional-dependencies", {}).values(), [])
+        if d.startswith("ray")
+    ]
+    assert any(cluster["spec"]["rayVersion"] in d for d in wanted), (cluster["spec"]["rayVersion"], wanted)
+    for group, spec in _ray_groups(cluster):
+        for c in _containers(spec["template"]):
+            env = {e["name"]: e for e in c["env"]}
+            assert env["RAY_AUTH_MODE"]["value"] == "token", f"{group}/{c['name']}"
+            ref = env["RAY_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"]
+            assert ref == {"name": "rlfoundry-ray-auth", "key": "RAY_AUTH_TOKEN"}, f"{group}/{c['name']}"
+        assert spec["template"]["spec"]["automountServiceAccountToken"] is False
+    groups = dict(_ray_groups(cluster))
+    assert groups["head"]["rayStartParams"]["num-cpus"] == "0"
+    assert cluster["spec"]["headGroupSpec"]["serviceType"] == "ClusterIP"
+    env_pod = groups["env"]["template"]["spec"]
+    profile = env_pod["securityContext"]["seccompProfile"]
+    assert (
+        profile["type"] == "Localhost"
+        and (K8S / "seccomp" / Path(profile["localhostProfile"]).name).is_file()
+    )
+    (gpu,) = groups["gpu"]["template"]["spec"]["containers"]
+    assert int(gpu["resources"]["limits"]["nvidia.com/gpu"]) == int(
+        groups["gpu"]["rayStartParams"]["num-gpus"]
+    )
+    volumes = {v["name"]: v for v in groups["gpu"]["template"]["spec"]["volumes"]}
+    shm = {m["mountPath"]: m["name"] for m in gpu["volumeMounts"]}["/dev/shm"]
+    assert volumes[shm]["emptyDir"]["medium"] == "Memory"
+    labels = groups["head"]["template"]["metadata"]["labels"]
+    policies = [p for p in _by_kind("NetworkPolicy") if _selects(_pod_selector(p), labels)]
+    assert policies, "a NetworkPolicy guards the Ray pods"
+    for p in policies:
+        sources = [
+            e
+            for rule in p["spec"]["ingress"]
+            for src in rule["from"]
+            for e in src["podSelector"]["matchExpressions"]
+        ]
+        assert sources and all(set(e["values"]) <= {"flow-run", "ray"} for e in sources), sources
+
+    template = kubernetes_template(_prefect_template())
+    pod = template["job_configuration"]["job_manifest"]["spec"]["template"]
+    assert {"secretRef": {"name": "rlfoundry-ray-auth", "optional": True}} in pod["spec"]["containers"][0][
+        "envFrom"
+    ]
+    assert template["variables"]["properties"]["env"]["default"]["RAY_AUTH_MODE"] == "token"
+
+
+def _prefect_template() -> dict[str, Any]:
+    """The shape of Prefect's default Kubernetes job template (the parts ``kubernetes_template`` changes)."""
+    return {
+        "variables": {"properties": {"namespace": {}, "image": {}, "env": {"type": "object"}}},
+        "job_configuration": {
+            "env": "{{ env }}",
+            "job_manifest": {"spec": {"template": {"spec": {"containers": [{"env": "{{ env }}"}]}}}},
+        },
+    }
