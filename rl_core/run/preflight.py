@@ -117,7 +117,8 @@ def check_cluster_resources(ctx: Any) -> None:
     """Refuse (``ConfigError``, one line) a cluster that has fewer CPUs (GPUs on a GPU machine) than the run's
     actors take together, naming what it has: a launched train stage's ranks (one CPU each) and the rollout
     engines (``rollout.servers``: one CPU each, and each its GPUs on a GPU machine), which live beside the
-    ranks. Joined now, before any stage."""
+    ranks; then the ranks, placed as the train stage places them, must each reach rank 0's rendezvous port.
+    Joined now, before any stage."""
     cfg = ctx.cfg
     ranks = cfg.train.world_size if cfg.train.launched else 0
     engines = cfg.rollout.servers if not cfg.rollout.server_urls else 0
@@ -149,3 +150,8 @@ def check_cluster_resources(ctx: Any) -> None:
             f"cluster.ray_address={cfg.cluster.ray_address}: the cluster has {has} in all; {what} need "
             f"{wants} (one CPU each): add nodes or lower them"
         )
+    if ranks:  # placed as the train stage will place them, each rank reaches rank 0's rendezvous
+        from rl_core.run.cluster import check_rendezvous
+
+        if why := check_rendezvous(ctx):
+            raise ConfigError(f"cluster.ray_address={cfg.cluster.ray_address}: {why}")

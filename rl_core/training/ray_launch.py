@@ -22,24 +22,12 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from rl_core.run.cluster import connect
+from rl_core.run.cluster import PlacementTimeout, Probe, place, probe_rendezvous, release
 from rl_core.training.train_launch import TrainJobError, write_job
 
 
-class _Rank:
-    """One rank of the job, in a Ray actor's process."""
-
-    def where(self) -> dict[str, Any]:
-        """This actor's node (Ray's id and address) and a free port on it (rank 0's is the rendezvous)."""
-        import ray
-
-        from rl_core.artifacts.paths import free_port
-
-        ctx = ray.get_runtime_context()
-        gpus = ray.get_gpu_ids()  # Ray shows the actor its own GPU only: cuda:0 in here
-        device = f"cuda:{gpus[0]} of its node" if gpus else "cpu"
-        node, address = ctx.get_node_id(), ray.util.get_node_ip_address()
-        return {"node": node, "address": address, "port": free_port(), "device": device}
+class _Rank(Probe):
+    """One rank of the job, in a Ray actor's process (where it is and the rendezvous probe: ``Probe``)."""
 
     def run(self, store_root: str, job_uri: str, env: dict[str, str]) -> dict[str, Any]:
         """Join the job's process group with ``env`` (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_*) and run it."""
@@ -81,49 +69,34 @@ def rank_env(nodes: list[str], master: tuple[str, int]) -> list[dict[str, str]]:
     return out
 
 
+def place_ranks(ctx: Any, what: str) -> tuple[Any, list[Any], list[dict[str, Any]]]:
+    """``train.world_size`` rank actors placed as ``rl_core.run.cluster.place`` places them; a cluster that
+    cannot place them in time fails ``what`` in one line."""
+    try:
+        return place(ctx, _Rank, what)
+    except PlacementTimeout as e:
+        raise TrainJobError(f"{e}; nothing committed") from None
+
+
 def launch_train_on_ray(ctx: Any, job: Any) -> Any:
     """Run the train stage ``job`` as ``train.world_size`` Ray actors; its StageResult, whose metrics carry
     ``placement``: the Ray node and device of every rank."""
-    import ray
-    from ray.util.placement_group import placement_group, remove_placement_group
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
     from rl_core.artifacts.manifest import ArtifactRef
     from rl_core.artifacts.stage import StageResult
 
-    world, cluster = ctx.cfg.train.world_size, ctx.cfg.cluster
-    connect(cluster.ray_address, ctx.cfg.task.env)
-    gpu = 1 if ctx.placement.trainer_gpus else 0
-    bundle = {"CPU": 1, **({"GPU": gpu} if gpu else {})}
+    gpu = bool(ctx.placement.trainer_gpus)
     job_uri, result_uri = write_job(ctx, job)
-    pg = placement_group([bundle] * world, strategy="SPREAD")
+    pg, ranks, where = place_ranks(ctx, f"train stage of iteration {job.iteration}")
     try:
-        ray.get(pg.ready(), timeout=cluster.ready_timeout_s)
-    except ray.exceptions.GetTimeoutError:
-        remove_placement_group(pg)
-        raise TrainJobError(
-            f"train stage of iteration {job.iteration}: the Ray cluster at {cluster.ray_address} did not "
-            f"place {world} ranks of {bundle} within cluster.ready_timeout_s={cluster.ready_timeout_s:g} "
-            f"(it has {ray.cluster_resources()}); nothing committed"
-        ) from None
-    actor = ray.remote(num_cpus=1, num_gpus=gpu, max_restarts=0)(_Rank)
-    ranks = [
-        actor.options(
-            scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=r)
-        ).remote()
-        for r in range(world)
-    ]
-    try:
-        where = ray.get([a.where.remote() for a in ranks])
+        if why := probe_rendezvous(ranks, where):
+            raise TrainJobError(f"train stage of iteration {job.iteration}: {why}; nothing committed")
         envs = rank_env([w["node"] for w in where], (where[0]["address"], where[0]["port"]))
         if "RLFOUNDRY_FAULT" in os.environ:  # crash tests: the fault travels to the ranks' nodes
             envs = [{**e, "RLFOUNDRY_FAULT": os.environ["RLFOUNDRY_FAULT"]} for e in envs]
         runs = [a.run.remote(ctx.store.root, job_uri, e) for a, e in zip(ranks, envs, strict=True)]
         _wait(runs, where, job.iteration)
     finally:
-        for a in ranks:
-            ray.kill(a)
-        remove_placement_group(pg)
+        release(pg, ranks)
     result = ctx.store.read_json(result_uri)
     device = ctx.placement.workloads["trainer"].device
     placed = [
@@ -135,7 +108,8 @@ def launch_train_on_ray(ctx: Any, job: Any) -> Any:
         }
         for r, (w, e) in enumerate(zip(where, envs, strict=True))
     ]
-    metrics = {**result["metrics"], "placement": {"ray_address": cluster.ray_address, "train_ranks": placed}}
+    address = ctx.cfg.cluster.ray_address
+    metrics = {**result["metrics"], "placement": {"ray_address": address, "train_ranks": placed}}
     outputs = {k: ArtifactRef.model_validate(v) for k, v in result["outputs"].items()}
     return StageResult(outputs=outputs, metrics=metrics, seeds=result["seeds"])
 
