@@ -159,6 +159,7 @@ def launch(
     ensure_api()
     from flows.experiment import experiment_flow, with_result_storage
     from flows.observe import AlarmStop, alarms_shown_here
+    from rl_core.generation.ray_engines import EngineLost
     from rl_core.training.train_launch import TrainJobError
 
     prog = Progress(cfg.experiment.iterations)
@@ -177,7 +178,7 @@ def launch(
         fail(f"{e}\nevery committed stage is kept; once the store answers again: {again}", 3)
     except AlarmStop as e:
         fail(str(e), 4)
-    except TrainJobError as e:  # a launched train stage failed: which rank, where, and its log
+    except (TrainJobError, EngineLost) as e:  # a rank or engine on a cluster failed: which, where, its log
         first = str(e).splitlines()[0]
         fail(f"{first}\nevery committed stage is kept: {run_command('resume', rid, ctx.store.root)}", 1)
     finally:

@@ -74,12 +74,11 @@ class Probe:
     def unlisten(self) -> None:
         """The port closed and free for torch.distributed: shut down first, which wakes the accepting thread
         (a close alone would leave the socket listening while that thread holds it in ``accept``)."""
+        import contextlib
         import socket
 
-        try:
+        with contextlib.suppress(OSError):
             self.server.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
         self.server.close()
 
     def reach(self, address: str, port: int, timeout_s: float) -> str:
