@@ -83,7 +83,7 @@ def cluster_arm(state: str, iterations: int, out: str) -> None:
     """Inside the private network namespace: the cluster, the run on it, its figures to ``out``."""
     from infra.ray_local import local_cluster, private_env
 
-    with local_cluster(workers=2, cpus=2) as cluster:
+    with local_cluster(workers=2, cpus=3) as cluster:
         env = private_env({**os.environ, "RLFOUNDRY_STATE_DIR": state})
         args = ["run", *RUN, *ON_CLUSTER, "--set", f"experiment.iterations={iterations}"]
         _run(

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 
 @contextlib.contextmanager
-def local_cluster(workers: int = 2, cpus: int = 1) -> Iterator[Any]:
-    """``ray.cluster_utils.Cluster`` with its nodes up (``cpus`` logical CPUs each); shut down on exit."""
+def local_cluster(workers: int = 2, cpus: int = 1, scratch: Path | None = None) -> Iterator[Any]:
+    """``ray.cluster_utils.Cluster`` with its nodes up (``cpus`` logical CPUs each); shut down on exit. With
+    ``scratch``, each worker node gets scratch folders of its own there (``node_scratch``)."""
     from ray.cluster_utils import Cluster
 
     cluster = Cluster(
@@ -26,12 +28,23 @@ def local_cluster(workers: int = 2, cpus: int = 1) -> Iterator[Any]:
         head_node_args={"num_cpus": 0, "node_ip_address": "127.0.0.1", "include_dashboard": False},
     )
     try:
-        for _ in range(workers):
-            cluster.add_node(num_cpus=cpus, node_ip_address="127.0.0.1")
+        for i in range(workers):
+            extra = {"env_vars": node_scratch(scratch, f"node-{i}")} if scratch else {}
+            cluster.add_node(num_cpus=cpus, node_ip_address="127.0.0.1", **extra)
         cluster.wait_for_nodes()
         yield cluster
     finally:
         cluster.shutdown()
+
+
+def node_scratch(scratch: Path, name: str) -> dict[str, str]:
+    """The environment of a node whose processes keep their scratch apart from every other node's: its own
+    temporary folder (TMPDIR: the rollout engines' policy folders) and cache (XDG_CACHE_HOME: the checkpoints
+    its ranks fetch from the store), as on machines that share no disk."""
+    tmp, cache = scratch / name / "tmp", scratch / name / "cache"
+    tmp.mkdir(parents=True, exist_ok=True)
+    cache.mkdir(parents=True, exist_ok=True)
+    return {"TMPDIR": str(tmp), "XDG_CACHE_HOME": str(cache)}
 
 
 def private_env(env: dict[str, str]) -> dict[str, str]:

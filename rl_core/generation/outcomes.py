@@ -88,49 +88,77 @@ def _process_pool(ctx: RunContext) -> Any:
     return ctx.held.env_pool
 
 
-def _ray_map(
-    address: str,
-    workers: int,
-    env: tuple[str, dict[str, Any]],
-    chunks: list[list[dict[str, Any]]],
-    tasks: dict[str, dict[str, Any]],
-) -> list[list[dict[str, Any]]]:
+class _EnvWorker:
+    """An environment worker in a Ray actor's process: lives as long as the run's context, so no stage waits
+    for a worker process to start (Ray stops idle task workers while the train stage holds the CPUs)."""
+
+    def where(self) -> dict[str, str]:
+        import ray
+
+        return {"node": ray.get_runtime_context().get_node_id(), "address": ray.util.get_node_ip_address()}
+
+    def outcomes(
+        self, env: str, env_args: dict[str, Any], rows: list[dict[str, Any]], tasks: dict[str, dict[str, Any]]
+    ) -> list[dict[str, Any]]:
+        return outcomes_for(env, env_args, rows, tasks)
+
+
+def _ray_workers(ctx: RunContext, address: str) -> tuple[list[Any], list[dict[str, str]]]:
+    """The run's ``task.env_workers`` environment actors (a CPU each, spread over the nodes) and where each
+    is, started on first use and held by the context: on ``address``'s cluster, or a single-node cluster of
+    the run's own on 127.0.0.1 (never one it happens to find: RAY_ADDRESS, a `ray start` on this machine)."""
     import ray
 
     from envs.base import env_source
 
-    # A user's environment package that is not installed on the cluster is sent with the job (Ray uploads
-    # the folder); the job's runtime environment is fixed when this process first joins the cluster.
-    source = env_source(env[0])
-    modules = {"py_modules": [str(source)]} if source is not None else {}
+    if ctx.held.env_pool is not None:
+        return ctx.held.env_pool
+    tc = ctx.cfg.task
     if not ray.is_initialized():
         if address:
             from rl_core.run.cluster import connect
 
-            connect(address, env[0])
-        else:  # a single-node cluster of its own on 127.0.0.1: never one it happens to find (RAY_ADDRESS,
-            # a `ray start` on this machine), which would also refuse num_cpus
+            connect(address, tc.env)
+        else:  # a user's environment package not installed on the cluster is uploaded with the job
+            source = env_source(tc.env)
             ray.init(
                 address="local",
-                num_cpus=workers,
+                num_cpus=tc.env_workers,
                 include_dashboard=False,
                 _node_ip_address="127.0.0.1",
                 log_to_driver=False,
-                runtime_env={"env_vars": {"PYTHONPATH": str(PROJECT_ROOT)}, **modules},
+                runtime_env={
+                    "env_vars": {"PYTHONPATH": str(PROJECT_ROOT)},
+                    **({"py_modules": [str(source)]} if source is not None else {}),
+                },
             )
-    remote = ray.remote(num_cpus=1)(_placed_outcomes)
-    tasks_ref = ray.put(tasks)
-    return ray.get([remote.remote(*env, c, tasks_ref) for c in chunks])
+    actor = ray.remote(num_cpus=1, max_restarts=0)(_EnvWorker)
+    workers = [actor.options(scheduling_strategy="SPREAD").remote() for _ in range(tc.env_workers)]
+    ctx.held.env_pool = (workers, ray.get([w.where.remote() for w in workers]))
+    return ctx.held.env_pool
 
 
-def _placed_outcomes(
-    env: str, env_args: dict[str, Any], rows: list[dict[str, Any]], tasks: dict[str, dict[str, Any]]
-) -> tuple[dict[str, str], list[dict[str, Any]]]:
-    """``outcomes_for`` in a Ray task, with the node it ran on."""
+def _ray_map(
+    ctx: RunContext, address: str, chunks: list[list[dict[str, Any]]], tasks: dict[str, dict[str, Any]]
+) -> tuple[list[list[dict[str, Any]]], list[dict[str, Any]]]:
+    """Chunk i to worker i mod n (each worker runs its chunks in order); the outcomes in chunk order, and
+    where each chunk ran."""
     import ray
 
-    where = {"node": ray.get_runtime_context().get_node_id(), "address": ray.util.get_node_ip_address()}
-    return where, outcomes_for(env, env_args, rows, tasks)
+    workers, where = _ray_workers(ctx, address)
+    tc, n = ctx.cfg.task, len(workers)
+    tasks_ref = ray.put(tasks)
+    refs = [workers[i % n].outcomes.remote(tc.env, tc.env_args, c, tasks_ref) for i, c in enumerate(chunks)]
+    try:
+        parts = ray.get(refs)
+    except ray.exceptions.RayActorError:
+        ctx.held.env_pool = None  # the next stage starts its workers afresh
+        raise RuntimeError(
+            f"environment workers on the Ray cluster {address or '(local)'}: a worker died (node lost or "
+            "process killed); nothing committed"
+        ) from None
+    placed = [{"chunk": i, "rows": len(c), **where[i % n]} for i, c in enumerate(chunks)]
+    return parts, placed
 
 
 def env_outcomes(ctx: RunContext, df: pd.DataFrame) -> pd.DataFrame:
@@ -167,9 +195,7 @@ def env_outcomes(ctx: RunContext, df: pd.DataFrame) -> pd.DataFrame:
     chunks = [rows[i : i + size] for i in range(0, len(rows), size)]
     if tc.executor == "ray":  # task.ray_address, else the run's cluster, else a local one of its own
         address = tc.ray_address or ctx.cfg.cluster.ray_address
-        placed = _ray_map(address, tc.env_workers, (tc.env, tc.env_args), chunks, tasks)
-        parts = [p for _, p in placed]
-        where = [{"chunk": i, "rows": len(p), **w} for i, (w, p) in enumerate(placed)]
+        parts, where = _ray_map(ctx, address, chunks, tasks)
         out = pd.DataFrame([o for part in parts for o in part])
         out.attrs["placement"] = {"ray_address": address, "env_workers": where}
         return out

@@ -115,14 +115,16 @@ def _answers(field: str, address: str, timeout_s: float) -> None:
 
 def check_cluster_resources(ctx: Any) -> None:
     """Refuse (``ConfigError``, one line) a cluster that has fewer CPUs (GPUs on a GPU machine) than the run's
-    actors take together, naming what it has: a launched train stage's ranks (one CPU each) and the rollout
-    engines (``rollout.servers``: one CPU each, and each its GPUs on a GPU machine), which live beside the
-    ranks; then the ranks, placed as the train stage places them, must each reach rank 0's rendezvous port.
-    Joined now, before any stage."""
+    actors take together, naming what it has: a launched train stage's ranks (one CPU each), the rollout
+    engines (``rollout.servers``: one CPU each, and each its GPUs on a GPU machine) and the environment
+    workers (``task.env_workers`` with ``task.executor: ray``: one CPU each), which live beside the ranks.
+    Then the ranks, placed as the train stage places them, must each reach rank 0's rendezvous port. Joined
+    now, before any stage."""
     cfg = ctx.cfg
     ranks = cfg.train.world_size if cfg.train.launched else 0
     engines = cfg.rollout.servers if not cfg.rollout.server_urls else 0
-    if not cfg.cluster.ray_address or not (ranks or engines):
+    env_workers = cfg.task.env_workers if cfg.task.executor == "ray" and not cfg.task.ray_address else 0
+    if not cfg.cluster.ray_address or not (ranks or engines or env_workers):
         return
     import ray
 
@@ -130,7 +132,7 @@ def check_cluster_resources(ctx: Any) -> None:
 
     connect(cfg.cluster.ray_address, cfg.task.env)
     have = ray.cluster_resources()
-    need = {"CPU": float(ranks + engines)}
+    need = {"CPU": float(ranks + engines + env_workers)}
     gpus = (ranks if ctx.placement.trainer_gpus else 0) + sum(len(g) for g in ctx.placement.server_gpus)
     if gpus:
         need["GPU"] = float(gpus)
@@ -138,14 +140,13 @@ def check_cluster_resources(ctx: Any) -> None:
     if short:
         has = ", ".join(f"{k} {have.get(k, 0.0):g}" for k in need)
         wants = ", ".join(f"{v:g} {k}" for k, v in short.items())
-        what = " and ".join(
-            x
-            for x in (
-                f"train.world_size={ranks} ranks" if ranks else "",
-                f"rollout.servers={engines} engines" if engines else "",
-            )
-            if x
-        )
+        parts = [
+            f"train.world_size={ranks} ranks" if ranks else "",
+            f"rollout.servers={engines} engines" if engines else "",
+            f"task.env_workers={env_workers} environment workers" if env_workers else "",
+        ]
+        parts = [p for p in parts if p]
+        what = " and ".join(parts) if len(parts) < 3 else f"{parts[0]}, {parts[1]} and {parts[2]}"
         raise ConfigError(
             f"cluster.ray_address={cfg.cluster.ray_address}: the cluster has {has} in all; {what} need "
             f"{wants} (one CPU each): add nodes or lower them"

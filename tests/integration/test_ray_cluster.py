@@ -1,6 +1,6 @@
 """The workloads on a Ray cluster of 3 nodes (issue 43): clusters started by the test on 127.0.0.1 inside a
 network namespace of their own (Ray's servers listen on every interface), a head that runs the driver and no
-work (0 CPUs) and two worker nodes of two logical CPUs each.
+work (0 CPUs) and two worker nodes of three logical CPUs each.
 
 First ``benchmarks/cluster.py --smoke`` (this suite's smoke of that benchmark): the same config on one machine
 (torchrun, the 2 engines' shards dealt to one in-process engine) and on a cluster (train ranks, 2 rollout
@@ -22,35 +22,62 @@ import pytest
 
 from benchmarks.cluster import ON_CLUSTER
 from benchmarks.cluster import RUN as BENCH_RUN
-from tests.conftest import cli, cli_env, python_in_private_netns, run_script, show_json
+from tests.conftest import cli, cli_env, python_in_private_netns, run_script
 
 # 32 completions per iteration in mini-batches of 8 (4 optimizer steps), 2 ranks, 2 HF engines, one iteration
 # (the suite's budget: the stage that loses its node is the one under test); the benchmark's own config.
 RUN = [*BENCH_RUN, *ON_CLUSTER, "--set", "experiment.iterations=1"]
+STORE = "s3://rlf-test/runs"  # the cluster scenario's store: S3, which every node reaches
 
 
 def cluster_scenario(state: str, out: str) -> None:
-    """In the private network namespace: the cluster, the run that loses a node, the resume."""
-    from infra.ray_local import local_cluster, private_env
+    """In the private network namespace: an S3 server, the cluster (each worker node with scratch folders of
+    its own), the refused run, the run on S3 that loses a node, the resume; what the test checks: ``out``."""
+    import os
 
-    with local_cluster(workers=2, cpus=2) as cluster:
-        env = private_env(cli_env(Path(state)))
-        args = [*RUN, "--set", f"cluster.ray_address={cluster.address}"]
-        # more ranks than the cluster has CPUs: refused before any stage, naming what it has
-        short = cli(["run", *args, "--set", "train.world_size=3", "--run-id", "short"], env, fresh=True)
-        lost = cli(
-            ["run", *args, "--run-id", "lost"], {**env, "RLFOUNDRY_FAULT": "train:rank1@1:node"}, fresh=True
-        )
-        cluster.add_node(num_cpus=2, node_ip_address="127.0.0.1")  # a node back, as an autoscaler would
-        cluster.wait_for_nodes()
-        resumed = cli(["resume", "lost"], env, fresh=True)
-        result = {
-            "short": [short.returncode, short.stderr[-2000:]],
-            "lost": [lost.returncode, lost.stdout[-2000:] + lost.stderr[-4000:]],
-            "resumed": [resumed.returncode, resumed.stdout[-2000:] + resumed.stderr[-4000:]],
-            "address": cluster.address,
-        }
-        Path(out).write_text(json.dumps(result))
+    from infra.localstack.s3_server import S3Server
+    from infra.ray_local import local_cluster, node_scratch, private_env
+    from tests.conftest import S3_KEY, S3_SECRET
+
+    scratch = Path(state) / "nodes"
+    srv = S3Server.start(Path(state) / "weed", access_key=S3_KEY, secret_key=S3_SECRET)
+    s3 = {
+        "AWS_ENDPOINT_URL": srv.endpoint,
+        "AWS_ACCESS_KEY_ID": S3_KEY,
+        "AWS_SECRET_ACCESS_KEY": S3_SECRET,
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
+    os.environ.update(s3)
+    import s3fs
+
+    s3fs.S3FileSystem().mkdir("rlf-test")
+    try:
+        with local_cluster(workers=2, cpus=3, scratch=scratch) as cluster:
+            env = {**private_env(cli_env(Path(state))), **s3}
+            args = [*RUN, "--set", f"cluster.ray_address={cluster.address}", "--set", f"store.uri={STORE}"]
+            # more ranks than the cluster has CPUs: refused before any stage, naming what it has
+            short = cli(["run", *args, "--set", "train.world_size=3", "--run-id", "short"], env, fresh=True)
+            fault = {**env, "RLFOUNDRY_FAULT": "train:rank1@1:node"}
+            lost = cli(["run", *args, "--run-id", "lost"], fault, fresh=True)
+            # a node back, as an autoscaler would, with scratch of its own too
+            cluster.add_node(
+                num_cpus=3, node_ip_address="127.0.0.1", env_vars=node_scratch(scratch, "node-2")
+            )
+            cluster.wait_for_nodes()
+            resumed = cli(["resume", "lost", "--store", STORE], env, fresh=True)
+            shown = cli(["show", "lost", "--store", STORE, "--json"], env, fresh=True)
+            stored = sorted(s3fs.S3FileSystem().find(f"{STORE}/lost/iter-0001/train"))
+            result = {
+                "short": [short.returncode, short.stderr[-2000:]],
+                "lost": [lost.returncode, lost.stdout[-2000:] + lost.stderr[-4000:]],
+                "resumed": [resumed.returncode, resumed.stdout[-2000:] + resumed.stderr[-4000:]],
+                "shown": [shown.returncode, shown.stdout, shown.stderr[-2000:]],
+                "stored_train": stored,
+                "address": cluster.address,
+            }
+    finally:
+        srv.stop()
+    Path(out).write_text(json.dumps(result))
 
 
 @pytest.mark.slow
@@ -85,9 +112,9 @@ def test_workloads_on_a_three_node_cluster_survive_a_lost_node_and_match_one_mac
     code_short, text = got["short"]
     assert code_short == 2, text
     assert text.strip().splitlines()[-1] == (
-        f"error: cluster.ray_address={got['address']}: the cluster has CPU 4 in all; "
-        "train.world_size=3 ranks and rollout.servers=2 engines need 5 CPU (one CPU each): add nodes or "
-        "lower them"
+        f"error: cluster.ray_address={got['address']}: the cluster has CPU 6 in all; train.world_size=3 "
+        "ranks, rollout.servers=2 engines and task.env_workers=2 environment workers need 7 CPU (one CPU "
+        "each): add nodes or lower them"
     )
     assert not (state / "store" / "short").exists()
     code_lost, text = got["lost"]
@@ -99,13 +126,23 @@ def test_workloads_on_a_three_node_cluster_survive_a_lost_node_and_match_one_mac
     code_resumed, text = got["resumed"]
     assert code_resumed == 0, text
 
-    run = state / "store" / "lost"
-    shown = show_json(state, "lost")
+    code_shown, text, err = got["shown"]
+    assert code_shown == 0, err
+    shown = json.loads(text)
     hashes = [it["policy_sha256"] for it in shown["iterations"]]
     assert hashes == [figures["one_machine"]["policy_sha256"]]  # the same policy as on one machine
-    m = json.loads((run / "iter-0001" / "train" / "_manifest.json").read_text())
-    placed = m["metrics"]["placement"]
+    assert any(k.endswith("/train/_manifest.json") for k in got["stored_train"]), got["stored_train"]
+    placed = shown["iterations"][0]["stages"]["train"]["metrics"]["placement"]
     assert placed["ray_address"] == got["address"]
     ranks = placed["train_ranks"]
     assert [p["rank"] for p in ranks] == [0, 1] and {p["device"] for p in ranks} == {"cpu"}
     assert len({p["node"] for p in ranks}) == 2, ranks
+    # Each worker node kept its scratch apart: the engines' policy folders and the checkpoints the ranks
+    # fetched from S3 are in each node's own folders, not the driver's.
+    nodes = sorted((state / "nodes").iterdir())
+    assert [n.name for n in nodes] == ["node-0", "node-1", "node-2"]
+    for n in nodes:
+        engines = list((n / "tmp").glob("rlfoundry-engine-*/config.json"))
+        fetched = list((n / "cache" / "rlfoundry" / "checkpoints").glob("*/config.json"))
+        assert engines or fetched, f"{n.name}: nothing in its own scratch"
+    assert sum(len(list((n / "tmp").glob("rlfoundry-engine-*"))) for n in nodes) >= 4  # 2 engines, 2 runs

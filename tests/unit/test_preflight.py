@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from typer.testing import CliRunner
@@ -185,9 +186,11 @@ def test_without_an_address_the_run_starts_its_own_cluster_never_the_one_it_find
     monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     monkeypatch.setattr(ray, "init", init)
+    cfg = load_config("configs/smoke.yaml", ["task.executor=ray", "task.env_workers=2"])
+    ctx = SimpleNamespace(cfg=cfg, held=SimpleNamespace(env_pool=None))
     with pytest.raises(Stop):
-        outcomes._ray_map("", 2, ("arithmetic", {}), [[]], {})
+        outcomes._ray_map(ctx, "", [[]], {})
     assert calls[0]["address"] == "local" and calls[0]["num_cpus"] == 2
     with pytest.raises(Stop):
-        outcomes._ray_map("ray://head:10001", 2, ("arithmetic", {}), [[]], {})
+        outcomes._ray_map(ctx, "ray://head:10001", [[]], {})
     assert calls[1]["address"] == "ray://head:10001" and "num_cpus" not in calls[1]  # joined as given
