@@ -108,7 +108,7 @@ class TaskSection(_Section):
         description="Where execute_envs runs episodes: inline, a local process pool, or Ray (fleets).",
     )
     env_workers: int = Field(
-        2, ge=1, le=4096, description="Processes (or Ray tasks at once) for environments."
+        2, ge=1, le=4096, description="Processes (or Ray actors, a CPU each) for environments."
     )
     ray_address: str = Field(
         "",
