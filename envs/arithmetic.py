@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from envs.base import StepResult, is_heldout, register
+from envs.base import StepResult, is_heldout
 
 
 class ArithmeticOptions(BaseModel):
@@ -108,7 +108,6 @@ def parse_answer(completion: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-@register("arithmetic")
 class ArithmeticEnv:
     name = "arithmetic"
     config_model: type[BaseModel] = ArithmeticOptions

@@ -13,8 +13,9 @@ mistake), ``Configurable`` (its own options, a pydantic model validated from ``t
 ``BatchSteps`` (many single-turn episodes scored in one call), ``WritesPython`` (the completion is code the
 grader runs: the reward audit reads it).
 
-An environment is named in the config by its registered name, by ``module:Class`` (a user's own package), or
-by an entry point of an installed package (group ``rlfoundry.envs``):
+An environment is named in the config by its name in ``BUILTIN`` (the project's: a lazy table, so only the
+named environment's module is ever imported), by ``module:Class`` (a user's own package), or by an entry point
+of an installed package (group ``rlfoundry.envs``):
 
     env = make_env("arithmetic", {"digits": [1, 2]})
     tasks = env.tasks("train", task_cfg, seed=0)
@@ -224,22 +225,20 @@ def is_heldout(text: str) -> bool:
     return hashlib.sha256(text.encode()).digest()[0] < 26
 
 
-_REGISTRY: dict[str, type] = {}
+# The project's environments: name -> ``module:Class``, imported only when a run names one (no environment
+# module is imported by this one: adding an environment is its file and a line here).
+BUILTIN: dict[str, str] = {
+    "arithmetic": "envs.arithmetic:ArithmeticEnv",
+    "code": "envs.code:CodeEnv",
+    "computer": "envs.computer:ComputerEnv",
+    "countup": "envs.countup:CountUpEnv",
+    "dataset": "envs.dataset:DatasetEnv",
+    "humaneval": "envs.humaneval:HumanEvalEnv",
+    "reasoning_gym": "envs.reasoning_gym:ReasoningGymEnv",
+    "shapes": "envs.shapes:ShapesEnv",
+    "tooluse": "envs.tools:ToolUseEnv",
+}
 ENTRY_POINT_GROUP = "rlfoundry.envs"
-
-
-def register(name: str) -> Callable[[type], type]:
-    """Class decorator: the project's own environments, by name."""
-
-    def deco(cls: type) -> type:
-        _REGISTRY[name] = cls
-        return cls
-
-    return deco
-
-
-def _builtins() -> None:
-    from envs import arithmetic, code, computer, countup, dataset, humaneval, reasoning_gym, shapes, tools  # noqa: F401
 
 
 def installed(group: str = ENTRY_POINT_GROUP) -> dict[str, str]:
@@ -290,8 +289,11 @@ def env_class(name: str) -> type:
     """The class of environment ``name``: a registered name, ``module:Class``, or an entry point of an
     installed package. It must have the ``Env`` methods (``tasks``, ``reset``, ``step``). Resolved once per
     process (``execute_envs`` makes a fresh environment per episode)."""
-    _builtins()
-    cls, target = resolve(name, _REGISTRY, ENTRY_POINT_GROUP, "environment")
+    if name in BUILTIN:  # imported now, alone
+        target = BUILTIN[name]
+        cls = load_object(target, "environment")
+    else:
+        cls, target = resolve(name, dict.fromkeys(BUILTIN), ENTRY_POINT_GROUP, "environment")
     missing = [m for m in ("tasks", "reset", "step") if not callable(getattr(cls, m, None))]
     if not isinstance(cls, type) or missing:
         raise ValueError(f"environment {name!r} ({target}) is not an environment class: lacks {missing}")
@@ -353,9 +355,8 @@ def make_env(name: str, args: dict[str, Any] | None = None) -> Env:
 
 
 def registered() -> list[str]:
-    """The project's environments and those of installed packages."""
-    _builtins()
-    return sorted(set(_REGISTRY) | set(installed()))
+    """The project's environments and those of installed packages (none of them imported)."""
+    return sorted(set(BUILTIN) | set(installed()))
 
 
 def check_outcome(env: str, outcome: dict[str, Any]) -> dict[str, Any]:

@@ -24,7 +24,7 @@ import random
 import re
 from typing import Any
 
-from envs.base import StepResult, draw_tasks, register
+from envs.base import StepResult, draw_tasks
 
 FIELDS = ["name", "city", "color", "pet", "food"]
 VALUES = {
@@ -38,7 +38,6 @@ VIEW = 3
 _ACTION = re.compile(r"^\s*(click|type|scroll)\((.*)\)\s*$", re.S)
 
 
-@register("computer")
 class ComputerEnv:
     name = "computer"
     max_turns = 10

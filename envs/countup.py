@@ -29,7 +29,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from envs.arithmetic import ArithmeticEnv
-from envs.base import StepResult, draw_tasks, register
+from envs.base import StepResult, draw_tasks
 
 
 class CountUpOptions(BaseModel):
@@ -133,7 +133,6 @@ def score(completion: str, answer: str) -> dict[str, Any]:
     }
 
 
-@register("countup")
 class CountUpEnv(ArithmeticEnv):
     """Episodes are arithmetic's (one action ends them); the tasks, demonstrations and verifier are new."""
 

@@ -42,7 +42,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from envs.base import StepResult, derived_seed, register
+from envs.base import StepResult, derived_seed
 from envs.dataset_verify import check, code_outcomes, code_tests, final_answer
 
 
@@ -292,7 +292,6 @@ def epoch_order(n_tasks: int, per_iteration: int, iteration: int, seed: int) -> 
     return out
 
 
-@register("dataset")
 class DatasetEnv:
     name = "dataset"
     config_model: type[BaseModel] = DatasetOptions

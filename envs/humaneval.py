@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from envs.base import StepResult, register
+from envs.base import StepResult
 from envs.nonce import new_nonce, nonce_line, verdict
 from envs.sandbox import Limits
 
@@ -125,7 +125,6 @@ def score(
     return {"results": results, "pass_rate": rate}
 
 
-@register("humaneval")
 class HumanEvalEnv:
     """One episode: the prompt, one completion, the verdict. Splits by a hash of the task id."""
 

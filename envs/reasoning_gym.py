@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from envs.base import StepResult, derived_seed, register
+from envs.base import StepResult, derived_seed
 from envs.dataset_verify import final_answer
 
 
@@ -69,7 +69,6 @@ def _generator(name: str, config_json: str, size: int, seed: int) -> Any:
         raise ValueError(f"task.env_args.config for reasoning_gym dataset {name!r}: {e}") from None
 
 
-@register("reasoning_gym")
 class ReasoningGymEnv:
     name = "reasoning_gym"
     config_model: type[BaseModel] = ReasoningGymOptions

@@ -22,7 +22,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from envs.arithmetic import ArithmeticEnv
-from envs.base import NoOptions, draw_tasks, register
+from envs.base import NoOptions, draw_tasks
 
 COLORS = {"red": (220, 30, 30), "green": (30, 160, 30), "blue": (30, 30, 220)}
 KINDS = ("square", "circle")
@@ -61,7 +61,6 @@ def png(scene: list[list[Any]]) -> bytes:
     return buf.getvalue()
 
 
-@register("shapes")
 class ShapesEnv(ArithmeticEnv):
     """Episodes and the verifier (a bare integer) are arithmetic's; the tasks and their pictures are new."""
 

@@ -25,7 +25,7 @@ import random
 import re
 from typing import Any
 
-from envs.base import StepResult, draw_tasks, register
+from envs.base import StepResult, draw_tasks
 
 _CALL = re.compile(r"^\s*(calc|py|ans)\((.*)\)\s*$", re.S)
 _TOKEN = re.compile(r"\s*(\d+|[-+*()])")
@@ -134,7 +134,6 @@ def run_python(code: str) -> str:
     return "=" + r.stdout.strip()[:48] + "\n"
 
 
-@register("tooluse")
 class ToolUseEnv:
     name = "tooluse"
     max_turns = 5

@@ -25,7 +25,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from envs.base import StepResult, register
+from envs.base import StepResult
 from envs.code.run import close_pools, run_candidates
 from envs.code.tasks import TEMPLATES, flawed_answer, make_tasks
 
@@ -72,7 +72,6 @@ class CodeConfig(BaseModel):
         return self
 
 
-@register("code")
 class CodeEnv:
     """One episode: the prompt, one completion, the hidden tests' verdict."""
 
