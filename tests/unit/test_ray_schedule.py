@@ -80,3 +80,33 @@ def test_the_line_names_the_first_rank_that_cannot_rendezvous_and_counts_the_oth
     assert "10.0.0.0:29500 (TimeoutError: timed out) (and 1 more rank(s))" in line
     assert "\n" not in line
     assert unreachable(["", "", "", ""], where, ("10.0.0.0", 29500)) == ""
+
+
+def test_a_lost_engine_is_named_with_its_node_in_one_line(monkeypatch):
+    """The engines' calls fail as Ray reports it (``ray.get`` raises for the batch); the line names the
+    lowest engine whose actor died, with its node, whatever order the failures came in."""
+    import ray
+
+    from rl_core.generation.ray_engines import EngineLost, RayEngines
+
+    died = {"ref-2", "ref-1"}
+
+    def get(refs, timeout=None):
+        if isinstance(refs, list):
+            raise ray.exceptions.RayActorError()
+        if refs in died:
+            raise ray.exceptions.RayActorError()
+        return "ok"
+
+    monkeypatch.setattr(ray, "get", get)
+    monkeypatch.setattr(ray, "wait", lambda refs, num_returns, timeout: (refs, []))
+    engines = RayEngines.__new__(RayEngines)  # its state only: no cluster
+    engines.n = 3
+    engines.where = [{"node": f"{c}" * 40} for c in "abc"]
+    with pytest.raises(EngineLost) as caught:
+        engines._all(["ref-0", "ref-1", "ref-2"], "generate")
+    line = str(caught.value)
+    assert line == (
+        "rollout engine 1 of 3 on Ray node bbbbbbbbbbbb (generate): its actor died (node lost or process "
+        "killed)"
+    )
