@@ -16,7 +16,9 @@ policy hash (the two arms must end on the same one) and, on the cluster, the wei
 the cluster's (higher is better; below 1 is the cluster path's overhead here, where every node shares the
 same two cores).
 
-``tests/integration/test_ray_cluster.py`` runs this script's ``--smoke`` as its uninterrupted arms.
+``--engine vllm``: the engines are vLLM (on one machine 2 vLLM servers, on the cluster 2 actors each holding
+vLLM in-process) -> ``benchmarks/results/cluster_vllm.json``. ``tests/integration/test_ray_cluster.py`` runs
+this script's ``--smoke`` (HF engines) as its uninterrupted arms.
 """
 
 from __future__ import annotations
@@ -40,6 +42,15 @@ RUN = [
     *("--set", "train.world_size=2", "--set", "rollout.servers=2"),
 ]
 ON_CLUSTER = ["--set", "task.executor=ray"]  # the environment workers on the cluster too
+
+
+RESULTS = {"hf": "cluster.json", "vllm": "cluster_vllm.json"}
+
+
+def run_args(engine: str) -> list[str]:
+    """The benchmark's run with rollout engines of kind ``engine`` (hf: the default; vllm: on one machine 2
+    vLLM servers, on the cluster 2 actors each holding vLLM)."""
+    return [*RUN, "--set", f"rollout.engine={engine}"]
 
 
 def _run(args: list[str], env: dict[str, str], fresh: bool = False) -> None:
@@ -79,13 +90,13 @@ def _figures(env: dict[str, str], run_id: str) -> dict[str, object]:
     }
 
 
-def cluster_arm(state: str, iterations: int, out: str) -> None:
+def cluster_arm(state: str, iterations: int, out: str, engine: str = "hf") -> None:
     """Inside the private network namespace: the cluster, the run on it, its figures to ``out``."""
     from infra.ray_local import local_cluster, private_env
 
     with local_cluster(workers=2, cpus=3) as cluster:
         env = private_env({**os.environ, "RLFOUNDRY_STATE_DIR": state})
-        args = ["run", *RUN, *ON_CLUSTER, "--set", f"experiment.iterations={iterations}"]
+        args = ["run", *run_args(engine), *ON_CLUSTER, "--set", f"experiment.iterations={iterations}"]
         _run(
             [*args, "--set", f"cluster.ray_address={cluster.address}", "--run-id", "cluster"], env, fresh=True
         )
@@ -97,16 +108,18 @@ def main() -> None:
     ap.add_argument("--iterations", type=int, default=3)
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--engine", choices=["hf", "vllm"], default="hf", help="the rollout engines' kind")
     ap.add_argument("--cluster-arm", nargs=3, metavar=("STATE", "ITERATIONS", "OUT"), help=argparse.SUPPRESS)
     add_smoke_flag(ap)
     args = ap.parse_args()
     if args.cluster_arm:
-        cluster_arm(args.cluster_arm[0], int(args.cluster_arm[1]), args.cluster_arm[2])
+        cluster_arm(args.cluster_arm[0], int(args.cluster_arm[1]), args.cluster_arm[2], args.engine)
         return
     iterations = 1 if args.smoke else args.iterations
     state = os.environ.get("RLFOUNDRY_STATE_DIR") or tempfile.mkdtemp(prefix="rlf-bench-cluster-")
     env = {**os.environ, "RLFOUNDRY_STATE_DIR": state}
-    _run(["run", *RUN, "--set", f"experiment.iterations={iterations}", "--run-id", "one"], env)
+    one = ["run", *run_args(args.engine), "--set", f"experiment.iterations={iterations}", "--run-id", "one"]
+    _run(one, env)
     local = _figures(env, "one")
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "cluster.json"
@@ -117,6 +130,8 @@ def main() -> None:
             state,
             str(iterations),
             str(out),
+            "--engine",
+            args.engine,
         ]
         netns = ["unshare", "--net", "--", "sh", "-c", 'ip link set lo up && exec "$@"', "sh", *cmd]
         done = subprocess.run(
@@ -127,6 +142,7 @@ def main() -> None:
         cluster = json.loads(out.read_text())
     result = {
         "benchmark": "cluster",
+        "engine": args.engine,
         "iterations": iterations,
         "one_machine": local,
         "cluster": cluster,
@@ -137,7 +153,7 @@ def main() -> None:
     }
     finish(
         result,
-        result_file(args.out, ROOT / "benchmarks/results/cluster.json", args.smoke),
+        result_file(args.out, ROOT / f"benchmarks/results/{RESULTS[args.engine]}", args.smoke),
         args.json,
         args.smoke,
     )
