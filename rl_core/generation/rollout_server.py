@@ -4,15 +4,15 @@ with ``rollout.servers: N``, see ``infra/rollout_servers.py``, or pods named by 
 Token-in, token-out like the in-process engine: each request sends its prompt token ids with its own seed and
 comes back with the sampled token ids (``return_tokens_as_token_ids``) and their processed logprobs, so the
 outputs are the in-process engine's bit for bit, whichever server a request lands on. Requests are spread over
-the healthy servers (request i to server i mod n, up to 32 in flight per server, which vLLM batches). Every request carries the
-servers' token (``Authorization: Bearer``; ``infra/rollout_auth.py`` refuses any other). Weights are synced
-through vLLM's ``/collective_rpc``: the committed checkpoint's store reference goes to the worker method
-``load_checkpoint``, and each server fetches it from the store itself, every file's sha256 checked — so a
-server that shares nothing with the flow but the store takes it — then ``/reset_prefix_cache``. A checkpoint
-the train stage did not store (``train.checkpoint_every`` > 1) goes by path, which only servers on the flow's
-machine can read. A server that stops answering is restarted by whoever started
-it (the ``restart`` callable), reloaded with the engine's current weights, and rejoins; external servers are
-waited for. ``stats()`` reports the servers' prefix-cache hit rate from their ``/metrics``.
+the healthy servers (request i to server i mod n, up to 32 in flight per server, which vLLM batches). Every
+request carries the servers' token (``Authorization: Bearer``; ``infra/rollout_auth.py`` refuses any other).
+Weights are synced through vLLM's ``/collective_rpc``: the committed checkpoint's store reference goes to the
+worker method ``load_checkpoint``, and each server fetches it from the store itself, every file's sha256
+checked — so a server that shares nothing with the flow but the store takes it — then ``/reset_prefix_cache``.
+A checkpoint the train stage did not store (``train.checkpoint_every`` > 1) goes by path, which only servers
+on the flow's machine can read. A server that stops answering is restarted by whoever started it (the
+``restart`` callable), reloaded with the engine's current weights, and rejoins; external servers are waited
+for. ``stats()`` reports the servers' prefix-cache hit rate from their ``/metrics``.
 
     engine = ServerEngine(["http://127.0.0.1:8001"], ckpt_dir, allowed_token_ids=None, token=token,
                           store_root=store.root)
