@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from rl_core.generation.rollout import Completion, Request, SamplingSpec, start_engine
-from rl_core.run.cluster import connect
+from rl_core.run.cluster import cause, connect, outcomes
 
 
 class EngineLost(RuntimeError):
@@ -169,24 +169,16 @@ class RayEngines:
         self.sync_s = 0.0
 
     def _all(self, refs: list[Any], what: str) -> list[Any]:
-        """Every engine's answer, in engine order; a failure names the lowest engine that failed."""
+        """Every engine's answer, in engine order; a failure names the engine ``cluster.cause`` picks."""
         import ray
 
         try:
             return ray.get(refs)
         except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError):
             ray.wait(refs, num_returns=len(refs), timeout=10)
-        for i, ref in enumerate(refs):
-            try:
-                ray.get(ref, timeout=0)
-            except ray.exceptions.RayActorError:
-                how = "its actor died (node lost or process killed)"
-            except ray.exceptions.RayTaskError as e:
-                how = f"it failed: {str(e).strip().splitlines()[-1][-300:]}"
-            except ray.exceptions.GetTimeoutError:
-                continue
-            else:
-                continue
+        found = cause(outcomes(refs))
+        if found is not None:
+            i, how = found
             node = self.where[i].get("node", "?")[:12]
             raise EngineLost(f"rollout engine {i} of {self.n} on Ray node {node} ({what}): {how}") from None
         raise EngineLost(f"rollout engines ({what}): a Ray call failed and no engine names the cause")

@@ -194,3 +194,42 @@ def check_rendezvous(ctx: Any) -> str:
         return probe_rendezvous(actors, where)
     finally:
         release(pg, actors)
+
+
+DIED = "its actor died (node lost or process killed)"
+
+
+def outcomes(refs: list[Any]) -> list[str | None]:
+    """What became of each of ``refs`` (actor calls that have ended or are blocked): DIED, "it failed:
+    <its exception's last line>", or None (it returned, or is still blocked: killed with its actor)."""
+    import ray
+
+    out: list[str | None] = []
+    for ref in refs:
+        try:
+            ray.get(ref, timeout=0)
+        except ray.exceptions.RayActorError:
+            out.append(DIED)
+        except ray.exceptions.RayTaskError as e:
+            out.append(f"it failed: {str(e).strip().splitlines()[-1][-300:]}")
+        except ray.exceptions.GetTimeoutError:
+            out.append(None)
+        else:
+            out.append(None)
+    return out
+
+
+def cause(ends: list[str | None]) -> tuple[int, str] | None:
+    """The failure to name: the lowest actor that died (its node lost), else the lowest that failed (its
+    peers fail after a lost one: the same line whatever order Ray reported them in); None when none did.
+
+    >>> cause([None, "it failed: x", DIED, DIED])
+    (2, 'its actor died (node lost or process killed)')
+    >>> cause([None, "it failed: x", "it failed: y"]), cause([None, None])
+    ((1, 'it failed: x'), None)
+    """
+    for wanted in (lambda o: o == DIED, lambda o: o is not None):
+        hit = next((i for i, o in enumerate(ends) if wanted(o)), None)
+        if hit is not None:
+            return hit, ends[hit]  # type: ignore[return-value]
+    return None

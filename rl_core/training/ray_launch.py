@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from rl_core.run.cluster import PlacementTimeout, Probe, place, probe_rendezvous, release
+from rl_core.run.cluster import PlacementTimeout, Probe, cause, outcomes, place, probe_rendezvous, release
 from rl_core.training.train_launch import TrainJobError, write_job
 
 
@@ -132,23 +132,7 @@ def _wait(runs: list[Any], where: list[dict[str, Any]], iteration: int, grace_s:
 
 
 def _cause(runs: list[Any], where: list[dict[str, Any]], iteration: int) -> TrainJobError:
-    import ray
-
-    died, failed = [], []
-    for r, ref in enumerate(runs):
-        try:
-            ray.get(ref, timeout=0)
-        except ray.exceptions.RayActorError:
-            died.append(r)
-        except ray.exceptions.RayTaskError as e:
-            failed.append((r, e))
-        except ray.exceptions.GetTimeoutError:
-            pass  # still blocked in a collective: killed with the actors
-    if died:
-        r, how = died[0], "its actor died (node lost or process killed)"
-    else:
-        r, e = failed[0]
-        how = f"it failed: {str(e).strip().splitlines()[-1][-300:]}"
+    r, how = cause(outcomes(runs)) or (0, "a Ray call failed and no rank names the cause")
     node = where[r]
     return TrainJobError(
         f"train stage of iteration {iteration}: rank {r} of {len(runs)} on Ray node {node['node'][:12]} "

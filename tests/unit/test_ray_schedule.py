@@ -82,31 +82,13 @@ def test_the_line_names_the_first_rank_that_cannot_rendezvous_and_counts_the_oth
     assert unreachable(["", "", "", ""], where, ("10.0.0.0", 29500)) == ""
 
 
-def test_a_lost_engine_is_named_with_its_node_in_one_line(monkeypatch):
-    """The engines' calls fail as Ray reports it (``ray.get`` raises for the batch); the line names the
-    lowest engine whose actor died, with its node, whatever order the failures came in."""
-    import ray
+def test_the_failure_named_is_the_lowest_dead_actor_before_any_that_merely_failed():
+    """A lost node kills its actor; its peers then fail in their next collective or call. Whatever order Ray
+    reports them in, the line names the lowest actor that died, else the lowest that failed (ranks and
+    rollout engines alike)."""
+    from rl_core.run.cluster import DIED, cause
 
-    from rl_core.generation.ray_engines import EngineLost, RayEngines
-
-    died = {"ref-2", "ref-1"}
-
-    def get(refs, timeout=None):
-        if isinstance(refs, list):
-            raise ray.exceptions.RayActorError()
-        if refs in died:
-            raise ray.exceptions.RayActorError()
-        return "ok"
-
-    monkeypatch.setattr(ray, "get", get)
-    monkeypatch.setattr(ray, "wait", lambda refs, num_returns, timeout: (refs, []))
-    engines = RayEngines.__new__(RayEngines)  # its state only: no cluster
-    engines.n = 3
-    engines.where = [{"node": f"{c}" * 40} for c in "abc"]
-    with pytest.raises(EngineLost) as caught:
-        engines._all(["ref-0", "ref-1", "ref-2"], "generate")
-    line = str(caught.value)
-    assert line == (
-        "rollout engine 1 of 3 on Ray node bbbbbbbbbbbb (generate): its actor died (node lost or process "
-        "killed)"
-    )
+    failed = "it failed: RuntimeError: gloo: connection reset"
+    assert cause([failed, None, DIED, failed, DIED]) == (2, DIED)
+    assert cause([None, failed, "it failed: other"]) == (1, failed)
+    assert cause([None, None, None]) is None
