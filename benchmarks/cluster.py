@@ -38,9 +38,9 @@ from benchmarks.common import ROOT, add_smoke_flag, finish, python, result_file 
 
 RUN = [
     "configs/smoke.yaml",
-    *("--set", "train.micro_batch_size=8", "--set", "rollout.engine=hf", "--set", "tracking.enabled=false"),
+    *("--set", "train.micro_batch_size=8", "--set", "tracking.enabled=false"),
     *("--set", "train.world_size=2", "--set", "rollout.servers=2"),
-]
+]  # with the engines' kind: run_args
 ON_CLUSTER = ["--set", "task.executor=ray"]  # the environment workers on the cluster too
 
 

@@ -12,13 +12,14 @@ first joins the cluster); spawned processes import it from the parent's ``sys.pa
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
 
 from envs.base import BatchSteps, check_outcome, make_env
-from rl_core.artifacts.paths import PROJECT_ROOT
 from rl_core.artifacts.stage import StageJob, StageResult
+from rl_core.run.cluster import Probe, connect
 from rl_core.run.context import RunContext
 
 
@@ -88,14 +89,9 @@ def _process_pool(ctx: RunContext) -> Any:
     return ctx.held.env_pool
 
 
-class _EnvWorker:
+class _EnvWorker(Probe):
     """An environment worker in a Ray actor's process: lives as long as the run's context, so no stage waits
     for a worker process to start (Ray stops idle task workers while the train stage holds the CPUs)."""
-
-    def where(self) -> dict[str, str]:
-        import ray
-
-        return {"node": ray.get_runtime_context().get_node_id(), "address": ray.util.get_node_ip_address()}
 
     def outcomes(
         self, env: str, env_args: dict[str, Any], rows: list[dict[str, Any]], tasks: dict[str, dict[str, Any]]
@@ -103,38 +99,34 @@ class _EnvWorker:
         return outcomes_for(env, env_args, rows, tasks)
 
 
-def _ray_workers(ctx: RunContext, address: str) -> tuple[list[Any], list[dict[str, str]]]:
-    """The run's ``task.env_workers`` environment actors (a CPU each, spread over the nodes) and where each
-    is, started on first use and held by the context: on ``address``'s cluster, or a single-node cluster of
-    the run's own on 127.0.0.1 (never one it happens to find: RAY_ADDRESS, a `ray start` on this machine)."""
-    import ray
+@dataclass
+class RayWorkers:
+    """The run's environment actors and where each is; ``shutdown`` as a process pool's (``Held.close``)."""
 
-    from envs.base import env_source
+    workers: list[Any]
+    where: list[dict[str, Any]]
+
+    def shutdown(self, cancel_futures: bool = True) -> None:
+        import ray
+
+        for worker in self.workers:
+            ray.kill(worker)
+
+
+def _ray_workers(ctx: RunContext, address: str) -> RayWorkers:
+    """The run's ``task.env_workers`` environment actors (a CPU each, spread over the nodes), started on
+    first use and held by the context: on ``address``'s cluster, or a single-node cluster of the run's own on
+    127.0.0.1 (never one it happens to find: RAY_ADDRESS, a `ray start` on this machine)."""
+    import ray
 
     if ctx.held.env_pool is not None:
         return ctx.held.env_pool
     tc = ctx.cfg.task
-    if not ray.is_initialized():
-        if address:
-            from rl_core.run.cluster import connect
-
-            connect(address, tc.env)
-        else:  # a user's environment package not installed on the cluster is uploaded with the job
-            source = env_source(tc.env)
-            ray.init(
-                address="local",
-                num_cpus=tc.env_workers,
-                include_dashboard=False,
-                _node_ip_address="127.0.0.1",
-                log_to_driver=False,
-                runtime_env={
-                    "env_vars": {"PYTHONPATH": str(PROJECT_ROOT)},
-                    **({"py_modules": [str(source)]} if source is not None else {}),
-                },
-            )
+    own = {"num_cpus": tc.env_workers, "include_dashboard": False, "_node_ip_address": "127.0.0.1"}
+    connect(address or "local", tc.env, **({} if address else own))
     actor = ray.remote(num_cpus=1, max_restarts=0)(_EnvWorker)
     workers = [actor.options(scheduling_strategy="SPREAD").remote() for _ in range(tc.env_workers)]
-    ctx.held.env_pool = (workers, ray.get([w.where.remote() for w in workers]))
+    ctx.held.env_pool = RayWorkers(workers, ray.get([w.where.remote() for w in workers]))
     return ctx.held.env_pool
 
 
@@ -145,7 +137,8 @@ def _ray_map(
     where each chunk ran."""
     import ray
 
-    workers, where = _ray_workers(ctx, address)
+    pool = _ray_workers(ctx, address)
+    workers, where = pool.workers, [{"node": w["node"], "address": w["address"]} for w in pool.where]
     tc, n = ctx.cfg.task, len(workers)
     tasks_ref = ray.put(tasks)
     refs = [workers[i % n].outcomes.remote(tc.env, tc.env_args, c, tasks_ref) for i, c in enumerate(chunks)]

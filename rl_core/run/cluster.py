@@ -20,10 +20,11 @@ class PlacementTimeout(RuntimeError):
     """The cluster did not place the actors in time; the message names what it has."""
 
 
-def connect(address: str, env: str = "") -> None:
-    """Join the Ray cluster at ``address`` unless this process already has. ``env``: the run's
-    ``task.env``; a user's environment package the cluster lacks is uploaded with the job (``py_modules``).
-    The job's runtime environment is fixed by the first join, so every caller names the run's env."""
+def connect(address: str, env: str = "", **own: Any) -> None:
+    """Join the Ray cluster at ``address`` unless this process already has (``"local"`` with ``own``'s
+    ``ray.init`` arguments: a cluster of the run's own). ``env``: the run's ``task.env``; a user's
+    environment package the cluster lacks is uploaded with the job (``py_modules``). The job's runtime
+    environment is fixed by the first join, so every caller names the run's env."""
     import ray
 
     from envs.base import env_source
@@ -34,7 +35,7 @@ def connect(address: str, env: str = "") -> None:
             "env_vars": {"PYTHONPATH": str(PROJECT_ROOT), "RAY_USAGE_STATS_ENABLED": "0"},
             **({"py_modules": [str(source)]} if source is not None else {}),
         }
-        ray.init(address=address, log_to_driver=False, runtime_env=runtime)
+        ray.init(address=address, log_to_driver=False, runtime_env=runtime, **own)
 
 
 class Probe:

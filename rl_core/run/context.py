@@ -142,7 +142,7 @@ class Held:
     train_cfg: Any = None  # the train section it was built with
     train_holds: tuple[str, str | None] | None = None  # (policy sha256, optimizer sha256) it holds
     reference: tuple[str, Any] | None = None  # (checkpoint sha256, frozen reference model)
-    env_pool: Any = None  # the environments' process pool, or Ray actors (workers, where each is)
+    env_pool: Any = None  # the environments' process pool, or their Ray actors (outcomes.RayWorkers)
     reward: Any = None  # the reward model's client (rl_core.scoring.reward_client), with the run's server
     # The trainer's latest weights in memory: weights sha256 -> state dict, oldest first (``remember``).
     fresh: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -166,13 +166,7 @@ class Held:
     def close(self) -> None:
         """Shut down the worker processes (engines, and rollout servers, which are tied to this process, end
         with it)."""
-        if isinstance(self.env_pool, tuple):  # Ray actors: (workers, where each is)
-            import ray
-
-            for worker in self.env_pool[0]:
-                ray.kill(worker)
-            self.env_pool = None
-        elif self.env_pool is not None:
+        if self.env_pool is not None:
             self.env_pool.shutdown(cancel_futures=True)
             self.env_pool = None
         if self.reward is not None:

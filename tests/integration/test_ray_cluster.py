@@ -20,13 +20,12 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.cluster import ON_CLUSTER
-from benchmarks.cluster import RUN as BENCH_RUN
+from benchmarks.cluster import ON_CLUSTER, run_args
 from tests.conftest import cli, cli_env, python_in_private_netns, run_script
 
 # 32 completions per iteration in mini-batches of 8 (4 optimizer steps), 2 ranks, 2 HF engines, one iteration
 # (the suite's budget: the stage that loses its node is the one under test); the benchmark's own config.
-RUN = [*BENCH_RUN, *ON_CLUSTER, "--set", "experiment.iterations=1"]
+RUN = [*run_args("hf"), *ON_CLUSTER, "--set", "experiment.iterations=1"]
 STORE = "s3://rlf-test/runs"  # the cluster scenario's store: S3, which every node reaches
 
 
