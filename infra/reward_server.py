@@ -24,7 +24,8 @@ from typing import Any
 from infra.localstack.process import Server, ServerError, spawn
 from infra.rollout_servers import vllm_server_env
 from rl_core.artifacts.paths import free_port, state_dir
-from rl_core.models.vllm_args import cpu_vllm_args, cuda_visible, vllm_flags
+from rl_core.models.vllm_args import cuda_visible, reward_vllm_args, vllm_flags
+from rl_core.scoring.reward_model import reward_folder_problem
 
 SERVED_NAME = "reward"
 
@@ -32,17 +33,9 @@ SERVED_NAME = "reward"
 def check_reward_folder(path: str | Path) -> Path:
     """A reward model folder (config with one label, weights, tokenizer), else an error naming what it
     lacks."""
-    folder = Path(path)
-    missing = [f for f in ("config.json", "model.safetensors", "tokenizer.json") if not (folder / f).exists()]
-    if not folder.is_dir() or missing:
-        what = "is not a folder" if not folder.is_dir() else f"has no {', '.join(missing)}"
-        raise ServerError(
-            f"reward server: {folder} {what} (a reward model folder: rlfoundry reward-model train)"
-        )
-    labels = json.loads((folder / "config.json").read_text()).get("id2label", {})
-    if len(labels) != 1:
-        raise ServerError(f"reward server: {folder} is not a one-label (scalar) model: {len(labels)} labels")
-    return folder
+    if why := reward_folder_problem(path):
+        raise ServerError(f"reward server: {why}")
+    return Path(path)
 
 
 class RewardServer:
@@ -70,11 +63,7 @@ class RewardServer:
 
     def _command(self, port: int) -> list[str]:
         max_len = json.loads((self.path / "config.json").read_text())["max_position_embeddings"]
-        # On the CPU the arguments it always had (chunked prefill: vLLM's default for a pooling runner).
-        device = {k: v for k, v in cpu_vllm_args(max_len, self.kv_cache_mb).items() if "chunked" not in k}
-        if self.device_args:  # a whole sequence per step at least
-            device = {**self.device_args}
-            device["max_num_batched_tokens"] = max(device["max_num_batched_tokens"], max_len)
+        device = reward_vllm_args(max_len, self.kv_cache_mb, self.device_args)
         return [
             sys.executable,
             "-m",

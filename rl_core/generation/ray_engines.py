@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from rl_core.generation.rollout import Completion, Request, SamplingSpec, start_engine
-from rl_core.run.cluster import cause, connect, outcomes
+from rl_core.run.cluster import PlacementTimeout, Probe, cause, outcomes, place, release
 
 
 class EngineLost(RuntimeError):
@@ -88,14 +88,12 @@ def folder_files(folder: str | Path) -> dict[str, bytes]:
     }
 
 
-class _Engine:
+class _Engine(Probe):
     """One rollout engine in a Ray actor's process."""
 
     def start(
         self, files: dict[str, bytes], kind: str, rollout_cfg: Any, max_model_len: int, placement: Any
-    ) -> dict[str, Any]:
-        import ray
-
+    ) -> None:
         self.folder = Path(tempfile.mkdtemp(prefix="rlfoundry-engine-"))  # this node's own scratch
         for rel, data in files.items():
             (self.folder / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -103,13 +101,6 @@ class _Engine:
         self.engine = start_engine(
             kind, self.folder, rollout_cfg, max_model_len=max_model_len, placement=placement
         )
-        gpus = ray.get_gpu_ids()
-        return {
-            "node": ray.get_runtime_context().get_node_id(),
-            "address": ray.util.get_node_ip_address(),
-            "device": f"cuda:{gpus[0]} of its node" if gpus else "cpu",
-            "engine": kind,
-        }
 
     def generate(self, requests: list[Request], spec: SamplingSpec, threads: int) -> list[list[Completion]]:
         from rl_core.models.machine import torch_threads
@@ -129,42 +120,29 @@ class RayEngines:
 
     def __init__(self, ctx: Any, folder: str | Path):
         import ray
-        from ray.util.placement_group import placement_group, remove_placement_group
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         cfg = ctx.cfg
         self.n, self.address = cfg.rollout.servers, cfg.cluster.ray_address
         self.kind = ctx.placement.rollout_engine
-        connect(self.address, cfg.task.env)
         gpus = len(ctx.placement.server_gpus[0]) if ctx.placement.server_gpus else 0
-        bundle = {"CPU": 1, **({"GPU": gpus} if gpus else {})}
-        self.pg = placement_group([bundle] * self.n, strategy="SPREAD")
         try:
-            ray.get(self.pg.ready(), timeout=cfg.cluster.ready_timeout_s)
-        except ray.exceptions.GetTimeoutError:
-            remove_placement_group(self.pg)
-            raise EngineLost(
-                f"rollout engines: the Ray cluster at {self.address} did not place rollout.servers={self.n} "
-                f"engines of {bundle} within cluster.ready_timeout_s={cfg.cluster.ready_timeout_s:g} "
-                f"(it has {ray.cluster_resources()})"
-            ) from None
-        actor = ray.remote(num_cpus=1, num_gpus=gpus, max_restarts=0)(_Engine)
-        self.actors = [
-            actor.options(
-                scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=i)
-            ).remote()
-            for i in range(self.n)
-        ]
-        self.where: list[dict[str, Any]] = [{} for _ in range(self.n)]
+            self.pg, self.actors, where = place(
+                ctx,
+                _Engine,
+                f"rollout engines (rollout.servers={self.n})",
+                count=self.n,
+                gpus=gpus,
+                unit="engines",
+            )
+        except PlacementTimeout as e:
+            raise EngineLost(str(e)) from None
+        self.where = [{k: w[k] for k in ("node", "address", "device")} | {"engine": self.kind} for w in where]
         placement = ctx.placement.for_engine_actor()
         files = ray.put(folder_files(folder))
-        self.where = self._all(
-            [
-                a.start.remote(files, self.kind, cfg.rollout, ctx.max_model_len(), placement)
-                for a in self.actors
-            ],
-            "start",
-        )
+        start = [
+            a.start.remote(files, self.kind, cfg.rollout, ctx.max_model_len(), placement) for a in self.actors
+        ]
+        self._all(start, "start")
         self.loaded = None
         self.sync_s = 0.0
 
@@ -224,9 +202,4 @@ class RayEngines:
         return out
 
     def close(self) -> None:
-        import ray
-        from ray.util.placement_group import remove_placement_group
-
-        for a in self.actors:
-            ray.kill(a)
-        remove_placement_group(self.pg)
+        release(self.pg, self.actors)

@@ -63,6 +63,23 @@ def cpu_vllm_args(max_model_len: int, kv_cache_mb: int) -> dict[str, Any]:
     }
 
 
+def reward_vllm_args(max_model_len: int, kv_cache_mb: int, device_args: dict[str, Any]) -> dict[str, Any]:
+    """vLLM's device arguments of a reward model's pooling runner (the flow's server and the reward actor
+    on a Ray cluster alike): on the CPU (empty ``device_args``) ``cpu_vllm_args`` with vLLM's default chunked
+    prefill for pooling; on a GPU the placement's (``reward_vllm``: its memory share), with a whole sequence
+    per step at least.
+
+    >>> sorted(reward_vllm_args(64, 256, {}))
+    ['enforce_eager', 'kv_cache_memory_bytes', 'max_num_batched_tokens']
+    >>> reward_vllm_args(4096, 256, {"max_num_batched_tokens": 2048})["max_num_batched_tokens"]
+    4096
+    """
+    if not device_args:
+        return {k: v for k, v in cpu_vllm_args(max_model_len, kv_cache_mb).items() if "chunked" not in k}
+    step = max(device_args["max_num_batched_tokens"], max_model_len)
+    return {**device_args, "max_num_batched_tokens": step}
+
+
 @contextlib.contextmanager
 def captured_stderr() -> Iterator[None]:
     """vLLM draws progress bars on stderr whatever TQDM_DISABLE says: hold them back, show them on failure."""

@@ -142,36 +142,50 @@ def probe_rendezvous(ranks: list[Any], where: list[dict[str, Any]], timeout_s: f
     return unreachable(probes, where, master)
 
 
-def place(ctx: Any, actor_cls: type, what: str) -> tuple[Any, list[Any], list[dict[str, Any]]]:
-    """A placement group of ``train.world_size`` bundles (a CPU each, and a GPU each on a GPU machine),
-    spread over the cluster's nodes, an ``actor_cls`` actor in each, and where each is (``Probe.where``).
-    ``PlacementTimeout``, naming ``what`` and what the cluster has, when it cannot place them within
+def place(
+    ctx: Any,
+    actor_cls: type,
+    what: str,
+    *,
+    count: int | None = None,
+    gpus: int | None = None,
+    unit: str = "ranks",
+) -> tuple[Any, list[Any], list[dict[str, Any]]]:
+    """A placement group of ``count`` bundles (default: ``train.world_size``), a CPU each and ``gpus`` GPUs
+    each (default: one per rank on a GPU machine), spread over the cluster's nodes, an ``actor_cls`` actor (a
+    ``Probe``) in each, and where each is (``Probe.where``). ``PlacementTimeout``, naming ``what``, the
+    ``count`` ``unit`` and what the cluster has, when it cannot place them within
     ``cluster.ready_timeout_s``."""
     import ray
     from ray.util.placement_group import placement_group, remove_placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    world, cluster = ctx.cfg.train.world_size, ctx.cfg.cluster
+    cluster = ctx.cfg.cluster
+    count = ctx.cfg.train.world_size if count is None else count
+    gpus = (1 if ctx.placement.trainer_gpus else 0) if gpus is None else gpus
     connect(cluster.ray_address, ctx.cfg.task.env)
-    gpu = 1 if ctx.placement.trainer_gpus else 0
-    bundle = {"CPU": 1, **({"GPU": gpu} if gpu else {})}
-    pg = placement_group([bundle] * world, strategy="SPREAD")
+    bundle = {"CPU": 1, **({"GPU": gpus} if gpus else {})}
+    pg = placement_group([bundle] * count, strategy="SPREAD")
     try:
         ray.get(pg.ready(), timeout=cluster.ready_timeout_s)
     except ray.exceptions.GetTimeoutError:
         remove_placement_group(pg)
         raise PlacementTimeout(
-            f"{what}: the Ray cluster at {cluster.ray_address} did not place {world} ranks of {bundle} "
+            f"{what}: the Ray cluster at {cluster.ray_address} did not place {count} {unit} of {bundle} "
             f"within cluster.ready_timeout_s={cluster.ready_timeout_s:g} (it has {ray.cluster_resources()})"
         ) from None
-    actor = ray.remote(num_cpus=1, num_gpus=gpu, max_restarts=0)(actor_cls)
+    actor = ray.remote(num_cpus=1, num_gpus=gpus, max_restarts=0)(actor_cls)
     actors = [
         actor.options(
-            scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=r)
+            scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i)
         ).remote()
-        for r in range(world)
+        for i in range(count)
     ]
-    return pg, actors, ray.get([a.where.remote() for a in actors])
+    try:
+        return pg, actors, ray.get([a.where.remote() for a in actors], timeout=cluster.ready_timeout_s)
+    except Exception:
+        release(pg, actors)
+        raise
 
 
 def release(pg: Any, actors: list[Any]) -> None:

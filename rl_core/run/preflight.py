@@ -113,44 +113,73 @@ def _answers(field: str, address: str, timeout_s: float) -> None:
         ) from None
 
 
+def cluster_needs(cfg: Any, placement: Any) -> tuple[dict[str, int], dict[str, float]]:
+    """What the run places on its cluster: how many of each actor (a launched train stage's ranks, the
+    rollout engines, the environment workers, the reward model's actor; a CPU each) and the resources they
+    take together (GPUs on a GPU machine: a rank's one, an engine's own, the reward model's one)."""
+    counts = {
+        "ranks": cfg.train.world_size if cfg.train.launched else 0,
+        "engines": cfg.rollout.servers if not cfg.rollout.server_urls else 0,
+        "env_workers": cfg.task.env_workers if cfg.task.executor == "ray" and not cfg.task.ray_address else 0,
+        "reward": 1 if "reward_model" in cfg.reward.weights and not cfg.reward.model.url else 0,
+    }
+    need = {"CPU": float(sum(counts.values()))}
+    gpus = (counts["ranks"] if placement.trainer_gpus else 0) + sum(len(g) for g in placement.server_gpus)
+    gpus += counts["reward"] if placement.reward_vllm else 0
+    if gpus:
+        need["GPU"] = float(gpus)
+    return counts, need
+
+
+def shortfall(cfg: Any, counts: dict[str, int], need: dict[str, float], have: dict[str, float]) -> str:
+    """The refusal's line when the cluster ``have`` lacks some of ``need``, naming what it has and who needs
+    it; "" when it has enough.
+
+    >>> from types import SimpleNamespace as NS
+    >>> cfg = NS(cluster=NS(ray_address="10.0.0.1:6379"), train=NS(world_size=2), rollout=NS(servers=2),
+    ...          task=NS(env_workers=2))
+    >>> counts = {"ranks": 2, "engines": 2, "env_workers": 0, "reward": 1}
+    >>> shortfall(cfg, counts, {"CPU": 5.0}, {"CPU": 4.0})
+    "cluster.ray_address=10.0.0.1:6379: the cluster has CPU 4 in all; train.world_size=2 ranks, \
+rollout.servers=2 engines and the reward model's actor need 5 CPU (one CPU each): add nodes or lower them"
+    >>> shortfall(cfg, counts, {"CPU": 5.0}, {"CPU": 6.0, "GPU": 0.0})
+    ''
+    """
+    short = {k: v for k, v in need.items() if have.get(k, 0.0) < v}
+    if not short:
+        return ""
+    has = ", ".join(f"{k} {have.get(k, 0.0):g}" for k in need)
+    wants = ", ".join(f"{v:g} {k}" for k, v in short.items())
+    named = {
+        "ranks": f"train.world_size={cfg.train.world_size} ranks",
+        "engines": f"rollout.servers={cfg.rollout.servers} engines",
+        "env_workers": f"task.env_workers={cfg.task.env_workers} environment workers",
+        "reward": "the reward model's actor",
+    }
+    parts = [named[k] for k, n in counts.items() if n]
+    what = " and ".join(parts) if len(parts) < 3 else f"{', '.join(parts[:-1])} and {parts[-1]}"
+    return (
+        f"cluster.ray_address={cfg.cluster.ray_address}: the cluster has {has} in all; {what} need {wants} "
+        "(one CPU each): add nodes or lower them"
+    )
+
+
 def check_cluster_resources(ctx: Any) -> None:
     """Refuse (``ConfigError``, one line) a cluster that has fewer CPUs (GPUs on a GPU machine) than the run's
-    actors take together, naming what it has: a launched train stage's ranks (one CPU each), the rollout
-    engines (``rollout.servers``: one CPU each, and each its GPUs on a GPU machine) and the environment
-    workers (``task.env_workers`` with ``task.executor: ray``: one CPU each), which live beside the ranks.
-    Then the ranks, placed as the train stage places them, must each reach rank 0's rendezvous port. Joined
-    now, before any stage."""
+    actors take together (``cluster_needs``), naming what it has (``shortfall``). Then the ranks, placed as
+    the train stage places them, must each reach rank 0's rendezvous port. Joined now, before any stage."""
     cfg = ctx.cfg
-    ranks = cfg.train.world_size if cfg.train.launched else 0
-    engines = cfg.rollout.servers if not cfg.rollout.server_urls else 0
-    env_workers = cfg.task.env_workers if cfg.task.executor == "ray" and not cfg.task.ray_address else 0
-    if not cfg.cluster.ray_address or not (ranks or engines or env_workers):
+    counts, need = cluster_needs(cfg, ctx.placement)
+    if not cfg.cluster.ray_address or not any(counts.values()):
         return
     import ray
 
     from rl_core.run.cluster import connect
 
     connect(cfg.cluster.ray_address, cfg.task.env)
-    have = ray.cluster_resources()
-    need = {"CPU": float(ranks + engines + env_workers)}
-    gpus = (ranks if ctx.placement.trainer_gpus else 0) + sum(len(g) for g in ctx.placement.server_gpus)
-    if gpus:
-        need["GPU"] = float(gpus)
-    short = {k: v for k, v in need.items() if have.get(k, 0.0) < v}
-    if short:
-        has = ", ".join(f"{k} {have.get(k, 0.0):g}" for k in need)
-        wants = ", ".join(f"{v:g} {k}" for k, v in short.items())
-        parts = [
-            f"train.world_size={ranks} ranks" if ranks else "",
-            f"rollout.servers={engines} engines" if engines else "",
-            f"task.env_workers={env_workers} environment workers" if env_workers else "",
-        ]
-        parts = [p for p in parts if p]
-        what = " and ".join(parts) if len(parts) < 3 else f"{parts[0]}, {parts[1]} and {parts[2]}"
-        raise ConfigError(
-            f"cluster.ray_address={cfg.cluster.ray_address}: the cluster has {has} in all; {what} need "
-            f"{wants} (one CPU each): add nodes or lower them"
-        )
+    if why := shortfall(cfg, counts, need, ray.cluster_resources()):
+        raise ConfigError(why)
+    ranks = counts["ranks"]
     if ranks:  # placed as the train stage will place them, each rank reaches rank 0's rendezvous
         from rl_core.run.cluster import check_rendezvous
 

@@ -3,13 +3,15 @@ sends each completion's prompt + completion text, as the reward model's token id
 ``reward.model.batch_size`` to a reward server (vLLM's pooling runner, ``infra/reward_server.py``) and stores
 the raw scalar score per rollout (the ``reward_model`` column of rewards.parquet).
 
-The server is ``reward.model.url``, or, when that is empty, one the flow starts on ``reward.model.path``
-(the context's ``reward_launcher``, set by the orchestration layer, like the rollout servers'). A request
-that fails for a reason that is not the request's (connection refused or reset, a timeout of
-``reward.model.timeout_s``, a 5xx) is retried ``reward.model.retries`` times with exponential waits; before a
-retry, a server the flow started that no longer answers ``/health`` is restarted. When the retries are spent
-the stage fails with an error naming the server, what happened and the rows: a completion is never scored 0
-for the server's failure. Metrics per iteration: ``reward_model_latency_s``, ``_requests``, ``_retries``,
+The server is ``reward.model.url``; when that is empty, a Ray actor on the run's cluster
+(``cluster.ray_address``: ``rl_core/scoring/ray_reward.py``, the same engine in an actor's process), else one
+the flow starts on ``reward.model.path`` (the context's ``reward_launcher``, set by the orchestration layer,
+like the rollout servers'). Either is a ``Scorer`` the client sends token-id batches to. A request that fails
+for a reason that is not the request's (connection refused or reset, a timeout of ``reward.model.timeout_s``,
+a 5xx, an actor that died) is retried ``reward.model.retries`` times with exponential waits; before a retry, a
+server (or actor) the flow started that no longer answers is restarted. When the retries are spent the stage
+fails with an error naming the server, what happened and the rows: a completion is never scored 0 for the
+server's failure. Metrics per iteration: ``reward_model_latency_s``, ``_requests``, ``_retries``,
 ``_restarts``.
 
     client = RewardClient("http://127.0.0.1:8011", "/tmp/rm", batch_size=64, timeout_s=60, retries=3)
@@ -24,7 +26,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 import tenacity
@@ -42,38 +44,87 @@ class RewardServerError(RuntimeError):
     """The reward server failed or answered badly; the message names the server."""
 
 
-class _Transient(Exception):
+class Transient(Exception):
     """A failure worth retrying (not the request's fault)."""
+
+
+class HttpScorer:
+    """A reward server's ``/classify`` over HTTP (``name``: its URL)."""
+
+    def __init__(self, url: str, timeout_s: float):
+        self.name = url.rstrip("/")
+        self.http = httpx.Client(timeout=timeout_s)
+        self.placement: dict[str, Any] | None = None  # where it runs: this machine
+
+    def healthy(self) -> bool:
+        try:
+            return self.http.get(self.name + "/health", timeout=5).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def classify(self, ids: list[list[int]]) -> list[float]:
+        body = {"model": SERVED_NAME, "input": ids, "use_activation": False}
+        try:
+            r = self.http.post(self.name + "/classify", json=body)
+        except httpx.TransportError as e:  # refused, reset, timed out
+            raise Transient(f"{type(e).__name__}: {e}") from e
+        if r.status_code >= 500:
+            raise Transient(f"HTTP {r.status_code}: {r.text[:200]}")
+        if r.status_code != 200:
+            raise RewardServerError(f"reward server {self.name}: HTTP {r.status_code}: {r.text[:300]}")
+        return [float(d["probs"][0]) for d in sorted(r.json()["data"], key=lambda d: d["index"])]
+
+    def close(self) -> None:
+        self.http.close()
+
+
+class Scorer(Protocol):
+    """Where the reward model runs: a server over HTTP (``HttpScorer``) or a Ray actor on the run's cluster
+    (``rl_core.scoring.ray_reward.RayRewardModel``). ``classify`` raises ``Transient`` for a failure worth a
+    retry."""
+
+    name: str
+    placement: dict[str, Any] | None
+
+    def healthy(self) -> bool: ...
+
+    def classify(self, ids: list[list[int]]) -> list[float]: ...
+
+    def close(self) -> None: ...
 
 
 class RewardClient:
     def __init__(
         self,
-        url: str,
+        target: str | Scorer,
         path: str | Path,
         *,
         batch_size: int,
         timeout_s: float,
         retries: int,
-        restart: Callable[[], str] | None = None,
+        restart: Callable[[], str | Scorer] | None = None,
         on_close: Callable[[], None] | None = None,
     ):
-        self.url = url.rstrip("/")
+        """``target``: a reward server's URL, or a ``Scorer``; ``restart``: brings a dead one back (its new
+        URL or scorer), when this client owns it."""
+        self.timeout_s = timeout_s
+        self.scorer = self._scorer(target)
         self.tokenizer = load_tokenizer(path)
         self.max_len = int(json.loads((Path(path) / "config.json").read_text())["max_position_embeddings"])
         self.batch_size, self.retries = batch_size, retries
         self.restart, self.on_close = restart, on_close
-        self.http = httpx.Client(timeout=timeout_s)
         self.lock = threading.Lock()
         self.counts = {"requests": 0, "retries": 0, "restarts": 0}
-        if not self._healthy():
+        if not self.scorer.healthy():
             raise RewardServerError(f"reward server {self.url}: /health does not answer")
 
-    def _healthy(self) -> bool:
-        try:
-            return self.http.get(self.url + "/health", timeout=5).status_code == 200
-        except httpx.HTTPError:
-            return False
+    def _scorer(self, target: str | Scorer) -> Scorer:
+        return HttpScorer(target, self.timeout_s) if isinstance(target, str) else target
+
+    @property
+    def url(self) -> str:
+        """The reward server's name in messages: its URL, or the Ray actor and its node."""
+        return self.scorer.name
 
     def score(self, texts: list[str]) -> list[float]:
         """The reward model's raw score of each text, in order."""
@@ -88,13 +139,13 @@ class RewardClient:
         retrying = tenacity.Retrying(
             stop=tenacity.stop_after_attempt(self.retries + 1),
             wait=tenacity.wait_exponential(multiplier=0.25, max=4),
-            retry=tenacity.retry_if_exception_type(_Transient),
+            retry=tenacity.retry_if_exception_type(Transient),
             before_sleep=self._recover,
             reraise=True,
         )
         try:
             return retrying(self._post, ids)
-        except _Transient as e:
+        except Transient as e:
             raise RewardServerError(
                 f"reward server {self.url}: {e} (rows {start}..{start + len(ids) - 1}; "
                 f"{self.retries + 1} attempts{', restarted by this run' if self.restart else ''})"
@@ -102,23 +153,14 @@ class RewardClient:
 
     def _recover(self, state: tenacity.RetryCallState) -> None:
         self.counts["retries"] += 1
-        if self.restart is not None and not self._healthy():
-            self.url = self.restart().rstrip("/")
+        if self.restart is not None and not self.scorer.healthy():
+            self.scorer.close()
+            self.scorer = self._scorer(self.restart())
             self.counts["restarts"] += 1
 
     def _post(self, ids: list[list[int]]) -> list[float]:
         self.counts["requests"] += 1
-        body = {"model": SERVED_NAME, "input": ids, "use_activation": False}
-        try:
-            r = self.http.post(self.url + "/classify", json=body)
-        except httpx.TransportError as e:  # refused, reset, timed out
-            raise _Transient(f"{type(e).__name__}: {e}") from e
-        if r.status_code >= 500:
-            raise _Transient(f"HTTP {r.status_code}: {r.text[:200]}")
-        if r.status_code != 200:
-            raise RewardServerError(f"reward server {self.url}: HTTP {r.status_code}: {r.text[:300]}")
-        data = sorted(r.json()["data"], key=lambda d: d["index"])
-        values = [float(d["probs"][0]) for d in data]
+        values = self.scorer.classify(ids)
         if len(values) != len(ids) or not all(math.isfinite(v) for v in values):
             raise RewardServerError(
                 f"reward server {self.url}: {len(values)} scores for {len(ids)} texts: {values}"
@@ -126,7 +168,7 @@ class RewardClient:
         return values
 
     def close(self) -> None:
-        self.http.close()
+        self.scorer.close()
         if self.on_close is not None:
             self.on_close()
 
@@ -151,6 +193,11 @@ def _new_client(ctx: RunContext) -> RewardClient:
     opts: dict[str, Any] = {"batch_size": rm.batch_size, "timeout_s": rm.timeout_s, "retries": rm.retries}
     if rm.url:
         return RewardClient(rm.url, rm.path, **opts)
+    if ctx.cfg.cluster.ray_address:  # a Ray actor on the run's cluster, like its rollout engines
+        from rl_core.scoring.ray_reward import RayRewardModel
+
+        actor = RayRewardModel(ctx, rm.path)
+        return RewardClient(actor, rm.path, restart=lambda: RayRewardModel(ctx, rm.path), **opts)
     if ctx.reward_launcher is None:
         raise ValueError(
             "reward.model.url is empty and nothing here can start a reward server: set reward.model.url to a "

@@ -83,6 +83,20 @@ def preference_pairs(
     return out
 
 
+def reward_folder_problem(path: str | Path) -> str:
+    """What keeps ``path`` from being a reward model folder (a config with one label, weights, a
+    tokenizer), or "" when nothing does."""
+    folder = Path(path)
+    missing = [f for f in ("config.json", "model.safetensors", "tokenizer.json") if not (folder / f).exists()]
+    if not folder.is_dir() or missing:
+        what = "is not a folder" if not folder.is_dir() else f"has no {', '.join(missing)}"
+        return f"{folder} {what} (a reward model folder: rlfoundry reward-model train)"
+    labels = json.loads((folder / "config.json").read_text()).get("id2label", {})
+    if len(labels) != 1:
+        return f"{folder} is not a one-label (scalar) model: {len(labels)} labels"
+    return ""
+
+
 def policy_tokenizer(cfg: Any, train_tasks: list[dict[str, Any]], env: Any) -> Any:
     """The policy's tokenizer, trained on the task text as the init stage trains it."""
     from envs.base import Corpus, Multimodal

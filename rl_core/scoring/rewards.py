@@ -321,8 +321,16 @@ def score_rewards_body(ctx: RunContext, job: StageJob) -> StageResult:
             **summary,
             **extra.metrics,
             **algo_metrics,
+            **_placement(ctx),
         },
     )
+
+
+def _placement(ctx: RunContext) -> dict[str, Any]:
+    """Where the reward model ran, when it ran on the run's cluster (``rl_core.scoring.ray_reward``)."""
+    held = ctx.held.reward
+    where = held.scorer.placement if held is not None else None
+    return {"placement": where} if where else {}
 
 
 # The batch components register themselves on import (after everything above, which they use).

@@ -109,3 +109,74 @@ def test_a_config_with_reward_model_needs_its_folder():
 
     with pytest.raises(ConfigError, match="reward.model.path"):
         load_config("configs/smoke.yaml", ["reward.weights={correct: 1.0, reward_model: 0.1}"])
+
+
+class _Scorer:
+    """A reward model that dies (its actor or server gone) after ``dies_after`` batches, as a Ray actor on
+    a lost node does; the client's retry and restart logic runs unchanged on it."""
+
+    def __init__(self, name: str, dies_after: int | None = None):
+        self.name, self.dies_after = name, dies_after
+        self.placement = {"ray_address": "10.0.0.1:6379", "reward_model": {"node": name}}
+        self.batches, self.dead, self.closed = 0, False, False
+
+    def healthy(self) -> bool:
+        return not self.dead
+
+    def classify(self, ids: list[list[int]]) -> list[float]:
+        from rl_core.run.cluster import DIED
+        from rl_core.scoring.reward_client import Transient
+
+        if self.dead or (self.dies_after is not None and self.batches >= self.dies_after):
+            self.dead = True
+            raise Transient(DIED)
+        self.batches += 1
+        return [float(sum(i)) - 0.5 for i in ids]
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_a_dead_reward_actor_is_replaced_and_the_batch_scored_again(tmp_path, state_dir):
+    from rl_core.scoring.reward_client import RewardClient
+
+    cfg = load_config(
+        "configs/smoke.yaml",
+        ["reward.model.train_steps=1", "reward.model.train_tasks=100", "task.train_size=100"],
+    )
+    train_reward_model(cfg, tmp_path / "rm")
+    texts = [f"{a}+{a}={2 * a}" for a in range(40)]
+    first, spares = _Scorer("node-a", dies_after=2), [_Scorer("node-b"), _Scorer("node-c")]
+    owned = RewardClient(first, tmp_path / "rm", batch_size=8, timeout_s=5, retries=2, restart=spares.pop)
+    want = RewardClient(_Scorer("ref"), tmp_path / "rm", batch_size=8, timeout_s=5, retries=0).score(texts)
+    assert owned.score(texts) == want  # the dead actor's batch scored again on its replacement, not 0
+    assert owned.counts == {"requests": 6, "retries": 1, "restarts": 1} and first.closed
+    assert owned.url == "node-c" and owned.scorer.placement["reward_model"] == {"node": "node-c"}
+    # an actor the client cannot replace: the stage fails naming it and the rows, never scores them 0
+    alone = RewardClient(
+        _Scorer("node-d", dies_after=1), tmp_path / "rm", batch_size=8, timeout_s=5, retries=1
+    )
+    with pytest.raises(
+        RewardServerError, match=r"reward server node-d: its actor died .* \(rows 8\.\.15; 2 attempts"
+    ):
+        alone.score(texts)
+
+
+def test_on_a_cluster_the_reward_model_is_counted_among_the_actors_it_needs():
+    from rl_core.models.placement import Machine, plan
+    from rl_core.run.preflight import cluster_needs, shortfall
+
+    over = ["cluster.ray_address=10.0.0.1:6379", "reward.model.path=/rm", "train.world_size=2"]
+    with_rm = load_config("configs/smoke.yaml", [*over, "reward.weights={correct: 1.0, reward_model: 0.0}"])
+    counts, need = cluster_needs(with_rm, plan(with_rm, Machine.this()))
+    assert counts["reward"] == 1 and need == {"CPU": float(sum(counts.values()))}
+    line = shortfall(with_rm, counts, need, {"CPU": need["CPU"] - 1})
+    assert line.endswith(
+        f"the reward model's actor need {need['CPU']:g} CPU (one CPU each): add nodes or lower them"
+    )
+    served = load_config(
+        "configs/smoke.yaml",
+        [*over, "reward.weights={correct: 1.0, reward_model: 0.5}", "reward.model.url=http://127.0.0.1:9"],
+    )
+    # a running server: nothing placed
+    assert cluster_needs(served, plan(served, Machine.this()))[0]["reward"] == 0
