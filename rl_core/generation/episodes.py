@@ -31,7 +31,7 @@ from rl_core.models.model import (
     weights_digest,
 )
 from rl_core.models.model import prompt_ids as tokenize_prompt
-from rl_core.models.vision import image_prefix
+from rl_core.models.vision import expanded_ids, expands_in_processor, image_prefix, with_image_marker
 from rl_core.run.context import RunContext
 
 ROLLOUT_COLUMNS = [
@@ -187,18 +187,31 @@ def sample_table(
     prompt_ids = [tokenize_prompt(tok, p, ctx.cfg.model.chat_template) for p in given]
     prompts = [prompt_text(tok, p) for p in given]
     images: list[tuple[bytes, ...]] = [() for _ in tasks]
+    unexpanded: list[tuple[int, ...]] = [() for _ in tasks]
     if isinstance(env, Multimodal):
         if max_turns > 1:
             raise ValueError(f"environment {env.name!r}: multi-turn episodes with images are not supported")
-        prefix = image_prefix(local)
-        prompt_ids = [prefix + ids for ids in prompt_ids]
         images = [(env.image(t),) for t in tasks]
+        if expands_in_processor(local):  # Idefics3: the processor expands the marker, one call per prompt
+            given = [with_image_marker(p) for p in given]
+            unexpanded = [tuple(tokenize_prompt(tok, p, ctx.cfg.model.chat_template)) for p in given]
+            prompt_ids = [
+                expanded_ids(local, tok, p, ims, ctx.cfg.model.chat_template)
+                for p, ims in zip(given, images, strict=True)
+            ]
+            prompts = [prompt_text(tok, p) for p in given]
+        else:
+            prefix = image_prefix(local)
+            prompt_ids = [prefix + ids for ids in prompt_ids]
     # One user of the engine at a time (asynchronous RL generates the next iteration while this one
     # evaluates), each with the weights it asked for.
     with ctx.held.engine_lock:
         engine = policy_engine(ctx, ckpt, iteration)
         engine.stats()  # the engine's counters so far are its earlier users': this batch's start here
-        reqs = [Request(ids, s, im) for ids, s, im in zip(prompt_ids, seeds, images, strict=True)]
+        reqs = [
+            Request(ids, s, im, u)
+            for ids, s, im, u in zip(prompt_ids, seeds, images, unexpanded, strict=True)
+        ]
         episodes = [
             Episode(i, k, list(c.token_ids), list(c.logprobs), [1] * len(c.token_ids), c)
             for i, comps in enumerate(engine.generate(reqs, spec))

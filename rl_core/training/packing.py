@@ -131,7 +131,7 @@ def pack(ids: torch.Tensor, attn: torch.Tensor, budget: int) -> tuple[torch.Tens
 
 
 def packed_logits(
-    module: Any, ids: torch.Tensor, attn: torch.Tensor, budget: int, pixels: torch.Tensor | None = None
+    module: Any, ids: torch.Tensor, attn: torch.Tensor, budget: int, pixels: dict[str, Any] | None = None
 ) -> torch.Tensor:
     """``module``'s next-token logits of the right-padded batch ``ids`` (``[B, T]``, real tokens where
     ``attn`` is 1), computed on packed rows and returned as ``[B, T-1, V]`` like the padded forward's

@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from rl_core.models.vision import suppress, unsampleable_ids
+from rl_core.models.vision import rows_of, suppress, unsampleable_ids
 from rl_core.training.algorithms import algorithm
 from rl_core.training.collectives import allreduce_sum
 from rl_core.training.losses import (
@@ -47,7 +47,9 @@ class Batch:
     max_tokens: int | None = None
     ref_logp: torch.Tensor | None = None
     seed: int = 0
-    pixel_values: torch.Tensor | None = None  # [B, 3, H, W] for a vision-language policy (one image each)
+    # a vision-language policy's vision tensors, batch-first (rl_core.models.vision.vision_inputs): LLaVA's
+    # pixel_values [B, 3, H, W]; Idefics3's pixel_values [B, tiles, 3, H, W] and pixel_attention_mask
+    vision: dict[str, torch.Tensor] | None = None
     pack_tokens: int | None = None  # forwards on packed rows of this many tokens (0: longest); None: padded
 
     def __len__(self) -> int:
@@ -89,13 +91,13 @@ def make_batch(
     adv = torch.tensor(df["advantage"].to_numpy(dtype=np.float32))
     pixels = None
     if "image" in df.columns:
-        from rl_core.models.vision import pixel_values
+        from rl_core.models.vision import vision_inputs
 
         if ckpt_dir is None:
             raise ValueError("make_batch: rollouts with images need ckpt_dir (its image processor)")
         if pack_tokens is not None:
             raise ValueError("train.packing does not pack vision-language rollouts: set train.packing=false")
-        pixels = pixel_values(ckpt_dir, [bytes(b) for b in df["image"]])
+        pixels = vision_inputs(ckpt_dir, [(bytes(b),) for b in df["image"]])
     return Batch(
         ids,
         attn,
@@ -105,7 +107,7 @@ def make_batch(
         temperature=temperature,
         max_tokens=max_tokens,
         seed=seed,
-        pixel_values=pixels,
+        vision=pixels,
         pack_tokens=pack_tokens,
     )
 
@@ -114,19 +116,20 @@ def _logits(
     module: Any,
     ids: torch.Tensor,
     attn: torch.Tensor,
-    pixels: torch.Tensor | None = None,
+    pixels: dict[str, torch.Tensor] | None = None,
     pack: int | None = None,
 ) -> torch.Tensor:
     """``[B, T-1, V]`` next-token logits; on packed rows of ``pack`` tokens unless it is None."""
     if pack is not None:
         return suppress(packed_logits(module, ids, attn, pack, pixels), unsampleable_ids(module))
-    extra = {} if pixels is None else {"pixel_values": pixels}
-    logits = module(input_ids=ids, attention_mask=attn, use_cache=False, **extra).logits[:, :-1]
+    logits = module(input_ids=ids, attention_mask=attn, use_cache=False, **(pixels or {})).logits[:, :-1]
     return suppress(logits, unsampleable_ids(module))
 
 
-def _pixels(batch: Batch, rows: Any, device: Any) -> torch.Tensor | None:
-    return None if batch.pixel_values is None else batch.pixel_values[rows].to(device)
+def _pixels(batch: Batch, rows: Any, device: Any) -> dict[str, torch.Tensor] | None:
+    if batch.vision is None:
+        return None
+    return {k: v.to(device) for k, v in rows_of(batch.vision, rows).items()}
 
 
 @torch.no_grad()

