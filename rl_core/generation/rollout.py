@@ -96,10 +96,11 @@ class VLLMEngine:
         from vllm import LLM
 
         from rl_core.models.model import load_tokenizer, stop_ids
-        from rl_core.models.vision import allowed_token_ids
+        from rl_core.models.vision import allowed_token_ids, is_vlm
 
         # What the trainer's logits allow (rl_core.models.vision.suppress): never the image placeholder.
         self.allowed = allowed_token_ids(ckpt_dir)
+        self.images = is_vlm(ckpt_dir)
         # The model's own EOS ids (generation config and tokenizer), whatever vLLM's tokenizer would say.
         self.stop = stop_ids(ckpt_dir, load_tokenizer(ckpt_dir))
         from rl_core.models.engine_view import engine_folder
@@ -189,8 +190,13 @@ class VLLMEngine:
             kwargs = {"weights_path": str(engine_folder(ckpt_dir))}
         with captured_stderr():
             self.llm.collective_rpc("reload_weights", kwargs=kwargs)
-        # Prompt KV cached under the old weights would otherwise be served.
+        # Prompt KV cached under the old weights would otherwise be served, and so would a vision-language
+        # model's image encodings (its vision tower's weights changed too): vLLM's encoder cache is reset on
+        # both sides, the scheduler's record and the runner's tensors (else "Encoder cache miss" on the next
+        # image it believes cached).
         self.llm.reset_prefix_cache()
+        if self.images:
+            self.llm.llm_engine.reset_encoder_cache()
 
     def stats(self) -> dict[str, float]:
         """Prefix-cache queries and hit rate since the previous call (the generate stage calls it before

@@ -72,27 +72,35 @@ def engine_folder(ckpt_dir: str | Path) -> Path:
     # A folder of this caller's own (several threads of one process may build the same view at once: a
     # pool starting its rollout servers), renamed into place whole.
     tmp = Path(tempfile.mkdtemp(dir=view.parent, prefix=f".{view.name}.tmp-"))
-    for f in ckpt.iterdir():
-        if f.is_file() and f.name not in ("config.json", INDEX) and not f.name.startswith("."):
-            (tmp / f.name).symlink_to(f.resolve())
-    config = json.loads((ckpt / "config.json").read_text())
-    config["tie_word_embeddings"] = False
-    if isinstance(config.get("text_config"), dict):
-        config["text_config"]["tie_word_embeddings"] = False
-    (tmp / "config.json").write_text(json.dumps(config, indent=2))
-    embed = None
-    for f in _weight_files(ckpt):
-        with safe_open(str(f), "pt") as sf:
-            name = embedding_name(sf.keys())
-            if name is not None:
-                embed = sf.get_tensor(name)
-    if embed is None:
-        raise ValueError(f"{ckpt}: tied embeddings, but no {EMBEDDINGS} (or a text model's) in its weights")
-    save_file({TIED_HEAD: embed.contiguous()}, str(tmp / HEAD_FILE), metadata={"format": "pt"})
-    if (ckpt / INDEX).exists():  # a sharded folder: the index names every tensor's file
-        index = json.loads((ckpt / INDEX).read_text())
-        index["weight_map"][TIED_HEAD] = HEAD_FILE
-        (tmp / INDEX).write_text(json.dumps(index, indent=2))
+    try:
+        for f in ckpt.iterdir():
+            if f.is_file() and f.name not in ("config.json", INDEX) and not f.name.startswith("."):
+                (tmp / f.name).symlink_to(f.resolve())
+        config = json.loads((ckpt / "config.json").read_text())
+        config["tie_word_embeddings"] = False
+        if isinstance(config.get("text_config"), dict):
+            config["text_config"]["tie_word_embeddings"] = False
+        (tmp / "config.json").write_text(json.dumps(config, indent=2))
+        embed = None
+        for f in _weight_files(ckpt):
+            with safe_open(str(f), "pt") as sf:
+                name = embedding_name(sf.keys())
+                if name is not None:
+                    embed = sf.get_tensor(name)
+        if embed is None:
+            raise ValueError(
+                f"{ckpt}: tied embeddings, but no {EMBEDDINGS} (or a text model's) in its weights"
+            )
+        save_file({TIED_HEAD: embed.contiguous()}, str(tmp / HEAD_FILE), metadata={"format": "pt"})
+        if (ckpt / INDEX).exists():  # a sharded folder: the index names every tensor's file
+            index = json.loads((ckpt / INDEX).read_text())
+            index["weight_map"][TIED_HEAD] = HEAD_FILE
+            (tmp / INDEX).write_text(json.dumps(index, indent=2))
+    except BaseException:  # nothing half-built left in the cache
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     (tmp / ".complete").touch()
     try:
         os.replace(tmp, view)

@@ -143,12 +143,18 @@ def _architecture(path: str, local: Path, vllm: bool, max_model_len: int) -> tup
     if not hasattr(transformers, arch):
         raise ModelFolderError(f"model.path {path}: architecture {arch} is not a transformers model class")
     text = config.get_text_config()
-    tied = getattr(text, "tie_word_embeddings", False) or getattr(config, "tie_word_embeddings", False)
-    if tied and text is not config:
+    from rl_core.models.vision import family, processor
+
+    if text is not config and family(local) is None:
         raise ModelFolderError(
-            f"model.path {path}: a vision-language model with tied embeddings is not supported yet (causal "
-            "LMs are): save it untied"
+            f"model.path {path}: vision-language model type {config.model_type!r} is not supported (LLaVA, "
+            "Idefics3 and SmolVLM are)"
         )
+    if family(local) is not None:
+        try:
+            processor(str(local))  # its image processor and tokenizer, or the missing file named
+        except ValueError as e:
+            raise ModelFolderError(f"model.path {path}: {e}") from None
     longest = getattr(text, "max_position_embeddings", None)
     if longest is not None and max_model_len > longest:
         raise ModelFolderError(

@@ -293,3 +293,22 @@ def test_hf_engine_stops_at_either_eos_id(folder):
     for c in comps:
         assert not set(c.token_ids[:-1]) & eos
         assert (c.finish_reason == "stop") == (c.token_ids[-1] in eos)
+
+
+def test_a_tied_view_that_cannot_be_built_leaves_nothing_in_the_cache(tmp_path):
+    """A tied folder whose weights hold no input embedding: refused, naming it, and no half-built view left
+    in the machine's cache (it once was, and every later check of the cache saw it)."""
+    import torch
+    from safetensors.torch import save_file
+
+    from rl_core.artifacts.paths import cache_dir
+    from rl_core.models.engine_view import engine_folder
+
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "config.json").write_text(json.dumps({"model_type": "llama", "tie_word_embeddings": True}))
+    save_file({"model.norm.weight": torch.ones(4)}, str(bad / "model.safetensors"))
+    before = set(cache_dir("engine-views").iterdir())
+    with pytest.raises(ValueError, match="tied embeddings, but no model.embed_tokens.weight"):
+        engine_folder(bad)
+    assert set(cache_dir("engine-views").iterdir()) == before
