@@ -43,6 +43,8 @@ class StepResult:
     observation: str | None
     done: bool
     outcome: dict[str, Any] = field(default_factory=dict)
+    # Images shown with the observation (PNG bytes, in order): the model sees them before its next turn.
+    images: tuple[bytes, ...] = ()
 
 
 @dataclass
@@ -236,6 +238,7 @@ BUILTIN: dict[str, str] = {
     "humaneval": "envs.humaneval:HumanEvalEnv",
     "reasoning_gym": "envs.reasoning_gym:ReasoningGymEnv",
     "shapes": "envs.shapes:ShapesEnv",
+    "shape_rounds": "envs.shapes:ShapeRoundsEnv",
     "tooluse": "envs.tools:ToolUseEnv",
 }
 ENTRY_POINT_GROUP = "rlfoundry.envs"

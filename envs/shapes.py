@@ -10,6 +10,10 @@ machine; rollouts also store it as PNG. Single-turn; the verifier takes a bare i
     prompt = env.reset(task, seed=0)   # "count red\\n"
     png = env.image(task)              # PNG bytes, 32x32
     env.step("2").outcome["correct"]
+
+``shape_rounds`` (``ShapeRoundsEnv``) shows a new picture in every turn: round 1 asks about the task's first
+picture; each answer is met by the next picture (``StepResult.images``) and its question, and the episode is
+correct when every round is: an environment whose observations are images.
 """
 
 from __future__ import annotations
@@ -19,10 +23,10 @@ import json
 import random
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from envs.arithmetic import ArithmeticEnv
-from envs.base import NoOptions, draw_tasks
+from envs.base import NoOptions, StepResult, draw_tasks
 
 COLORS = {"red": (220, 30, 30), "green": (30, 160, 30), "blue": (30, 30, 220)}
 KINDS = ("square", "circle")
@@ -91,3 +95,75 @@ class ShapesEnv(ArithmeticEnv):
 
     def corpus(self, tasks: list[dict[str, Any]]) -> list[str]:
         return [t["prompt"] for t in tasks] + [str(i) for i in range(MAX_SHAPES + 1)]
+
+
+class RoundsOptions(BaseModel):
+    model_config = {"extra": "forbid"}
+    rounds: int = Field(
+        2, ge=2, le=6, description="Pictures (and questions) per episode, one per model turn."
+    )
+
+
+def _scene(rng: random.Random) -> tuple[list[list[Any]], str]:
+    n = rng.randint(1, MAX_SHAPES)
+    cells = sorted(rng.sample(range(GRID * GRID), n))
+    return [[c, rng.choice(list(COLORS)), rng.choice(KINDS)] for c in cells], rng.choice(QUESTIONS)
+
+
+class ShapeRoundsEnv(ShapesEnv):
+    """Several pictures per episode, one per turn: the model answers each question about the picture just
+    shown; the next picture comes with the environment's answer."""
+
+    name = "shape_rounds"
+    config_model: type[BaseModel] = RoundsOptions
+
+    def __init__(self, options: BaseModel | None = None) -> None:
+        super().__init__(options or RoundsOptions())
+        assert isinstance(self.options, RoundsOptions)
+        self.max_turns = self.options.rounds
+        self._round, self._answers = 0, []
+
+    def tasks(self, split: str, task_cfg: Any, seed: int) -> list[dict[str, Any]]:
+        assert isinstance(self.options, RoundsOptions)
+        rounds = self.options.rounds
+
+        def draw(rng: random.Random) -> dict[str, Any]:
+            drawn = [_scene(rng) for _ in range(rounds)]
+            answers = [str(count(scene, q)) for scene, q in drawn]
+            return {
+                "prompt": f"count {drawn[0][1]}\n",
+                "answer": " ".join(answers),
+                "op": drawn[0][1],
+                "scene": drawn[0][0],
+                "rounds": [
+                    {"scene": scene, "question": q, "answer": a}
+                    for (scene, q), a in zip(drawn, answers, strict=True)
+                ],
+                "key": json.dumps(drawn),
+            }
+
+        return draw_tasks("shape_rounds", split, task_cfg, seed, draw)
+
+    def reset(self, task: dict[str, Any], seed: int) -> str:
+        self._round, self._answers = 0, []
+        return super().reset(task, seed)
+
+    def step(self, action: str) -> StepResult:
+        if self._task is None:
+            raise RuntimeError("step() before reset()")
+        rounds = self._task["rounds"]
+        self._answers.append(action.strip())
+        self._round += 1
+        if self._round < len(rounds):
+            nxt = rounds[self._round]
+            return StepResult(
+                observation=f"count {nxt['question']}\n", done=False, images=(png(nxt["scene"]),)
+            )
+        right = [a == r["answer"] for a, r in zip(self._answers, rounds, strict=True)]
+        outcome = {
+            "parsed": " ".join(self._answers),
+            "well_formed": all(a.isdigit() for a in self._answers),
+            "correct": all(right),
+            "digit_match": sum(right) / len(right),
+        }
+        return StepResult(observation=None, done=True, outcome=outcome)

@@ -84,6 +84,18 @@ def suite_metrics(name: str, table: pd.DataFrame, samples: int, pass_k: list[int
     return out
 
 
+def solved(outcomes: pd.DataFrame) -> np.ndarray:
+    """Each episode's ``correct``, False for one with no outcome (a multi-turn episode cut off by its turns or
+    the model's context: the environment never finished it), even when none has one.
+
+    >>> solved(pd.DataFrame({"correct": [True, None]})).tolist(), solved(pd.DataFrame({"x": [1]})).tolist()
+    ([True, False], [False])
+    """
+    if "correct" not in outcomes:
+        return np.zeros(len(outcomes), dtype=bool)
+    return outcomes["correct"].fillna(False).astype(bool).to_numpy()
+
+
 def sample_rewards(ctx: RunContext, sampled: pd.DataFrame, outcomes: pd.DataFrame) -> np.ndarray:
     """Each sampled completion's reward under the run's ``reward.weights``, as score_rewards combines them
     (the batch components, a judge or a reward server, included); NaN where every component abstained or an
@@ -156,6 +168,7 @@ def evaluate_body(ctx: RunContext, job: StageJob) -> StageResult:
         job.iteration,
     )
     s_out = env_outcomes(ctx, sampled)
+    s_out = s_out.assign(correct=solved(s_out))
     n_correct = s_out.groupby("prompt_index")["correct"].sum().reindex(range(len(tasks)), fill_value=0)
     table = pd.DataFrame(
         {
@@ -164,7 +177,7 @@ def evaluate_body(ctx: RunContext, job: StageJob) -> StageResult:
             "answer": [t["answer"] for t in tasks],
             "op": [t.get("op", "") for t in tasks],
             "greedy_completion": greedy["completion_text"].to_numpy(),
-            "greedy_correct": g_out["correct"].to_numpy(),
+            "greedy_correct": solved(g_out),
             "samples": cfg.eval.samples,
             "samples_correct": n_correct.to_numpy(),
         }

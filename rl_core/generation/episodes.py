@@ -18,6 +18,7 @@ import pandas as pd
 
 from envs.base import Epochs, Multimodal, make_env, turns
 from rl_core.artifacts.faults import iteration_of
+from rl_core.artifacts.images import put_images
 from rl_core.artifacts.manifest import ArtifactRef
 from rl_core.artifacts.seeding import derive_seed
 from rl_core.artifacts.stage import StageJob, StageResult
@@ -31,7 +32,15 @@ from rl_core.models.model import (
     weights_digest,
 )
 from rl_core.models.model import prompt_ids as tokenize_prompt
-from rl_core.models.vision import expanded_ids, expands_in_processor, image_prefix, with_image_marker
+from rl_core.models.vision import (
+    IMAGE_TOKEN,
+    MAX_IMAGES,
+    encode,
+    expanded_ids,
+    expands_in_processor,
+    image_prefix,
+    with_image_marker,
+)
 from rl_core.run.context import RunContext
 
 ROLLOUT_COLUMNS = [
@@ -130,6 +139,10 @@ class Episode:
     done: bool = False
     actions: list[str] = field(default_factory=list)
     observations: list[str] = field(default_factory=list)
+    # where the folder's processor expands images (Idefics3): ``ids`` with each image's one marker unexpanded
+    # (what vLLM is given), and the images each observation showed, in order
+    raw: list[int] = field(default_factory=list)
+    shown: list[tuple[bytes, ...]] = field(default_factory=list)
 
     def row(
         self,
@@ -160,10 +173,15 @@ class Episode:
             row.update(turns=self.turns, actions=self.actions, observations=self.observations)
         return row
 
-    def add(self, ids: list[int], logprobs: list[float], trained: bool) -> None:
+    def add(self, ids: list[int], logprobs: list[float], trained: bool, raw: list[int] | None = None) -> None:
         self.ids += ids
         self.logprobs += logprobs
         self.mask += [int(trained)] * len(ids)
+        self.raw += ids if raw is None else raw
+
+    def images(self) -> tuple[bytes, ...]:
+        """Every image the observations showed so far, in order."""
+        return tuple(b for turn in self.shown for b in turn)
 
 
 def sample_table(
@@ -189,8 +207,11 @@ def sample_table(
     images: list[tuple[bytes, ...]] = [() for _ in tasks]
     unexpanded: list[tuple[int, ...]] = [() for _ in tasks]
     if isinstance(env, Multimodal):
-        if max_turns > 1:
-            raise ValueError(f"environment {env.name!r}: multi-turn episodes with images are not supported")
+        if max_turns > 1 and not expands_in_processor(local):
+            raise ValueError(
+                f"environment {env.name!r}: multi-turn episodes with images need a policy whose processor "
+                "expands them (Idefics3, SmolVLM); LLaVA's fixed image prefix holds one image"
+            )
         images = [(env.image(t),) for t in tasks]
         if expands_in_processor(local):  # Idefics3: the processor expands the marker, one call per prompt
             given = [with_image_marker(p) for p in given]
@@ -213,7 +234,9 @@ def sample_table(
             for ids, s, im, u in zip(prompt_ids, seeds, images, unexpanded, strict=True)
         ]
         episodes = [
-            Episode(i, k, list(c.token_ids), list(c.logprobs), [1] * len(c.token_ids), c)
+            Episode(
+                i, k, list(c.token_ids), list(c.logprobs), [1] * len(c.token_ids), c, raw=list(c.token_ids)
+            )
             for i, comps in enumerate(engine.generate(reqs, spec))
             for k, c in enumerate(comps)
         ]
@@ -224,7 +247,8 @@ def sample_table(
             # an observation is a turn of the chat template where the prompt was rendered with it
             templated = [uses_chat_template(tok, p, ctx.cfg.model.chat_template) for p in given]
             limit = ctx.max_model_len()
-            _more_turns(episodes, engine, tok, prompt_ids, seeds, spec, limit, max_turns, templated)
+            prompts_in = Prompts(prompt_ids, images, unexpanded, local)
+            _more_turns(episodes, engine, tok, prompts_in, seeds, spec, limit, max_turns, templated)
         stats = engine.stats()  # this batch's own (the rollout servers' prefix cache)
     rows = []
     for ep in episodes:
@@ -232,20 +256,38 @@ def sample_table(
         # one engine turn: the engine's own text; several: the whole sequence, observations included
         text = ep.last.text if max_turns == 1 else tok.decode(ep.ids, skip_special_tokens=False)
         row = ep.row(tasks[i], prompts[i], seeds[i], prompt_ids[i], text, multi_turn=max_turns > 1)
-        if images[i]:
+        if images[i] and max_turns == 1:
             row["image"] = images[i][0]
+        elif images[i] or ep.shown:  # each turn's images by digest, each stored once (the prompt's first)
+            run_uri = ctx.store.run_uri(ctx.run_id)
+            row["images"] = [put_images(ctx.store, run_uri, t) for t in (images[i], *ep.shown)]
         rows.append(row)
-    extra = MULTI_TURN_COLUMNS if max_turns > 1 else (["image"] if any(images) else [])
+    extra = list(MULTI_TURN_COLUMNS) if max_turns > 1 else (["image"] if any(images) else [])
+    if any("images" in r for r in rows):
+        extra += ["images"]
+        for r in rows:
+            r.setdefault("images", [])
     table = pd.DataFrame(rows, columns=ROLLOUT_COLUMNS + extra)
     table.attrs["engine_stats"] = stats
     return table
+
+
+@dataclass
+class Prompts:
+    """The batch's prompts as the engine is given them: token ids (images expanded), the prompt's images,
+    the unexpanded ids where the folder's processor expands images (else empty), and the policy folder."""
+
+    ids: list[list[int]]
+    images: list[tuple[bytes, ...]]
+    unexpanded: list[tuple[int, ...]]
+    folder: Any
 
 
 def _more_turns(
     episodes: list[Episode],
     engine: Any,
     tok: Any,
-    prompt_ids: list[list[int]],
+    prompts: Prompts,
     seeds: list[int],
     spec: SamplingSpec,
     limit: int,
@@ -255,7 +297,10 @@ def _more_turns(
     """Alternate environment and engine until every episode is done, truncated by ``max_turns`` or by the
     model's context (no room for the next observation and another turn). Where the prompt went through the
     chat template (``templated``), each observation goes in as the template's next user turn
-    (``rl_core.models.model.observation_text``); else as its plain text."""
+    (``rl_core.models.model.observation_text``); else as its plain text. An observation's images go in
+    before its text, one marker each, expanded by the folder's processor (``rl_core.models.vision.encode``);
+    every later turn's request carries all the episode's images so far."""
+    prompt_ids = prompts.ids
     for turn in range(1, max_turns + 1):
         active = []
         for ep in episodes:
@@ -267,29 +312,47 @@ def _more_turns(
             if res.done or turn == max_turns:
                 ep.done = True
                 continue
-            text = res.observation or ""
+            shown = tuple(res.images)
+            if shown and not expands_in_processor(prompts.folder):
+                raise ValueError(
+                    "an observation shows images: the policy's processor must expand them (Idefics3, "
+                    "SmolVLM); "
+                    "this policy is not one"
+                )
+            text = IMAGE_TOKEN * len(shown) + (res.observation or "")
             if templated[ep.prompt_index]:
                 last = ep.last.token_ids
                 stopped = ep.last.finish_reason == "stop" and bool(last)
                 ended = tok.convert_ids_to_tokens(last[-1]) if stopped else None
                 text = observation_text(tok, text, ended)
-            obs = tok(text, add_special_tokens=False)["input_ids"]
+            raw = tok(text, add_special_tokens=False)["input_ids"]
+            obs = encode(prompts.folder, text, shown, add_special_tokens=False)[0] if shown else raw
             room = limit - len(prompt_ids[ep.prompt_index]) - len(ep.ids) - len(obs)
             if room < 2:
                 ep.done = True
                 continue
             ep.observations.append(res.observation or "")
-            ep.add(obs, [0.0] * len(obs), trained=False)
+            ep.shown.append(shown)
+            ep.add(obs, [0.0] * len(obs), trained=False, raw=raw)
             active.append((ep, room))
         if not active:
             break
-        reqs = [
-            Request(
-                prompt_ids[ep.prompt_index] + ep.ids,
-                derive_seed(seeds[ep.prompt_index], ep.sample_index, "turn", turn),
+        reqs = []
+        for ep, _ in active:
+            i = ep.prompt_index
+            images = prompts.images[i] + ep.images()
+            if len(images) > MAX_IMAGES:
+                raise ValueError(
+                    f"episode {i}/{ep.sample_index}: {len(images)} images by turn {turn + 1}, more than one "
+                    f"request carries (rl_core.models.vision.MAX_IMAGES={MAX_IMAGES})"
+                )
+            # with images, vLLM gets the unexpanded sequence (a prompt without images is its own)
+            raw = tuple(prompts.unexpanded[i] or prompt_ids[i]) + tuple(ep.raw) if images else ()
+            reqs.append(
+                Request(
+                    prompt_ids[i] + ep.ids, derive_seed(seeds[i], ep.sample_index, "turn", turn), images, raw
+                )
             )
-            for ep, _ in active
-        ]
         budget = min(spec.max_tokens, min(r for _, r in active) - 1)
         outs = engine.generate(
             reqs, SamplingSpec(n=1, temperature=spec.temperature, top_p=spec.top_p, max_tokens=budget)

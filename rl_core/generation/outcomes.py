@@ -18,6 +18,7 @@ from typing import Any
 import pandas as pd
 
 from envs.base import BatchSteps, check_outcome, make_env
+from rl_core.artifacts.images import digest
 from rl_core.artifacts.stage import StageJob, StageResult
 from rl_core.run.cluster import Probe, connect
 from rl_core.run.context import RunContext
@@ -53,10 +54,13 @@ def outcomes_for(
             continue
         mismatch, res = False, None
         seen = list(r["observations"])
+        shown = list(r.get("images") or [])[1:]  # each observation's image digests (the prompt's first)
         for j, action in enumerate(r["actions"]):
             res = env.step(str(action))
             if j < len(seen) and (res.observation or "") != seen[j]:
                 mismatch = True
+            if j < len(shown) and [digest(b) for b in res.images] != list(shown[j]):
+                mismatch = True  # the same words over another picture
             if res.done:
                 break
         outcome = {**(res.outcome if res else {}), "truncated": not (res and res.done)}
@@ -170,6 +174,7 @@ def env_outcomes(ctx: RunContext, df: pd.DataFrame) -> pd.DataFrame:
             "actions",
             "observations",
             "turns",
+            "images",
         )
         if c in df.columns
     ]
@@ -178,6 +183,8 @@ def env_outcomes(ctx: RunContext, df: pd.DataFrame) -> pd.DataFrame:
         for c in ("actions", "observations"):
             if c in r:
                 r[c] = [str(x) for x in r[c]]
+        if "images" in r:  # plain lists (parquet gives arrays): picklable to any worker
+            r["images"] = [[str(d) for d in turn] for turn in r["images"]]
     tasks = {t["task_id"]: t for t in ctx.train_tasks + ctx.heldout_tasks}
     needed = {r["task_id"] for r in rows}
     tasks = {k: v for k, v in tasks.items() if k in needed}

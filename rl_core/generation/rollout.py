@@ -96,7 +96,7 @@ class VLLMEngine:
         from vllm import LLM
 
         from rl_core.models.model import load_tokenizer, stop_ids
-        from rl_core.models.vision import allowed_token_ids, is_vlm
+        from rl_core.models.vision import MAX_IMAGES, allowed_token_ids, is_vlm
 
         # What the trainer's logits allow (rl_core.models.vision.suppress): never the image placeholder.
         self.allowed = allowed_token_ids(ckpt_dir)
@@ -127,6 +127,8 @@ class VLLMEngine:
                 enable_prefix_caching=True,
                 max_num_seqs=256,
                 disable_log_stats=False,  # the prefix-cache counters ``stats`` reads
+                # an episode's images so far, one per turn at most (rl_core.models.vision.MAX_IMAGES)
+                **({"limit_mm_per_prompt": {"image": MAX_IMAGES}} if is_vlm(ckpt_dir) else {}),
                 **device_args,
             )
         self.sleeps = bool(device_args.get("enable_sleep_mode"))

@@ -143,16 +143,16 @@ def _architecture(path: str, local: Path, vllm: bool, max_model_len: int) -> tup
     if not hasattr(transformers, arch):
         raise ModelFolderError(f"model.path {path}: architecture {arch} is not a transformers model class")
     text = config.get_text_config()
-    from rl_core.models.vision import family, processor
+    from rl_core.models.vision import expands_in_processor, family, processor
 
     if text is not config and family(local) is None:
         raise ModelFolderError(
             f"model.path {path}: vision-language model type {config.model_type!r} is not supported (LLaVA, "
             "Idefics3 and SmolVLM are)"
         )
-    if family(local) is not None:
+    if expands_in_processor(local):  # the processor is the source of ids and pixels: it must assemble
         try:
-            processor(str(local))  # its image processor and tokenizer, or the missing file named
+            processor(str(local))
         except ValueError as e:
             raise ModelFolderError(f"model.path {path}: {e}") from None
     longest = getattr(text, "max_position_embeddings", None)

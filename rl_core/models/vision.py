@@ -112,6 +112,8 @@ def suppress(logits: Any, ids: list[int]) -> Any:
     return logits.index_fill(-1, torch.tensor(ids, device=logits.device), NEVER)
 
 
+# The most images one request may carry (an episode's pictures so far): vLLM reserves for as many.
+MAX_IMAGES = 8
 # model_type -> family; the processor-expanding families take the image marker in the prompt's text
 FAMILIES = {"llava": "llava", "idefics3": "idefics3", "smolvlm": "idefics3"}
 
@@ -147,13 +149,13 @@ def processor(ckpt_dir: str) -> Any:
     present = [f for f in ("processor_config.json", "preprocessor_config.json") if (folder / f).exists()]
     if not present:
         raise ValueError(
-            f"{folder}: a vision-language folder needs its processor (processor_config.json or "
-            "preprocessor_config.json, as save_pretrained of its processor writes them)"
+            "a vision-language folder needs its processor: no processor_config.json or "
+            "preprocessor_config.json (save_pretrained of its processor writes them)"
         )
     try:
         return AutoProcessor.from_pretrained(ckpt_dir)
     except (OSError, ValueError, ImportError) as e:
-        raise ValueError(f"{folder}: its processor cannot be assembled: {e}") from None
+        raise ValueError(f"its processor cannot be assembled: {e}") from None
 
 
 def with_image_marker(prompt: Any) -> Any:

@@ -65,9 +65,12 @@ def make_batch(
     seed: int = 0,
     ckpt_dir: Any = None,
     pack_tokens: int | None = None,
+    images: list[tuple[bytes, ...]] | None = None,
 ) -> Batch:
     """Columns used: prompt_ids, completion_ids, logprobs, loss_mask (per completion token), advantage, and
-    image (encoded bytes, turned into pixels by the processor in ``ckpt_dir``) for multimodal rollouts.
+    image (encoded bytes, turned into pixels by the processor in ``ckpt_dir``) for multimodal rollouts; or
+    ``images``: each row's images in sequence order (read from the store by the table's digests), when the
+    episodes showed images in several turns.
     ``pack_tokens`` (``rl_core.training.packing.pack_budget``) has the forwards run on packed rows."""
     prompts, completions = list(df["prompt_ids"]), list(df["completion_ids"])
     n = len(prompts)
@@ -90,7 +93,15 @@ def make_batch(
     ids, attn, lmask, rlp = (torch.from_numpy(x) for x in (ids, attn, lmask, rlp))
     adv = torch.tensor(df["advantage"].to_numpy(dtype=np.float32))
     pixels = None
-    if "image" in df.columns:
+    if images is not None and any(images):
+        if ckpt_dir is None:
+            raise ValueError("make_batch: rollouts with images need ckpt_dir (its image processor)")
+        if pack_tokens is not None:
+            raise ValueError("train.packing does not pack vision-language rollouts: set train.packing=false")
+        from rl_core.models.vision import vision_inputs
+
+        pixels = vision_inputs(ckpt_dir, images)
+    elif "image" in df.columns:
         from rl_core.models.vision import vision_inputs
 
         if ckpt_dir is None:

@@ -213,6 +213,12 @@ def _update(ctx: RunContext, job: StageJob) -> tuple[Any, dict[str, Any], dict[s
     if len(df) == 0:  # dynamic sampling dropped every group: nothing to learn, the policy passes through
         return engine, {**pg_metrics, "optimizer_steps": 0.0, "first_step_loss": 0.0}, {}
     local = ctx.local_checkpoint(policy)
+    images = None
+    if "images" in df.columns:  # images in several turns: by digest, from the run's store
+        from rl_core.artifacts.images import row_images
+
+        run_uri = ctx.store.run_uri(ctx.run_id)
+        images = [row_images(ctx.store, run_uri, turns) for turns in df["images"]]
     batch = make_batch(
         df,
         pad_id=pad_id(load_tokenizer(local)),
@@ -221,6 +227,7 @@ def _update(ctx: RunContext, job: StageJob) -> tuple[Any, dict[str, Any], dict[s
         seed=seed,
         ckpt_dir=local,
         pack_tokens=pack_budget(cfg.train),
+        images=images,
     )
     if "reference" in inputs and cfg.train.kl_coef > 0:
         batch.ref_logp, _ = sequence_logprobs(

@@ -33,7 +33,7 @@ RUN = [
         "--set",
         "train.micro_batch_size=16",
         "--set",
-        "model.max_position=128",
+        "model.max_position=256",
     ),
 ]
 
@@ -109,25 +109,41 @@ def test_idefics3_on_vllm_gives_the_trainer_its_own_inputs(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_run_on_a_users_idefics3_folder_on_vllm(tmp_path):
+def test_a_run_with_a_picture_in_every_turn_on_a_users_idefics3_folder(tmp_path):
+    """shape_rounds: a new picture with every observation. The rollouts keep each turn's image digests, the
+    pictures stored once each in the run's store; the trainer rebuilds every image of a row; execute_envs'
+    replay finds the same pictures; and after a weight sync (iteration 2) the engine still agrees with the
+    trainer (vLLM's encoder cache reset with the weights)."""
+    from rl_core.artifacts.images import digest
+
     folder = write_idefics3_folder(tmp_path / "idefics3")
-    r = run_cli(
-        ["run", "configs/shapes.yaml", "--run-id", "vlm", *RUN, "--set", f"model.path={folder}"], tmp_path
-    )
+    args = [
+        "--set",
+        f"model.path={folder}",
+        "--set",
+        "task.env=shape_rounds",
+        "--set",
+        "task.env_args={rounds: 2}",
+    ]
+    r = run_cli(["run", "configs/shapes.yaml", "--run-id", "vlm", *RUN, *args], tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
-    it = tmp_path / "store" / "vlm" / "iter-0001"
-    df = pd.read_parquet(it / "generate" / "rollouts.parquet")
     marker = json.loads((folder / "config.json").read_text())["image_token_id"]
-    assert len(df) == 16 and all(
-        list(ids).count(marker) == 20 for ids in df["prompt_ids"]
-    )  # 32x32 -> 2x2 + 1
-    gen = json.loads((it / "generate" / "_manifest.json").read_text())["metrics"]
-    assert gen.get("engine", "vllm") == "vllm", gen
-    # iteration 2 samples after a weight sync: a stale image encoding (vLLM's encoder cache kept across the
-    # update) would show here as the engine and the trainer disagreeing
+    stored = {p.stem: p.read_bytes() for p in (tmp_path / "store" / "vlm" / "images").glob("*.png")}
+    assert stored and all(digest(b) == name for name, b in stored.items())  # content-addressed
     for k in (1, 2):
-        train = json.loads(
-            (tmp_path / "store" / "vlm" / f"iter-{k:04d}" / "train" / "_manifest.json").read_text()
-        )
-        assert train["metrics"]["logprob_mismatch_max"] < 1e-3, (k, train["metrics"]["logprob_mismatch_max"])
+        it = tmp_path / "store" / "vlm" / f"iter-{k:04d}"
+        df = pd.read_parquet(it / "generate" / "rollouts.parquet")
+        assert len(df) == 16
+        for row in df.itertuples():
+            turns = [list(t) for t in row.images]
+            assert len(turns) == row.turns and all(len(t) == 1 and t[0] in stored for t in turns)
+            # every picture's 20 placeholders (32x32 -> 2x2 crops + the global image) in the stored sequence
+            seq = list(row.prompt_ids) + list(row.completion_ids)
+            assert seq.count(marker) == 20 * row.turns
+        two = df[df["turns"] == 2]
+        assert len(two) > 0 and all(t[0] != t[1] for t in two["images"])  # a new picture in turn 2
+        env = json.loads((it / "execute_envs" / "_manifest.json").read_text())["metrics"]
+        assert env.get("replay_mismatches", 0) == 0, env
+        train = json.loads((it / "train" / "_manifest.json").read_text())["metrics"]
+        assert train["logprob_mismatch_max"] < 1e-3, (k, train["logprob_mismatch_max"])
     replayed_identical(tmp_path, "vlm", 2, ["generate"])
