@@ -47,9 +47,9 @@ ifeq ($(DEVICE),cpu)
 endif
 	touch $(STAMP)
 
-# Debian packages the tests drive: Chromium (the Prefect UI test, through Playwright) and bubblewrap (the
-# sandbox). Installed with apt-get when missing (root here and in CI; sudo elsewhere).
-SYSTEM_PKGS := chromium:chromium bwrap:bubblewrap
+# Debian packages the tests drive: Chromium (the Prefect UI test, through Playwright; the MiniWoB++ pages, through
+# its chromedriver) and bubblewrap (the sandbox). Installed with apt-get when missing (root here and in CI; sudo elsewhere).
+SYSTEM_PKGS := chromium:chromium chromedriver:chromium-driver bwrap:bubblewrap
 system-deps:
 	@missing=""; for pair in $(SYSTEM_PKGS); do cmd=$${pair%%:*}; pkg=$${pair#*:}; \
 	  command -v $$cmd >/dev/null || missing="$$missing $$pkg"; done; \

@@ -237,6 +237,7 @@ BUILTIN: dict[str, str] = {
     "dataset": "envs.dataset:DatasetEnv",
     "humaneval": "envs.humaneval:HumanEvalEnv",
     "reasoning_gym": "envs.reasoning_gym:ReasoningGymEnv",
+    "miniwob": "envs.miniwob:MiniWoBEnv",
     "shapes": "envs.shapes:ShapesEnv",
     "shape_rounds": "envs.shapes:ShapeRoundsEnv",
     "tooluse": "envs.tools:ToolUseEnv",

@@ -16,7 +16,7 @@ from typing import Any
 
 import pandas as pd
 
-from envs.base import Epochs, Multimodal, make_env, turns
+from envs.base import Epochs, make_env, turns
 from rl_core.artifacts.faults import iteration_of
 from rl_core.artifacts.images import put_images
 from rl_core.artifacts.manifest import ArtifactRef
@@ -24,22 +24,12 @@ from rl_core.artifacts.seeding import derive_seed
 from rl_core.artifacts.stage import StageJob, StageResult
 from rl_core.generation.curriculum import choose
 from rl_core.generation.rollout import Completion, Request, SamplingSpec, start_engine, sync_weights
+from rl_core.generation.turns import Prompts, more_turns, prompts_for
 from rl_core.models.model import (
     load_tokenizer,
-    observation_text,
     prompt_text,
     uses_chat_template,
     weights_digest,
-)
-from rl_core.models.model import prompt_ids as tokenize_prompt
-from rl_core.models.vision import (
-    IMAGE_TOKEN,
-    MAX_IMAGES,
-    encode,
-    expanded_ids,
-    expands_in_processor,
-    image_prefix,
-    with_image_marker,
 )
 from rl_core.run.context import RunContext
 
@@ -202,28 +192,7 @@ def sample_table(
     local = ctx.local_checkpoint(ckpt)
     tok = load_tokenizer(local)
     given = [env.reset(t, s) for t, s in zip(tasks, seeds, strict=True)]  # texts or chat messages
-    prompt_ids = [tokenize_prompt(tok, p, ctx.cfg.model.chat_template) for p in given]
-    prompts = [prompt_text(tok, p) for p in given]
-    images: list[tuple[bytes, ...]] = [() for _ in tasks]
-    unexpanded: list[tuple[int, ...]] = [() for _ in tasks]
-    if isinstance(env, Multimodal):
-        if max_turns > 1 and not expands_in_processor(local):
-            raise ValueError(
-                f"environment {env.name!r}: multi-turn episodes with images need a policy whose processor "
-                "expands them (Idefics3, SmolVLM); LLaVA's fixed image prefix holds one image"
-            )
-        images = [(env.image(t),) for t in tasks]
-        if expands_in_processor(local):  # Idefics3: the processor expands the marker, one call per prompt
-            given = [with_image_marker(p) for p in given]
-            unexpanded = [tuple(tokenize_prompt(tok, p, ctx.cfg.model.chat_template)) for p in given]
-            prompt_ids = [
-                expanded_ids(local, tok, p, ims, ctx.cfg.model.chat_template)
-                for p, ims in zip(given, images, strict=True)
-            ]
-            prompts = [prompt_text(tok, p) for p in given]
-        else:
-            prefix = image_prefix(local)
-            prompt_ids = [prefix + ids for ids in prompt_ids]
+    given, shown = prompts_for(ctx, local, tok, given, tasks, max_turns)
     # One user of the engine at a time (asynchronous RL generates the next iteration while this one
     # evaluates), each with the weights it asked for.
     with ctx.held.engine_lock:
@@ -231,7 +200,7 @@ def sample_table(
         engine.stats()  # the engine's counters so far are its earlier users': this batch's start here
         reqs = [
             Request(ids, s, im, u)
-            for ids, s, im, u in zip(prompt_ids, seeds, images, unexpanded, strict=True)
+            for ids, s, im, u in zip(shown.ids, seeds, shown.images, shown.unexpanded, strict=True)
         ]
         episodes = [
             Episode(
@@ -246,120 +215,44 @@ def sample_table(
                 ep.env.reset(tasks[ep.prompt_index], seeds[ep.prompt_index])
             # an observation is a turn of the chat template where the prompt was rendered with it
             templated = [uses_chat_template(tok, p, ctx.cfg.model.chat_template) for p in given]
-            limit = ctx.max_model_len()
-            prompts_in = Prompts(prompt_ids, images, unexpanded, local)
-            _more_turns(episodes, engine, tok, prompts_in, seeds, spec, limit, max_turns, templated)
+            more_turns(episodes, engine, tok, shown, seeds, spec, ctx.max_model_len(), max_turns, templated)
         stats = engine.stats()  # this batch's own (the rollout servers' prefix cache)
+    prompts = [prompt_text(tok, p) for p in given]
+    table = _table(ctx, tok, episodes, tasks, prompts, seeds, shown, max_turns)
+    table.attrs["engine_stats"] = stats
+    return table
+
+
+def _table(
+    ctx: RunContext,
+    tok: Any,
+    episodes: list[Episode],
+    tasks: list[dict[str, Any]],
+    prompts: list[str],
+    seeds: list[int],
+    shown: Prompts,
+    max_turns: int,
+) -> pd.DataFrame:
+    """The episodes' rows: a single-turn row keeps its prompt's image inline (``image``); episodes that
+    saw images in several turns keep each turn's digests (``images``), the pictures stored once each."""
     rows = []
     for ep in episodes:
         i = ep.prompt_index
         # one engine turn: the engine's own text; several: the whole sequence, observations included
         text = ep.last.text if max_turns == 1 else tok.decode(ep.ids, skip_special_tokens=False)
-        row = ep.row(tasks[i], prompts[i], seeds[i], prompt_ids[i], text, multi_turn=max_turns > 1)
-        if images[i] and max_turns == 1:
-            row["image"] = images[i][0]
-        elif images[i] or ep.shown:  # each turn's images by digest, each stored once (the prompt's first)
+        row = ep.row(tasks[i], prompts[i], seeds[i], shown.ids[i], text, multi_turn=max_turns > 1)
+        if shown.images[i] and max_turns == 1:
+            row["image"] = shown.images[i][0]
+        elif shown.images[i] or ep.shown:  # each turn's images by digest, the prompt's first
             run_uri = ctx.store.run_uri(ctx.run_id)
-            row["images"] = [put_images(ctx.store, run_uri, t) for t in (images[i], *ep.shown)]
+            row["images"] = [put_images(ctx.store, run_uri, t) for t in (shown.images[i], *ep.shown)]
         rows.append(row)
-    extra = list(MULTI_TURN_COLUMNS) if max_turns > 1 else (["image"] if any(images) else [])
+    extra = list(MULTI_TURN_COLUMNS) if max_turns > 1 else (["image"] if any(shown.images) else [])
     if any("images" in r for r in rows):
         extra += ["images"]
         for r in rows:
             r.setdefault("images", [])
-    table = pd.DataFrame(rows, columns=ROLLOUT_COLUMNS + extra)
-    table.attrs["engine_stats"] = stats
-    return table
-
-
-@dataclass
-class Prompts:
-    """The batch's prompts as the engine is given them: token ids (images expanded), the prompt's images,
-    the unexpanded ids where the folder's processor expands images (else empty), and the policy folder."""
-
-    ids: list[list[int]]
-    images: list[tuple[bytes, ...]]
-    unexpanded: list[tuple[int, ...]]
-    folder: Any
-
-
-def _more_turns(
-    episodes: list[Episode],
-    engine: Any,
-    tok: Any,
-    prompts: Prompts,
-    seeds: list[int],
-    spec: SamplingSpec,
-    limit: int,
-    max_turns: int,
-    templated: list[bool],
-) -> None:
-    """Alternate environment and engine until every episode is done, truncated by ``max_turns`` or by the
-    model's context (no room for the next observation and another turn). Where the prompt went through the
-    chat template (``templated``), each observation goes in as the template's next user turn
-    (``rl_core.models.model.observation_text``); else as its plain text. An observation's images go in
-    before its text, one marker each, expanded by the folder's processor (``rl_core.models.vision.encode``);
-    every later turn's request carries all the episode's images so far."""
-    prompt_ids = prompts.ids
-    for turn in range(1, max_turns + 1):
-        active = []
-        for ep in episodes:
-            if ep.done:
-                continue
-            action = tok.decode(ep.last.token_ids, skip_special_tokens=True)
-            res = ep.env.step(action)
-            ep.actions.append(action)
-            if res.done or turn == max_turns:
-                ep.done = True
-                continue
-            shown = tuple(res.images)
-            if shown and not expands_in_processor(prompts.folder):
-                raise ValueError(
-                    "an observation shows images: the policy's processor must expand them (Idefics3, "
-                    "SmolVLM); "
-                    "this policy is not one"
-                )
-            text = IMAGE_TOKEN * len(shown) + (res.observation or "")
-            if templated[ep.prompt_index]:
-                last = ep.last.token_ids
-                stopped = ep.last.finish_reason == "stop" and bool(last)
-                ended = tok.convert_ids_to_tokens(last[-1]) if stopped else None
-                text = observation_text(tok, text, ended)
-            raw = tok(text, add_special_tokens=False)["input_ids"]
-            obs = encode(prompts.folder, text, shown, add_special_tokens=False)[0] if shown else raw
-            room = limit - len(prompt_ids[ep.prompt_index]) - len(ep.ids) - len(obs)
-            if room < 2:
-                ep.done = True
-                continue
-            ep.observations.append(res.observation or "")
-            ep.shown.append(shown)
-            ep.add(obs, [0.0] * len(obs), trained=False, raw=raw)
-            active.append((ep, room))
-        if not active:
-            break
-        reqs = []
-        for ep, _ in active:
-            i = ep.prompt_index
-            images = prompts.images[i] + ep.images()
-            if len(images) > MAX_IMAGES:
-                raise ValueError(
-                    f"episode {i}/{ep.sample_index}: {len(images)} images by turn {turn + 1}, more than one "
-                    f"request carries (rl_core.models.vision.MAX_IMAGES={MAX_IMAGES})"
-                )
-            # with images, vLLM gets the unexpanded sequence (a prompt without images is its own)
-            raw = tuple(prompts.unexpanded[i] or prompt_ids[i]) + tuple(ep.raw) if images else ()
-            reqs.append(
-                Request(
-                    prompt_ids[i] + ep.ids, derive_seed(seeds[i], ep.sample_index, "turn", turn), images, raw
-                )
-            )
-        budget = min(spec.max_tokens, min(r for _, r in active) - 1)
-        outs = engine.generate(
-            reqs, SamplingSpec(n=1, temperature=spec.temperature, top_p=spec.top_p, max_tokens=budget)
-        )
-        for (ep, _), comps in zip(active, outs, strict=True):
-            ep.add(comps[0].token_ids, comps[0].logprobs, trained=True)
-            ep.last, ep.turns = comps[0], ep.turns + 1
+    return pd.DataFrame(rows, columns=ROLLOUT_COLUMNS + extra)
 
 
 def generate_body(ctx: RunContext, job: StageJob) -> StageResult:

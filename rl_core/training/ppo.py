@@ -92,23 +92,7 @@ def make_batch(
             rlp[i, a - 1 : a - 1 + b] = lp
     ids, attn, lmask, rlp = (torch.from_numpy(x) for x in (ids, attn, lmask, rlp))
     adv = torch.tensor(df["advantage"].to_numpy(dtype=np.float32))
-    pixels = None
-    if images is not None and any(images):
-        if ckpt_dir is None:
-            raise ValueError("make_batch: rollouts with images need ckpt_dir (its image processor)")
-        if pack_tokens is not None:
-            raise ValueError("train.packing does not pack vision-language rollouts: set train.packing=false")
-        from rl_core.models.vision import vision_inputs
-
-        pixels = vision_inputs(ckpt_dir, images)
-    elif "image" in df.columns:
-        from rl_core.models.vision import vision_inputs
-
-        if ckpt_dir is None:
-            raise ValueError("make_batch: rollouts with images need ckpt_dir (its image processor)")
-        if pack_tokens is not None:
-            raise ValueError("train.packing does not pack vision-language rollouts: set train.packing=false")
-        pixels = vision_inputs(ckpt_dir, [(bytes(b),) for b in df["image"]])
+    pixels = _vision(df, images, ckpt_dir, pack_tokens)
     return Batch(
         ids,
         attn,
@@ -121,6 +105,25 @@ def make_batch(
         vision=pixels,
         pack_tokens=pack_tokens,
     )
+
+
+def _vision(
+    df: pd.DataFrame, images: list[tuple[bytes, ...]] | None, ckpt_dir: Any, pack_tokens: int | None
+) -> dict[str, torch.Tensor] | None:
+    """The rows' vision tensors (``rl_core.models.vision.vision_inputs``) from ``images`` or the inline
+    ``image`` column; None for a text batch."""
+    rows = images if images is not None and any(images) else None
+    if rows is None and "image" in df.columns:
+        rows = [(bytes(b),) for b in df["image"]]
+    if rows is None:
+        return None
+    if ckpt_dir is None:
+        raise ValueError("make_batch: rollouts with images need ckpt_dir (its image processor)")
+    if pack_tokens is not None:
+        raise ValueError("train.packing does not pack vision-language rollouts: set train.packing=false")
+    from rl_core.models.vision import vision_inputs
+
+    return vision_inputs(ckpt_dir, rows)
 
 
 def _logits(

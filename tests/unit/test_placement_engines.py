@@ -152,7 +152,7 @@ def test_the_engine_is_started_with_those_gpus(monkeypatch):
     import os
 
     from rl_core.generation import rollout
-    from rl_core.models import vllm_args
+    from rl_core.models import vision, vllm_args
 
     seen = {}
 
@@ -160,7 +160,7 @@ def test_the_engine_is_started_with_those_gpus(monkeypatch):
         seen.update(gpus=gpus, multiprocess=multiprocess, device_args=device_args)
 
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    monkeypatch.setattr(rollout, "_check_vllm_supports", lambda _: None)
+    monkeypatch.setattr(vision, "check_vllm_runs", lambda _: None)
     monkeypatch.setattr(rollout.VLLMEngine, "__init__", init)
     cfg = _cfg(rollout={"gpus": [2, 3]})
     rollout.start_engine("vllm", "/ckpt", cfg.rollout, max_model_len=64, placement=plan(cfg, FOUR_H200))

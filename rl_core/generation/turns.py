@@ -1,0 +1,153 @@
+"""The turns after the first of a multi-turn episode, and the batch's prompts as the engine is given them
+(images where the environment shows them).
+
+    given, shown = prompts_for(ctx, folder, tok, given, tasks, max_turns)   # ids, images, unexpanded ids
+    more_turns(episodes, engine, tok, shown, seeds, spec, limit, max_turns, templated)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from envs.base import Multimodal
+from rl_core.artifacts.seeding import derive_seed
+from rl_core.generation.rollout import Request, SamplingSpec
+from rl_core.models.model import observation_text
+from rl_core.models.model import prompt_ids as tokenize_prompt
+from rl_core.models.vision import (
+    IMAGE_TOKEN,
+    MAX_IMAGES,
+    encode,
+    expanded_ids,
+    expands_in_processor,
+    image_prefix,
+    with_image_marker,
+)
+
+if TYPE_CHECKING:
+    from rl_core.generation.episodes import Episode
+
+
+@dataclass
+class Prompts:
+    """The batch's prompts as the engine is given them: token ids (images expanded), the prompt's images,
+    the unexpanded ids where the folder's processor expands images (else empty), and the policy folder."""
+
+    ids: list[list[int]]
+    images: list[tuple[bytes, ...]]
+    unexpanded: list[tuple[int, ...]]
+    folder: Any
+
+
+def more_turns(
+    episodes: list[Episode],
+    engine: Any,
+    tok: Any,
+    prompts: Prompts,
+    seeds: list[int],
+    spec: SamplingSpec,
+    limit: int,
+    max_turns: int,
+    templated: list[bool],
+) -> None:
+    """Alternate environment and engine until every episode is done, truncated by ``max_turns`` or by the
+    model's context (no room for the next observation and another turn). Where the prompt went through the
+    chat template (``templated``), each observation goes in as the template's next user turn
+    (``rl_core.models.model.observation_text``); else as its plain text. An observation's images go in
+    before its text, one marker each, expanded by the folder's processor (``rl_core.models.vision.encode``);
+    every later turn's request carries all the episode's images so far."""
+    prompt_ids = prompts.ids
+    for turn in range(1, max_turns + 1):
+        active = []
+        for ep in episodes:
+            if ep.done:
+                continue
+            action = tok.decode(ep.last.token_ids, skip_special_tokens=True)
+            res = ep.env.step(action)
+            ep.actions.append(action)
+            if res.done or turn == max_turns:
+                ep.done = True
+                continue
+            shown = tuple(res.images)
+            obs, raw = _observation(ep, res.observation or "", shown, tok, prompts.folder, templated)
+            room = limit - len(prompt_ids[ep.prompt_index]) - len(ep.ids) - len(obs)
+            if room < 2:
+                ep.done = True
+                continue
+            ep.observations.append(res.observation or "")
+            ep.shown.append(shown)
+            ep.add(obs, [0.0] * len(obs), trained=False, raw=raw)
+            active.append((ep, room))
+        if not active:
+            break
+        reqs = [_request(ep, prompts, seeds, turn) for ep, _ in active]
+        budget = min(spec.max_tokens, min(r for _, r in active) - 1)
+        outs = engine.generate(
+            reqs, SamplingSpec(n=1, temperature=spec.temperature, top_p=spec.top_p, max_tokens=budget)
+        )
+        for (ep, _), comps in zip(active, outs, strict=True):
+            ep.add(comps[0].token_ids, comps[0].logprobs, trained=True)
+            ep.last, ep.turns = comps[0], ep.turns + 1
+
+
+def _observation(
+    ep: Episode, said: str, shown: tuple[bytes, ...], tok: Any, folder: Any, templated: list[bool]
+) -> tuple[list[int], list[int]]:
+    """An observation's token ids as the model sees them (its images expanded by the folder's processor) and
+    unexpanded (what vLLM is given): its images' markers before its text, as the chat template's next user
+    turn where the prompt went through the template."""
+    if shown and not expands_in_processor(folder):
+        raise ValueError(
+            "an observation shows images: the policy's processor must expand them (Idefics3, SmolVLM); this "
+            "policy is not one"
+        )
+    text = IMAGE_TOKEN * len(shown) + said
+    if templated[ep.prompt_index]:
+        last = ep.last.token_ids
+        stopped = ep.last.finish_reason == "stop" and bool(last)
+        ended = tok.convert_ids_to_tokens(last[-1]) if stopped else None
+        text = observation_text(tok, text, ended)
+    raw = tok(text, add_special_tokens=False)["input_ids"]
+    return (encode(folder, text, shown, add_special_tokens=False)[0] if shown else raw), raw
+
+
+def prompts_for(
+    ctx: Any, folder: Any, tok: Any, given: list[Any], tasks: list[dict[str, Any]], max_turns: int
+) -> tuple[list[Any], Prompts]:
+    """The prompts (as the environment gave them, with an image marker where the folder's processor expands
+    the task's image) and the ``Prompts`` the engine is given: LLaVA's fixed placeholder prefix, or one
+    processor call per prompt (Idefics3, SmolVLM)."""
+    chat = ctx.cfg.model.chat_template
+    ids = [tokenize_prompt(tok, p, chat) for p in given]
+    images: list[tuple[bytes, ...]] = [() for _ in tasks]
+    unexpanded: list[tuple[int, ...]] = [() for _ in tasks]
+    if isinstance(ctx.env, Multimodal):
+        if max_turns > 1 and not expands_in_processor(folder):
+            raise ValueError(
+                f"environment {ctx.env.name!r}: multi-turn episodes with images need a policy whose "
+                "processor expands them (Idefics3, SmolVLM); LLaVA's fixed image prefix holds one image"
+            )
+        images = [(ctx.env.image(t),) for t in tasks]
+        if expands_in_processor(folder):  # the processor expands the marker: one call per prompt
+            given = [with_image_marker(p) for p in given]
+            unexpanded = [tuple(tokenize_prompt(tok, p, chat)) for p in given]
+            ids = [expanded_ids(folder, tok, p, ims, chat) for p, ims in zip(given, images, strict=True)]
+        else:
+            ids = [image_prefix(folder) + i for i in ids]
+    return given, Prompts(ids, images, unexpanded, folder)
+
+
+def _request(ep: Episode, prompts: Prompts, seeds: list[int], turn: int) -> Request:
+    """The episode's next turn's request: its whole sequence so far and every image it showed; with images,
+    the unexpanded sequence for vLLM (a prompt without images is its own)."""
+    i = ep.prompt_index
+    images = prompts.images[i] + ep.images()
+    if len(images) > MAX_IMAGES:
+        raise ValueError(
+            f"episode {i}/{ep.sample_index}: {len(images)} images by turn {turn + 1}, more than one request "
+            f"carries (rl_core.models.vision.MAX_IMAGES={MAX_IMAGES})"
+        )
+    raw = tuple(prompts.unexpanded[i] or prompts.ids[i]) + tuple(ep.raw) if images else ()
+    seed = derive_seed(seeds[i], ep.sample_index, "turn", turn)
+    return Request(prompts.ids[i] + ep.ids, seed, images, raw)

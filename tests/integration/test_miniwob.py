@@ -1,0 +1,120 @@
+"""Computer use from pixels on MiniWoB++ (envs/miniwob.py), in headless Chromium: the oracle that reads the
+DOM solves held-out pages of every task (one of them multi-step) through the policy's own action space;
+episodes are hermetic (a fresh environment replaying the actions sees the same screenshots); a malformed or
+off-screen action is an error observation and the episode goes on. Then a run of a user's Idefics3 folder on
+vLLM: a screenshot in every turn, its digests in the rollouts and the pictures stored once each, the trainer's
+logprobs the engine's within 1e-3, the execute_envs replay finding the same pictures, generate replaying bit
+for bit."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from envs.base import make_env
+from envs.miniwob import HEIGHT, WIDTH, oracle_actions
+from rl_core.artifacts.images import digest
+from rl_core.schema.config import load_config
+from tests.conftest import replayed_identical, run_cli
+from tests.model_folders import write_idefics3_folder
+
+TASKS = ["click-button", "click-link", "enter-text"]
+
+
+@pytest.mark.slow
+def test_the_oracle_solves_unseen_pages_and_episodes_are_hermetic():
+    import io
+
+    from PIL import Image
+
+    cfg = load_config("configs/miniwob.yaml", ["task.train_size=20", "task.heldout_size=12"])
+    env = make_env("miniwob", {"tasks": TASKS})
+    held = env.tasks("heldout", cfg.task, cfg.experiment.seed)
+    train = env.tasks("train", cfg.task, cfg.experiment.seed)
+    assert {t["key"] for t in held}.isdisjoint(t["key"] for t in train)  # unseen seeds
+    assert {t["page"] for t in held} == set(TASKS)
+    for t in held:
+        actions = oracle_actions(env, t)
+        assert env.reset(t, 0).strip()
+        shots = []
+        for a in actions:
+            res = env.step(a)
+            shots.append(res.images)
+        assert res.done and res.outcome["correct"] and res.outcome["well_formed"], (t["key"], actions)
+        if t["page"] == "enter-text":  # multi-step: a click, typing, a click
+            assert len(actions) == 3 and all(len(s) == 1 for s in shots[:-1])
+            # the same actions from a fresh environment: the same pictures, byte for byte
+            again = make_env("miniwob", {"tasks": TASKS})
+            again.reset(t, 0)
+            assert [again.step(a).images for a in actions[:-1]] == shots[:-1]
+    t = held[0]
+    first = env.image(t)
+    assert Image.open(io.BytesIO(first)).size == (WIDTH, HEIGHT)
+    env.reset(t, 0)
+    for bad in ("jump", f"click({WIDTH},3)", 'type("x'):
+        res = env.step(bad)
+        assert not res.done and res.observation.startswith("error:") and res.images == (first,), bad
+    res = env.step(oracle_actions(env, t)[0])  # the episode went on: it can still be solved
+    if t["page"] != "enter-text":
+        assert res.done and res.outcome["correct"] and not res.outcome["well_formed"]
+        assert res.outcome["invalid_actions"] == 3
+
+
+def test_no_chromium_is_refused_before_work_naming_what_is_missing(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("MINIWOB_CHROME_BINARY", raising=False)
+    monkeypatch.delenv("MINIWOB_CHROMEDRIVER", raising=False)
+    with pytest.raises(RuntimeError, match="not found: chromium, chromedriver"):
+        make_env("miniwob", {})
+    with pytest.raises(Exception, match="no MiniWoB\\+\\+ page no-such-task"):
+        make_env("miniwob", {"tasks": ["no-such-task"]})
+
+
+@pytest.mark.slow
+def test_a_run_from_pixels_on_a_users_idefics3_folder(tmp_path):
+    folder = write_idefics3_folder(tmp_path / "idefics3")
+    args = [
+        *(
+            "--set",
+            f"model.path={folder}",
+            "--set",
+            "experiment.iterations=2",
+            "--set",
+            "tracking.enabled=false",
+        ),
+        *("--set", "task.train_size=24", "--set", "task.heldout_size=10", "--set", "eval.every=2"),
+        *(
+            "--set",
+            "rollout.prompts_per_iteration=6",
+            "--set",
+            "rollout.n=2",
+            "--set",
+            "task.env_args.max_turns=3",
+        ),
+        *("--set", "model.max_position=256", "--set", "train.micro_batch_size=12"),
+    ]
+    r = run_cli(["run", "configs/miniwob.yaml", "--run-id", "web", *args], tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    marker = json.loads((folder / "config.json").read_text())["image_token_id"]
+    stored = {p.stem: p.read_bytes() for p in (tmp_path / "store" / "web" / "images").glob("*.png")}
+    assert stored and all(digest(b) == name for name, b in stored.items())  # content-addressed, once each
+    later = 0
+    for k in (1, 2):
+        it = tmp_path / "store" / "web" / f"iter-{k:04d}"
+        df = pd.read_parquet(it / "generate" / "rollouts.parquet")
+        assert len(df) == 12
+        for row in df.itertuples():
+            turns = [list(t) for t in row.images]
+            assert all(d in stored for t in turns for d in t)
+            seq = list(row.prompt_ids) + list(row.completion_ids)
+            # a 160x210 screenshot: 2x2 crops and the global image, 4 placeholders each
+            assert seq.count(marker) == 20 * sum(len(t) for t in turns)
+            later += sum(len(t) for t in turns[1:])
+        env = json.loads((it / "execute_envs" / "_manifest.json").read_text())["metrics"]
+        assert env.get("replay_mismatches", 0) == 0, env
+        train = json.loads((it / "train" / "_manifest.json").read_text())["metrics"]
+        assert train["logprob_mismatch_max"] < 1e-3, (k, train["logprob_mismatch_max"])
+    assert later > 0  # screenshots after actions, not only the first
+    replayed_identical(tmp_path, "web", 2, ["generate"])
