@@ -90,7 +90,7 @@ def parse_action(text: str) -> tuple[str, Any] | str:
 
     >>> parse_action("click(12, 40)"), parse_action('type("Ana")'), parse_action("key(Enter)")
     (('click', (12, 40)), ('type', 'Ana'), ('key', 'Enter'))
-    >>> parse_action("click(170,5)"), parse_action("jump")[:14]
+    >>> parse_action("click(170,5)"), parse_action("jump")[:13]
     ('click(170,5) is off the 160x210 screen', 'not an action')
     """
     m = _ACTION.match(text)
