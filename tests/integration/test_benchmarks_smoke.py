@@ -36,6 +36,7 @@ SMOKES: tuple[str, ...] = (
     "gpu_check",
     "judge",
     "lineage_writes",
+    "miniwob_env",
     "orchestration",
     "packing",
     "pg_family",
