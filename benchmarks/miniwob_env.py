@@ -3,10 +3,10 @@
     .venv/bin/python benchmarks/miniwob_env.py --json            # 30 episodes per arm, arms alternating
     .venv/bin/python benchmarks/miniwob_env.py --smoke --json    # 3 episodes per arm
 
-An episode is what a rollout's environment does with it: ``reset`` (the instruction), ``image`` (the first
-screenshot), then the oracle's actions one ``step`` each (each step restarts the page on its seed, replays
-the episode's actions and takes the next screenshot). The episodes cycle through the three default tasks
-(``click-button``, ``click-link`` and the three-action ``enter-text``), as a batch of mixed tasks does. Arm
+An episode is what a rollout's environment does with it: ``reset`` (the instruction) and ``image`` (the
+first screenshot: one page start for both), then the oracle's actions one ``step`` each (each step restarts
+the page on its seed, replays the episode's actions and takes the next screenshot). The episodes mix the
+three default tasks (``click-button``, ``click-link`` and the three-action ``enter-text``) as drawn. Arm
 ``one`` has one browser for the process, which reloads whenever the page changes; arm ``per_page`` has three,
 each kept on its page (``browsers: 3``, the default). The browsers are started before timing, the oracle's
 actions read before timing (the DOM is not what is measured), and the arms alternate in rounds, so both see
@@ -65,6 +65,7 @@ def main() -> None:
     for _ in range(args.rounds):
         for name, env in arms.items():
             mw.POOL.close()  # each arm starts its own browsers, before timing
+            mw._first.cache_clear()  # and starts every episode's page itself (reset and image: one start)
             for t in tasks[: len(mw.ORACLE_TASKS)]:
                 env.image(t)
             s, ok = _episodes(env, tasks, actions)

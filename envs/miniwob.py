@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import io
 import os
 import re
@@ -299,15 +300,11 @@ class MiniWoBEnv:
 
     def reset(self, task: dict[str, Any], seed: int) -> str:
         self._task, self._actions, self._invalid = task, [], 0
-        with POOL.borrow(self.options.browsers, task["page"]) as b:
-            b.start(task["page"], int(task["page_seed"]))
-            return b.instruction() + "\n"
+        return _first(task["page"], int(task["page_seed"]), self.options.browsers)[0] + "\n"
 
     def image(self, task: dict[str, Any]) -> bytes:
         """The page at the start of the task's episode."""
-        with POOL.borrow(self.options.browsers, task["page"]) as b:
-            b.start(task["page"], int(task["page_seed"]))
-            return b.screenshot()
+        return _first(task["page"], int(task["page_seed"]), self.options.browsers)[1]
 
     def step(self, action: str) -> StepResult:
         if self._task is None:
@@ -333,6 +330,15 @@ class MiniWoBEnv:
             "raw_reward": reward,
             "invalid_actions": self._invalid,
         }
+
+
+@functools.lru_cache(maxsize=4096)
+def _first(page: str, seed: int, browsers: int) -> tuple[str, bytes]:
+    """The instruction and first screenshot of a task's episode: one page start for both (a function of the
+    page and its seed; the preflight and every stage ask for them, each task several times)."""
+    with POOL.borrow(browsers, page) as b:
+        b.start(page, seed)
+        return b.instruction(), b.screenshot()
 
 
 _CENTER = "var r = arguments[0].getBoundingClientRect(); return [r.left + r.width / 2, r.top + r.height / 2];"
