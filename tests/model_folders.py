@@ -165,11 +165,13 @@ IDEFICS3_SPECIALS = [
     "<global-img>",
     *(f"<row_{i + 1}_col_{j + 1}>" for i in range(6) for j in range(6)),
 ]
-# SmolVLM's template in miniature: "User:<image>question<end_of_utterance>\nAssistant:"
+# SmolVLM's template in miniature: "User:<image>question<end_of_utterance>\nAssistant:". Like the hub's, it
+# reads a turn's content as typed parts only (a plain string's text would be lost: the run gives it parts).
 IDEFICS3_TEMPLATE = (
-    "<|begin_of_text|>{% for m in messages %}{{ m['role'] | capitalize }}:"
-    "{% if m['content'] is string %}{{ m['content'] }}{% else %}{% for c in m['content'] %}"
-    "{% if c['type'] == 'image' %}<image>{% else %}{{ c['text'] }}{% endif %}{% endfor %}{% endif %}"
+    "<|begin_of_text|>{% for m in messages %}{{ m['role'] | capitalize }}"
+    "{% if m['content'][0]['type'] == 'image' %}:{% else %}: {% endif %}"
+    "{% for c in m['content'] %}{% if c['type'] == 'text' %}{{ c['text'] }}"
+    "{% elif c['type'] == 'image' %}<image>{% endif %}{% endfor %}"
     "<end_of_utterance>\n{% endfor %}{% if add_generation_prompt %}Assistant:{% endif %}"
 )
 

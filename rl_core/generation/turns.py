@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from envs.base import Multimodal
 from rl_core.artifacts.seeding import derive_seed
 from rl_core.generation.rollout import Request, SamplingSpec
-from rl_core.models.model import observation_text
+from rl_core.models.model import observation_text, uses_chat_template
 from rl_core.models.model import prompt_ids as tokenize_prompt
 from rl_core.models.vision import (
     IMAGE_TOKEN,
@@ -21,6 +21,7 @@ from rl_core.models.vision import (
     encode,
     expanded_ids,
     expands_in_processor,
+    image_content,
     image_prefix,
     with_image_marker,
 )
@@ -103,11 +104,11 @@ def _observation(
             "policy is not one"
         )
     text = IMAGE_TOKEN * len(shown) + said
-    if templated[ep.prompt_index]:
+    if templated[ep.prompt_index]:  # the images as parts of the turn, as vision-language templates take them
         last = ep.last.token_ids
         stopped = ep.last.finish_reason == "stop" and bool(last)
         ended = tok.convert_ids_to_tokens(last[-1]) if stopped else None
-        text = observation_text(tok, text, ended)
+        text = observation_text(tok, image_content(len(shown), said) if shown else said, ended)
     raw = tok(text, add_special_tokens=False)["input_ids"]
     return (encode(folder, text, shown, add_special_tokens=False)[0] if shown else raw), raw
 
@@ -130,7 +131,7 @@ def prompts_for(
             )
         images = [(ctx.env.image(t),) for t in tasks]
         if expands_in_processor(folder):  # the processor expands the marker: one call per prompt
-            given = [with_image_marker(p) for p in given]
+            given = [with_image_marker(p, uses_chat_template(tok, p, chat)) for p in given]
             unexpanded = [tuple(tokenize_prompt(tok, p, chat)) for p in given]
             ids = [expanded_ids(folder, tok, p, ims, chat) for p, ims in zip(given, images, strict=True)]
         else:

@@ -277,7 +277,23 @@ def render_prompt(tokenizer: Any, prompt: Prompt) -> str:
     """Chat messages (a text becomes one user message) rendered with the tokenizer's chat template, ending
     where the assistant's answer begins."""
     messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+    messages = as_template_reads(tokenizer, messages)
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+_PROBE = "\ue001"  # a private-use character: no template treats it specially
+
+
+def as_template_reads(tokenizer: Any, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``messages`` with each text content as a typed part where the template reads typed parts only
+    (SmolVLM's and Idefics3's: a plain string's text would vanish from the rendering); else as they are."""
+    probe = tokenizer.apply_chat_template([{"role": "user", "content": _PROBE}], tokenize=False)
+    if _PROBE in probe:
+        return messages
+    return [
+        {**m, "content": [{"type": "text", "text": m["content"]}]} if isinstance(m.get("content"), str) else m
+        for m in messages
+    ]
 
 
 def uses_chat_template(tokenizer: Any, prompt: Prompt, chat_template: bool | str = "auto") -> bool:
@@ -306,7 +322,7 @@ def prompt_ids(tokenizer: Any, prompt: Prompt, chat_template: bool | str = "auto
 _TURN_MARK = "\ue000"
 
 
-def observation_text(tokenizer: Any, observation: str, ended_with: str | None, role: str = "user") -> str:
+def observation_text(tokenizer: Any, observation: Any, ended_with: str | None, role: str = "user") -> str:
     """What follows the model's turn in the token stream when an environment answers it, as the chat
     template renders it: the rest of the model's turn (what the template writes after the turn's end token,
     e.g. ChatML's newline after ``<|im_end|>``; the whole turn end when the model stopped on another token or
@@ -316,13 +332,15 @@ def observation_text(tokenizer: Any, observation: str, ended_with: str | None, r
     appended.
 
     Read off the template with a stand-in conversation, so the answer holds whatever the history; a template
-    that renders the earlier turns anew when one is added (nothing to append to) is refused.
+    that renders the earlier turns anew when one is added (nothing to append to) is refused. ``observation``:
+    a text, or a list of typed parts (a vision-language turn: ``rl_core.models.vision.image_content``); the
+    stand-in turns are typed parts too where the template reads only those (``as_template_reads``).
     """
     chat = [{"role": "user", "content": "?"}, {"role": "assistant", "content": _TURN_MARK}]
+    turn = {"role": role, "content": observation}
+    chat, (turn,) = as_template_reads(tokenizer, chat), as_template_reads(tokenizer, [turn])
     before = tokenizer.apply_chat_template(chat, tokenize=False)
-    after = tokenizer.apply_chat_template(
-        [*chat, {"role": role, "content": observation}], tokenize=False, add_generation_prompt=True
-    )
+    after = tokenizer.apply_chat_template([*chat, turn], tokenize=False, add_generation_prompt=True)
     if not after.startswith(before) or _TURN_MARK not in before:
         raise ValueError(
             "the chat template renders the earlier turns anew when a turn is added: an observation cannot "

@@ -176,14 +176,26 @@ def processor(ckpt_dir: str) -> Any:
         raise ValueError(f"its processor cannot be assembled: {e}") from None
 
 
-def with_image_marker(prompt: Any) -> Any:
-    """The environment's prompt with the image marker where the processor expands it: before the text of a
-    plain prompt, or of the first user turn of a chat."""
-    if isinstance(prompt, str):
-        return IMAGE_TOKEN + prompt
-    turns = [dict(m) for m in prompt]
+def image_content(images: int, text: Any) -> list[dict[str, Any]]:
+    """A chat turn's content with ``images`` images before its text, as vision-language chat templates take
+    it (a list of typed parts: SmolVLM's and Idefics3's templates read nothing else).
+
+    >>> image_content(1, "count red")
+    [{'type': 'image'}, {'type': 'text', 'text': 'count red'}]
+    """
+    parts = list(text) if isinstance(text, list) else [{"type": "text", "text": str(text)}]
+    return [{"type": "image"}] * images + parts
+
+
+def with_image_marker(prompt: Any, templated: bool) -> Any:
+    """The environment's prompt with its image where the processor expands it: through the chat template,
+    as an image part before the text of the first user turn (a text prompt becomes that turn); without the
+    template, the ``<image>`` marker before the text."""
+    if not templated:
+        return IMAGE_TOKEN + (prompt if isinstance(prompt, str) else str(prompt))
+    turns = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else [dict(m) for m in prompt]
     first = next(i for i, m in enumerate(turns) if m.get("role") == "user")
-    turns[first]["content"] = IMAGE_TOKEN + str(turns[first]["content"])
+    turns[first]["content"] = image_content(1, turns[first]["content"])
     return turns
 
 

@@ -29,7 +29,7 @@ def longest_prompt(ctx: Any, folder: Path) -> tuple[int, str]:
     held-out rows, each as the environment's ``reset`` gives it, through ``model.chat_template``, with an
     image's placeholders where the environment shows one."""
     from envs.base import Multimodal
-    from rl_core.models.model import load_tokenizer, prompt_ids
+    from rl_core.models.model import load_tokenizer, prompt_ids, uses_chat_template
     from rl_core.models.vision import expanded_ids, expands_in_processor, image_prefix, with_image_marker
 
     tok = load_tokenizer(folder)
@@ -40,7 +40,8 @@ def longest_prompt(ctx: Any, folder: Path) -> tuple[int, str]:
     def length(task: dict[str, Any]) -> int:
         prompt = ctx.env.reset(task, 0)
         if images and expands_in_processor(folder):  # the image's tiles: as many tokens as its size makes
-            return len(expanded_ids(folder, tok, with_image_marker(prompt), [ctx.env.image(task)], chat))
+            marked = with_image_marker(prompt, uses_chat_template(tok, prompt, chat))
+            return len(expanded_ids(folder, tok, marked, [ctx.env.image(task)], chat))
         return len(prompt_ids(tok, prompt, chat)) + extra
 
     best, where = 0, ""

@@ -42,7 +42,7 @@ def test_idefics3_on_vllm_gives_the_trainer_its_own_inputs(tmp_path):
     folder = write_idefics3_folder(tmp_path / "idefics3")
     tok = load_tokenizer(folder)
     pngs = [_png(210, 160, 0), _png(16, 64, 1), _png(64, 16, 2)]  # 2x2 crops, 1x2 crops, 2x1 crops
-    prompts = [with_image_marker([{"role": "user", "content": q}]) for q in ("click red", "type hi", "ok")]
+    prompts = [with_image_marker(q, templated=True) for q in ("click red", "type hi", "ok")]
     reqs = [
         Request(
             expanded_ids(folder, tok, p, [png], True),
