@@ -129,6 +129,15 @@ class Demonstrations(Protocol):
 
 
 @runtime_checkable
+class Teacher(Protocol):
+    """The warm-up imitates whole episodes played by a teacher: its actions, one a turn (a flawed teacher's
+    when ``flawed``), played through the environment as an RL episode is (every observation and image
+    the environment gives, ``rl_core.generation.turns.Scripted``)."""
+
+    def teacher_actions(self, task: dict[str, Any], flawed: bool) -> list[str]: ...
+
+
+@runtime_checkable
 class FlawedTeacher(Protocol):
     """The warm-up teacher's mistaken answer to a single-turn task (``warmup.teacher_error_rate``)."""
 

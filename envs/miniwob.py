@@ -323,6 +323,15 @@ class MiniWoBEnv:
                 return StepResult("", False, self._outcome(0.0), images=(b.screenshot(),))
         return StepResult(observation=None, done=True, outcome=self._outcome(reward))
 
+    def teacher_actions(self, task: dict[str, Any], flawed: bool) -> list[str]:
+        """The oracle's actions (``oracle_actions``); a flawed teacher's first click lands 40 pixels to the
+        side of its target (on another element, or on nothing)."""
+        actions = oracle_actions(self, task)
+        if flawed:
+            x, y = parse_action(actions[0])[1]  # the oracle's first action is a click
+            actions[0] = f"click({(x + 40) % WIDTH},{y})"
+        return actions
+
     def _outcome(self, reward: float) -> dict[str, Any]:
         return {
             "correct": reward > 0,

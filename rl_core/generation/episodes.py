@@ -181,8 +181,10 @@ def sample_table(
     spec: SamplingSpec,
     seeds: list[int],
     iteration: int | None = None,
+    engine: Any = None,
 ) -> pd.DataFrame:
-    """``spec.n`` episodes for each task, one row per episode, token ids as the engine produced them.
+    """``spec.n`` episodes for each task, one row per episode, token ids as the engine produced them (the
+    run's policy engine, or ``engine``: the warm-up's teacher, ``rl_core.generation.turns.Scripted``).
 
     Turn 1 samples ``n`` completions per prompt from the prompt's seed. A single-turn environment's episode
     ends there (``max_turns`` 1). In a multi-turn one the engine and the environment then alternate: each
@@ -196,7 +198,7 @@ def sample_table(
     # One user of the engine at a time (asynchronous RL generates the next iteration while this one
     # evaluates), each with the weights it asked for.
     with ctx.held.engine_lock:
-        engine = policy_engine(ctx, ckpt, iteration)
+        engine = engine or policy_engine(ctx, ckpt, iteration)
         engine.stats()  # the engine's counters so far are its earlier users': this batch's start here
         reqs = [
             Request(ids, s, im, u)

@@ -152,3 +152,32 @@ def _request(ep: Episode, prompts: Prompts, seeds: list[int], turn: int) -> Requ
     raw = tuple(prompts.unexpanded[i] or prompts.ids[i]) + tuple(ep.raw) if images else ()
     seed = derive_seed(seeds[i], ep.sample_index, "turn", turn)
     return Request(prompts.ids[i] + ep.ids, seed, images, raw)
+
+
+class Scripted:
+    """An engine that answers each episode with its teacher's next action (``envs.base.Teacher``), as tokens
+    of the policy's tokenizer closed by its EOS: driven through the generation's own turns, a teacher's
+    episode is the token stream an RL episode with those actions is (prompt, images, observations alike).
+    ``scripts``: each task's prompt ids (as ``prompts_for`` makes them) and its actions."""
+
+    def __init__(self, tok: Any, scripts: list[tuple[list[int], list[str]]]):
+        from rl_core.generation.rollout import Completion
+
+        self.completion, self.tok = Completion, tok
+        self.scripts = [(tuple(ids), list(actions)) for ids, actions in scripts]
+
+    def generate(self, requests: list[Request], spec: SamplingSpec) -> list[list[Any]]:
+        out = []
+        for r in requests:
+            script = next(
+                (acts for ids, acts in self.scripts if tuple(r.prompt_ids[: len(ids)]) == ids), None
+            )
+            if script is None:
+                raise ValueError("a request of no task the teacher was given")
+            action = script.pop(0) if script else ""  # out of actions: an empty turn, to max_turns
+            ids = self.tok(action, add_special_tokens=False)["input_ids"] + [self.tok.eos_token_id]
+            out.append([self.completion(ids, [0.0] * len(ids), action, "stop")] * spec.n)
+        return out
+
+    def stats(self) -> dict[str, float]:
+        return {}

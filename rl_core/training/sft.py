@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from envs.base import Corpus, Demonstrations, FlawedTeacher, Multimodal
+from envs.base import Corpus, Demonstrations, FlawedTeacher, Multimodal, Teacher, turns
 from rl_core.artifacts.report import emit
 from rl_core.artifacts.seeding import derive_seed
 from rl_core.artifacts.stage import StageJob, StageResult
@@ -147,9 +147,47 @@ def _segment_batch(
     return _pad(seqs, labs, pad_id(tok))
 
 
-def _warmup_batch(ctx: RunContext, tok: Any, src: Any, chosen: list[dict], flawed: list[bool]) -> tuple:
+def _teacher_batch(
+    ctx: RunContext, tok: Any, ckpt: Any, src: Any, tasks: list[dict], flawed: list[bool]
+) -> tuple:
+    """The teacher's episodes (``envs.base.Teacher``) played through the generation's own turns by a scripted
+    engine: the token stream, images and loss mask an RL episode with those actions has; labels on the
+    teacher's turns (each closed by EOS), the vision tensors of every image each episode showed."""
+    from rl_core.artifacts.images import row_images
+    from rl_core.generation.episodes import sample_table
+    from rl_core.generation.rollout import SamplingSpec
+    from rl_core.generation.turns import Scripted, prompts_for
+    from rl_core.models.vision import vision_inputs
+
+    seeds = [0] * len(tasks)
+    given = [ctx.env.reset(t, s) for t, s in zip(tasks, seeds, strict=True)]
+    _, shown = prompts_for(ctx, src, tok, given, tasks, turns(ctx.env))
+    scripts = [
+        (ids, ctx.env.teacher_actions(t, bad)) for ids, t, bad in zip(shown.ids, tasks, flawed, strict=True)
+    ]
+    spec = SamplingSpec(n=1, temperature=1.0, max_tokens=ctx.cfg.rollout.max_tokens)
+    table = sample_table(ctx, ckpt, tasks, spec, seeds, engine=Scripted(tok, scripts))
+    seqs, labs = [], []
+    for r in table.itertuples():
+        prompt, done = list(r.prompt_ids), list(r.completion_ids)
+        seqs.append(prompt + done)
+        labs.append([-100] * len(prompt) + [t if m else -100 for t, m in zip(done, r.loss_mask, strict=True)])
+    extra: dict[str, Any] = {}
+    if "images" in table.columns:
+        run_uri = ctx.store.run_uri(ctx.run_id)
+        extra = vision_inputs(src, [row_images(ctx.store, run_uri, t) for t in table["images"]])
+    elif "image" in table.columns:
+        extra = vision_inputs(src, [(bytes(b),) for b in table["image"]])
+    return (*_pad(seqs, labs, pad_id(tok)), extra)
+
+
+def _warmup_batch(
+    ctx: RunContext, tok: Any, src: Any, chosen: list[dict], flawed: list[bool], ckpt: Any = None
+) -> tuple:
     """One warm-up batch of ``chosen`` tasks: input ids, attention mask, labels and the model's extra inputs
     (a multimodal task's pixel values)."""
+    if isinstance(ctx.env, Teacher):
+        return _teacher_batch(ctx, tok, ckpt, src, chosen, flawed)
     if isinstance(ctx.env, Demonstrations):
         return (*_segment_batch(tok, ctx.env, chosen, flawed), {})
     if isinstance(ctx.env, Multimodal):
@@ -176,7 +214,8 @@ def warmup_body(ctx: RunContext, job: StageJob) -> StageResult:
     for step in range(cfg.steps):
         idx = torch.randint(len(pool), (cfg.batch_size,), generator=gen).tolist()
         flawed = (torch.rand(cfg.batch_size, generator=gen) < cfg.teacher_error_rate).tolist()
-        ids, attn, labels, extra = _warmup_batch(ctx, tok, src, [pool[i] for i in idx], flawed)
+        chosen = [pool[i] for i in idx]
+        ids, attn, labels, extra = _warmup_batch(ctx, tok, src, chosen, flawed, job.inputs["checkpoint"])
         lr = cfg.lr * min(1.0, (step + 1) / max(1, cfg.steps // 10))
         for g in opt.param_groups:
             g["lr"] = lr

@@ -73,6 +73,39 @@ def test_no_chromium_is_refused_before_work_naming_what_is_missing(monkeypatch, 
 
 
 @pytest.mark.slow
+def test_the_warm_up_plays_the_teachers_episodes_as_rl_would(tmp_path, monkeypatch):
+    """The teacher's actions (the oracle's; a flawed one's first click off its target) played through the
+    generation's own turns by a scripted engine: labels on exactly the teacher's turns, each closed by EOS,
+    every screenshot of the episode in the sequence and in the vision tensors."""
+    from rl_core.models.model import load_tokenizer
+    from rl_core.run.context import RunContext
+    from rl_core.training.sft import _warmup_batch
+
+    monkeypatch.setenv("RLFOUNDRY_STATE_DIR", str(tmp_path / "state"))
+    folder = write_idefics3_folder(tmp_path / "idefics3")
+    over = [f"model.path={folder}", "task.train_size=12", "task.heldout_size=10", "model.max_position=256"]
+    ctx = RunContext(load_config("configs/miniwob.yaml", [*over, f"store.uri={tmp_path / 'store'}"]), "t")
+    ref = ctx.store.put_dir(folder, f"{ctx.store.root}/t/src")
+    tok = load_tokenizer(folder)
+    marker = json.loads((folder / "config.json").read_text())["image_token_id"]
+    tasks = ctx.train_tasks[:4]
+    flawed = [False, False, True, False]
+    ids, attn, labels, extra = _warmup_batch(ctx, tok, folder, tasks, flawed, ref)
+    shots = 0
+    for i, t in enumerate(tasks):
+        taught = tok.decode([x for x in labels[i].tolist() if x != -100])
+        actions = ctx.env.teacher_actions(t, flawed[i])
+        assert taught.startswith("".join(a + tok.eos_token for a in actions)), (taught, actions)
+        if not flawed[i]:  # the oracle's episode ends on its last action: one screenshot before each
+            assert taught == "".join(a + tok.eos_token for a in actions)
+            assert int((ids[i] == marker).sum()) == 20 * len(actions)
+        shots += int((ids[i] == marker).sum()) // 20
+    assert extra["pixel_values"].shape[0] == 4 and int(attn.sum()) == int((ids != tok.pad_token_id).sum())
+    real = (extra["pixel_values"].flatten(2).abs().sum(-1) > 0).sum()
+    assert int(real) == 5 * shots  # each screenshot: 2x2 crops and the global image
+
+
+@pytest.mark.slow
 def test_a_run_from_pixels_on_a_users_idefics3_folder(tmp_path):
     folder = write_idefics3_folder(tmp_path / "idefics3")
     args = [
@@ -94,7 +127,8 @@ def test_a_run_from_pixels_on_a_users_idefics3_folder(tmp_path):
             "task.env_args.max_turns=3",
         ),
         *("--set", "model.max_position=256", "--set", "train.micro_batch_size=12", "--set", "eval.samples=1"),
-        *("--set", "eval.pass_k=[1]"),
+        *("--set", "eval.pass_k=[1]", "--set", "warmup.steps=2", "--set", "warmup.batch_size=4"),
+        *("--set", "warmup.teacher_error_rate=0.25"),
     ]
     r = run_cli(["run", "configs/miniwob.yaml", "--run-id", "web", *args], tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -118,4 +152,7 @@ def test_a_run_from_pixels_on_a_users_idefics3_folder(tmp_path):
         train = json.loads((it / "train" / "_manifest.json").read_text())["metrics"]
         assert train["logprob_mismatch_max"] < 1e-3, (k, train["logprob_mismatch_max"])
     assert later > 0  # screenshots after actions, not only the first
+    base = next((tmp_path / "store" / "_base").glob("*/iter-0000/warmup/_manifest.json"))
+    warm = json.loads(base.read_text())["metrics"]
+    assert warm["steps"] == 2 and warm["final_loss"] == warm["final_loss"]  # the teacher's episodes, learnt
     replayed_identical(tmp_path, "web", 2, ["generate"])
