@@ -104,24 +104,30 @@ QWEN3_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</t
 QWEN3_CHARS = CHARS + "ABCDEFGHIJKLMNOPQRSTUVWXYZ.,?!:;()[]{}\\/^_'\"|"
 
 
-def build_qwen3_tokenizer() -> Any:
-    """A character-level tokenizer with Qwen3's special tokens and chat template; EOS ``<|im_end|>``."""
+def char_tokenizer(tokens: list[str], template: str, **roles: Any) -> Any:
+    """A character-level WordLevel tokenizer over ``tokens`` (their order is their ids; every character of a
+    text, newlines included, one token), ``roles`` its special tokens (eos_token=..., pad_token=...), the
+    rest of ``tokens`` before the first plain character special too, with ``template`` its chat template."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {t: i for i, t in enumerate(["<unk>", *QWEN3_SPECIALS, *QWEN3_CHARS])}
-    raw = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    raw = Tokenizer(models.WordLevel({t: i for i, t in enumerate(tokens)}, unk_token="<unk>"))
     raw.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")  # newlines too
     raw.decoder = decoders.Fuse()
-    tok = PreTrainedTokenizerFast(
-        tokenizer_object=raw,
+    tok = PreTrainedTokenizerFast(tokenizer_object=raw, unk_token="<unk>", **roles)
+    tok.chat_template = template
+    return tok
+
+
+def build_qwen3_tokenizer() -> Any:
+    """A character-level tokenizer with Qwen3's special tokens and chat template; EOS ``<|im_end|>``."""
+    return char_tokenizer(
+        ["<unk>", *QWEN3_SPECIALS, *QWEN3_CHARS],
+        QWEN3_TEMPLATE,
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
-        unk_token="<unk>",
         additional_special_tokens=QWEN3_SPECIALS,
     )
-    tok.chat_template = QWEN3_TEMPLATE
-    return tok
 
 
 def write_qwen3_folder(out: Path, *, max_shard_size: str = "40KB", seed: int = 0) -> Path:
@@ -188,7 +194,6 @@ def write_idefics3_folder(
     - a character-level tokenizer with Idefics3's image tokens and a chat template, ``<end_of_utterance>``
       the EOS."""
     import torch
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import (
         GenerationConfig,
         Idefics3Config,
@@ -197,23 +202,16 @@ def write_idefics3_folder(
         Idefics3Processor,
         Idefics3VisionConfig,
         LlamaConfig,
-        PreTrainedTokenizerFast,
     )
 
-    specials = ["<pad>", "<unk>", "<|begin_of_text|>", *IDEFICS3_SPECIALS]
-    chars = list(dict.fromkeys(QWEN3_CHARS))
-    raw = Tokenizer(models.WordLevel({t: i for i, t in enumerate(specials + chars)}, unk_token="<unk>"))
-    raw.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
-    raw.decoder = decoders.Fuse()
-    tok = PreTrainedTokenizerFast(
-        tokenizer_object=raw,
+    tok = char_tokenizer(
+        ["<pad>", "<unk>", "<|begin_of_text|>", *IDEFICS3_SPECIALS, *dict.fromkeys(QWEN3_CHARS)],
+        IDEFICS3_TEMPLATE,
         bos_token="<|begin_of_text|>",
         eos_token="<end_of_utterance>",
         pad_token="<pad>",
-        unk_token="<unk>",
         additional_special_tokens=IDEFICS3_SPECIALS,
     )
-    tok.chat_template = IDEFICS3_TEMPLATE
     text = LlamaConfig(
         vocab_size=len(tok),
         hidden_size=64,

@@ -214,6 +214,11 @@ def check_rendezvous(ctx: Any) -> str:
 DIED = "its actor died (node lost or process killed)"
 
 
+def last_line(e: BaseException) -> str:
+    """The last line of a Ray error (the remote exception's own message), at most 300 characters."""
+    return str(e).strip().splitlines()[-1][-300:]
+
+
 def outcomes(refs: list[Any]) -> list[str | None]:
     """What became of each of ``refs`` (actor calls that have ended or are blocked): DIED, "it failed:
     <its exception's last line>", or None (it returned, or is still blocked: killed with its actor)."""
@@ -226,7 +231,7 @@ def outcomes(refs: list[Any]) -> list[str | None]:
         except ray.exceptions.RayActorError:
             out.append(DIED)
         except ray.exceptions.RayTaskError as e:
-            out.append(f"it failed: {str(e).strip().splitlines()[-1][-300:]}")
+            out.append(f"it failed: {last_line(e)}")
         except ray.exceptions.GetTimeoutError:
             out.append(None)
         else:

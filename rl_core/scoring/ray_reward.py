@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from rl_core.generation.ray_engines import folder_files
-from rl_core.run.cluster import DIED, PlacementTimeout, Probe, place, release
+from rl_core.run.cluster import DIED, PlacementTimeout, Probe, last_line, place, release
 from rl_core.scoring.reward_client import RewardServerError, Transient
 from rl_core.scoring.reward_model import reward_folder_problem
 
@@ -105,7 +105,7 @@ class RayRewardModel:
             ray.get(self.actor.start.remote(files, ctx.cfg.reward.model.kv_cache_mb, gpu_args))
         except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as e:
             self.close()
-            raise RewardServerError(f"reward server {self.name}: it did not start: {_last_line(e)}") from None
+            raise RewardServerError(f"reward server {self.name}: it did not start: {last_line(e)}") from None
 
     def healthy(self) -> bool:
         import ray
@@ -126,11 +126,7 @@ class RayRewardModel:
         except ray.exceptions.GetTimeoutError:
             raise Transient(f"no answer within reward.model.timeout_s={self.timeout_s:g}") from None
         except ray.exceptions.RayTaskError as e:
-            raise RewardServerError(f"reward server {self.name}: it failed: {_last_line(e)}") from None
+            raise RewardServerError(f"reward server {self.name}: it failed: {last_line(e)}") from None
 
     def close(self) -> None:
         release(self.pg, [self.actor])
-
-
-def _last_line(e: Exception) -> str:
-    return str(e).strip().splitlines()[-1][-300:]
