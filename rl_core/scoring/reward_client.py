@@ -116,6 +116,7 @@ class RewardClient:
         self.lock = threading.Lock()
         self.counts = {"requests": 0, "retries": 0, "restarts": 0}
         if not self.scorer.healthy():
+            self.scorer.close()  # an actor placed for it is released
             raise RewardServerError(f"reward server {self.url}: /health does not answer")
 
     def _scorer(self, target: str | Scorer) -> Scorer:
