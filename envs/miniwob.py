@@ -48,7 +48,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from envs.base import StepResult, draw_tasks
 
 WIDTH, HEIGHT = 160, 210  # MiniWoB's task area: the screenshot's size and the click coordinates' range
-ORACLE_TASKS = ("click-button", "click-link", "enter-text")
+DEFAULT_TASKS = ("click-button", "click-link", "enter-text")
+# the pages the oracle answers (the warm-up's teacher); benchmarks/miniwob_curve.py learns the last three
+ORACLE_TASKS = (*DEFAULT_TASKS, "click-test", "focus-text", "click-color")
 _ACTION = re.compile(
     r'^\s*(?:click\(\s*(?P<x>-?\d+)\s*,\s*(?P<y>-?\d+)\s*\)|type\("(?P<text>[^"\n]{0,64})"\)'
     r"|key\((?P<key>Enter|Tab|Backspace|Escape|Space)\))\s*$"
@@ -66,7 +68,7 @@ class MiniWoBOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     tasks: list[str] = Field(
-        default_factory=lambda: list(ORACLE_TASKS), min_length=1, description="MiniWoB++ task pages."
+        default_factory=lambda: list(DEFAULT_TASKS), min_length=1, description="MiniWoB++ task pages."
     )
     max_turns: int = Field(4, ge=1, le=8, description="Actions per episode at most.")
     browsers: int = Field(
@@ -324,12 +326,19 @@ class MiniWoBEnv:
         return StepResult(observation=None, done=True, outcome=self._outcome(reward))
 
     def teacher_actions(self, task: dict[str, Any], flawed: bool) -> list[str]:
-        """The oracle's actions (``oracle_actions``); a flawed teacher's first click lands 40 pixels to the
-        side of its target (on another element, or on nothing)."""
+        """The oracle's actions (``oracle_actions``). A flawed teacher makes one mistake: it types the text
+        without its last letter where the oracle types, else its first click lands 40 pixels right of and 40
+        below its target (on another element, or on nothing, but on a large enough target still in it)."""
         actions = oracle_actions(self, task)
-        if flawed:
-            x, y = parse_action(actions[0])[1]  # the oracle's first action is a click
-            actions[0] = f"click({(x + 40) % WIDTH},{y})"
+        if not flawed:
+            return actions
+        typed = [i for i, a in enumerate(actions) if a.startswith("type(")]
+        if typed:
+            text = parse_action(actions[typed[0]])[1]
+            actions[typed[0]] = f'type("{text[:-1]}")'
+        else:
+            x, y = parse_action(actions[0])[1]  # the oracle's first action is then a click
+            actions[0] = f"click({(x + 40) % WIDTH},{(y + 40) % HEIGHT})"
         return actions
 
     def _outcome(self, reward: float) -> dict[str, Any]:
@@ -374,4 +383,11 @@ def oracle_actions(env: MiniWoBEnv, task: dict[str, Any]) -> list[str]:
             return [centre("#area button", target)]
         if name == "click-link":
             return [centre("#area .alink", target)]
+        if name == "click-test":
+            return [centre("#subbtn")]
+        if name == "focus-text":
+            return [centre("#tt")]
+        if name == "click-color":  # the instruction names the colour (shown as a swatch or a word)
+            colour = re.search(r"the (\S+) colored box", said)
+            return [centre(f'#area .color[data-color="{colour.group(1) if colour else ""}"]')]
         return [centre("#tt"), f'type("{target}")', centre("#subbtn")]

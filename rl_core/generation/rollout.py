@@ -276,9 +276,13 @@ class HFEngine:
         images = [r.images for r, _ in flat]
         vision: dict[str, Any] = {}
         if any(images):
-            from rl_core.models.vision import vision_inputs
+            from rl_core.models.vision import model_inputs, vision_inputs
 
-            vision = {k: v.to(dev) for k, v in vision_inputs(self.ckpt_dir, images).items()}
+            batch = {k: v.to(dev) for k, v in vision_inputs(self.ckpt_dir, images).items()}
+            vision = model_inputs(self.model, ids, attn, batch)
+        # Qwen-VL's M-RoPE positions of the prompt; a later token's: its text position plus its row's offset
+        mrope = vision.pop("position_ids", None)
+        offset = None if mrope is None else mrope.amax(dim=(0, 2)) + 1 - attn.sum(1)
         out_ids: list[list[int]] = [[] for _ in flat]
         out_lp: list[list[float]] = [[] for _ in flat]
         done = [False] * len(flat)
@@ -286,11 +290,13 @@ class HFEngine:
         cur = ids
         with torch.no_grad():
             for _ in range(spec.max_tokens):
-                pos = (attn.cumsum(1) - 1).clamp(min=0)
+                pos = (attn.cumsum(1) - 1).clamp(min=0)[:, -cur.shape[1] :]
+                if offset is not None:
+                    pos = mrope if past is None else (pos + offset[:, None]).expand(3, -1, -1)
                 o = self.model(
                     input_ids=cur,
                     attention_mask=attn,
-                    position_ids=pos[:, -cur.shape[1] :],
+                    position_ids=pos,
                     past_key_values=past,
                     use_cache=True,
                     **(vision if past is None else {}),

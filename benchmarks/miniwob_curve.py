@@ -1,0 +1,129 @@
+"""Computer use from pixels learns: configs/miniwob.yaml end to end, held-out success per MiniWoB++ task.
+
+    .venv/bin/python benchmarks/miniwob_curve.py --json [--iterations 30] [--set key=value ...]
+    .venv/bin/python benchmarks/miniwob_curve.py --smoke --json   # 1 iteration, writes nowhere
+
+The policy is an Idefics3 (SmolVLM-architecture) folder as a user brings one, written here at random init
+(``tests/model_folders.write_idefics3_folder``: a character-level tokenizer, the PIL image processor
+cutting each 160x210 screenshot into 4x4 crops and the global image, 68 image tokens). The run
+(``configs/miniwob.yaml``) warms it up on the DOM oracle's episodes, a share of them flawed, then trains it
+with GRPO on the vLLM engine against the pages' own rewards; its held-out tasks are unseen page seeds.
+
+Writes ``benchmarks/results/miniwob_curve.json`` and ``.png``:
+- ``tasks``: each task's held-out greedy success after the warm-up (``warmup``, the base model's evaluation)
+  and after RL (``rl``, the last evaluation);
+- ``curve``: per iteration the wall seconds, stage timings, mean training reward and, where evaluated, the
+  held-out success overall and per task;
+- ``env_episodes_per_s``: episodes per second of the environment stage (execute_envs replays every episode
+  of the iteration in its browser pool).
+
+The last line (``--json``): the raw figures, the machine and versions, and ``ratio`` = mean held-out success
+over the tasks after RL / after the warm-up.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.code_curve import curve_args, curve_rows, run  # noqa: E402
+from benchmarks.common import finish, result_file  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = ROOT / "configs" / "miniwob.yaml"
+OUT = ROOT / "benchmarks" / "results" / "miniwob_curve.json"
+# the policy's shape: text (width, blocks), vision (width, blocks), the processor's longest edge
+POLICY = {"text": (128, 4), "vision": (64, 2), "longest_edge": 128}
+
+
+def write_policy(out: Path) -> Path:
+    from tests.model_folders import write_idefics3_folder
+
+    return write_idefics3_folder(out, max_shard_size="2MB", **POLICY)  # type: ignore[arg-type]
+
+
+def per_task(events: list[dict[str, Any]]) -> dict[int, dict[str, float]]:
+    """Each evaluated iteration's held-out success per task (the evaluate stage's ``accuracy_<task>``)."""
+    out = {}
+    for ev in events:
+        if ev.get("eval"):
+            got = {m[len("accuracy_") :]: v for m, v in ev["eval"].items() if m.startswith("accuracy_")}
+            out[ev["iteration"]] = got
+    return out
+
+
+def plot(result: dict[str, Any], out: Path) -> None:
+    """Held-out success per task against the iteration (0: after the warm-up)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.6), dpi=110)
+    for name in result["tasks"]:
+        pts = [(r["iteration"], r["heldout_tasks"][name]) for r in result["curve"] if "heldout_tasks" in r]
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name)
+    ax.set_xlabel("RL iteration (0: after the warm-up)")
+    ax.set_ylabel("held-out success (greedy)")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_title("MiniWoB++ from pixels: Idefics3-architecture policy on vLLM (CPU)", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out)
+    plt.close(fig)
+
+
+def main() -> None:
+    args, sets = curve_args(__doc__ or "", "miniwob-curve", OUT)
+    folder = write_policy(Path(tempfile.mkdtemp(prefix="miniwob-policy-")) / "idefics3")
+    cfg, events = run([f"model.path={folder}", *sets], args.run_id, CONFIG)
+    rows = curve_rows(cfg, args.run_id, events)
+    success = per_task(events)
+    for r in rows:
+        if r["iteration"] in success:
+            r["heldout_tasks"] = success[r["iteration"]]
+    first, last = min(success), max(success)
+    tasks = {
+        name: {"warmup": success[first].get(name), "rl": success[last].get(name)}
+        for name in cfg.task.env_args["tasks"]
+    }
+    env = [(r["timings"].get("execute_envs"), r["iteration"]) for r in rows if r["iteration"] >= 1]
+    episodes = cfg.rollout.prompts_per_iteration * cfg.rollout.n
+    rates = [episodes / s for s, _ in env if s]
+    warm = [t["warmup"] or 0.0 for t in tasks.values()]
+    rl = [t["rl"] or 0.0 for t in tasks.values()]
+    result: dict[str, Any] = {
+        "benchmark": "miniwob_curve",
+        "config": "configs/miniwob.yaml",
+        "policy": {"family": "idefics3", **POLICY},
+        "engine": cfg.rollout.engine,
+        "overrides": sets,
+        "tasks": tasks,
+        "rise_points": {n: round(100 * ((t["rl"] or 0) - (t["warmup"] or 0)), 1) for n, t in tasks.items()},
+        "heldout_problems": cfg.task.heldout_size,
+        "env_episodes_per_s": round(sum(rates) / len(rates), 3) if rates else None,
+        "wall_s": rows[-1]["wall_s"],
+        "ratio": round(sum(rl) / sum(warm), 4) if sum(warm) else None,
+        "ratio_definition": "mean held-out success over the tasks after RL / after the warm-up",
+        "curve": rows,
+    }
+    print(
+        "held-out success, warm-up -> RL: "
+        + ", ".join(
+            f"{n} {t['warmup']:.2f} -> {t['rl']:.2f}" for n, t in tasks.items() if t["rl"] is not None
+        )
+        + f" in {result['wall_s']:.0f} s"
+    )
+    path = result_file(args.out, OUT, args.smoke)
+    if not args.smoke:
+        plot(result, path.with_suffix(".png"))
+    finish(result, path, args.json, args.smoke)
+
+
+if __name__ == "__main__":
+    main()
