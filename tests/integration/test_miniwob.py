@@ -62,6 +62,37 @@ def test_the_oracle_solves_unseen_pages_and_episodes_are_hermetic():
         assert res.outcome["invalid_actions"] == 3
 
 
+@pytest.mark.slow
+def test_the_curves_tasks_oracle_solves_them_and_the_flawed_teacher_fails_them():
+    """The tasks benchmarks/miniwob_curve.py learns: the oracle solves unseen pages of each; the flawed
+    teacher's one mistake (a name typed without its last letter; a click 40 px right and below) fails every
+    page whose target is smaller than that, and is the oracle's actions otherwise."""
+    from envs.miniwob import ORACLE_TASKS
+
+    names = ["click-test", "focus-text", "click-color", "enter-text"]
+    assert set(names) <= set(ORACLE_TASKS)
+    cfg = load_config("configs/miniwob.yaml", ["task.train_size=10", "task.heldout_size=16"])
+    env = make_env("miniwob", {"tasks": names})
+    held = env.tasks("heldout", cfg.task, cfg.experiment.seed)
+    assert {t["page"] for t in held} == set(names)
+    for t in held:
+        good, bad = env.teacher_actions(t, False), env.teacher_actions(t, True)
+        assert good == oracle_actions(env, t)
+        diff = [(a, b) for a, b in zip(good, bad, strict=True) if a != b]
+        assert len(diff) == 1, (good, bad)
+        solved = []
+        for actions in (good, bad):
+            env.reset(t, 0)
+            for a in actions:
+                res = env.step(a)
+            solved.append(bool(res.done and res.outcome["correct"]))
+        assert solved[0], (t["key"], good)
+        if t["page"] != "click-test":  # its button may be larger than the slip
+            assert not solved[1], (t["key"], bad)
+        if t["page"] == "enter-text":
+            assert diff[0][1] == diff[0][0][:-3] + '")'  # the typed name loses its last letter
+
+
 def test_no_chromium_is_refused_before_work_naming_what_is_missing(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.delenv("MINIWOB_CHROME_BINARY", raising=False)
