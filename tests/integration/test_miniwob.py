@@ -71,7 +71,7 @@ def test_the_curves_tasks_oracle_solves_them_and_the_flawed_teacher_fails_them()
 
     names = ["click-test", "focus-text", "click-color", "enter-text"]
     assert set(names) <= set(ORACLE_TASKS)
-    cfg = load_config("configs/miniwob.yaml", ["task.train_size=10", "task.heldout_size=16"])
+    cfg = load_config("configs/miniwob.yaml", ["task.train_size=10", "task.heldout_size=10"])
     env = make_env("miniwob", {"tasks": names})
     held = env.tasks("heldout", cfg.task, cfg.experiment.seed)
     assert {t["page"] for t in held} == set(names)
