@@ -81,7 +81,17 @@ def plot(result: dict[str, Any], out: Path) -> None:
 def main() -> None:
     args, sets = curve_args(__doc__ or "", "miniwob-curve", OUT)
     folder = write_policy(Path(tempfile.mkdtemp(prefix="miniwob-policy-")) / "idefics3")
-    cfg, events = run([f"model.path={folder}", *sets], args.run_id, CONFIG)
+    from rl_core.artifacts.report import subscribe
+
+    def say(ev: dict[str, Any]) -> None:  # the warm-up's and the iterations' progress (tens of minutes)
+        if ev["kind"] == "status" or (ev["kind"] == "iteration" and ev.get("eval")):
+            print(ev.get("text") or {"iteration": ev["iteration"], "eval": ev["eval"]}, flush=True)
+
+    unsubscribe = subscribe(say)
+    try:
+        cfg, events = run([f"model.path={folder}", *sets], args.run_id, CONFIG)
+    finally:
+        unsubscribe()
     rows = curve_rows(cfg, args.run_id, events)
     success = per_task(events)
     for r in rows:
