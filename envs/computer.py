@@ -1,8 +1,9 @@
-"""Computer use: a simulated form on a small screen, driven with click / type / scroll actions.
+"""Computer use as text: a simulated form on a small screen, driven with click / type / scroll actions.
 
 The screen shows three rows of a five-field form at a time plus a Submit button at the end, as text (each
-visible element numbered) and, optionally, as a PNG screenshot (``screenshot()``). A task asks to set two
-fields and submit. Actions, one per turn:
+visible element numbered). A task asks to set two fields and submit. Kept beside computer use from pixels
+(``envs/miniwob.py``) as the long multi-turn text workload: up to 10 turns and 640 tokens an episode, with
+scrolling; it has no picture (its PNG rendering, which no policy read, was removed). Actions, one per turn:
 
 - ``click(N)``: focus the visible element numbered N (or press it, for the button);
 - ``type(TEXT)``: replace the focused field's value with TEXT;
@@ -19,7 +20,6 @@ read from the final state: submitted, and every requested field holds its value 
 
 from __future__ import annotations
 
-import io
 import random
 import re
 from typing import Any
@@ -78,25 +78,6 @@ class ComputerEnv:
                 mark = "*" if self.focus == el else " "
                 lines.append(f"[{i}]{mark}{el}: {self.values[el]}")
         return "\n".join(lines) + "\n"
-
-    def screenshot(self) -> bytes:
-        """The same screen as a PNG (for vision-language policies)."""
-        from PIL import Image, ImageDraw
-
-        img = Image.new("RGB", (240, 24 * VIEW + 8), "white")
-        draw = ImageDraw.Draw(img)
-        for i, el in enumerate(self._elements()):
-            y = 4 + 24 * i
-            if el == "submit":
-                draw.rectangle([8, y, 90, y + 18], fill="#3a6ea5")
-                draw.text((20, y + 3), "Submit", fill="white")
-            else:
-                draw.text((8, y + 3), el, fill="black")
-                draw.rectangle([70, y, 230, y + 18], outline="#0a0" if self.focus == el else "#888")
-                draw.text((74, y + 3), self.values[el], fill="black")
-        buf = io.BytesIO()
-        img.save(buf, format="PNG")
-        return buf.getvalue()
 
     def _outcome(self) -> dict[str, Any]:
         assert self._task is not None
