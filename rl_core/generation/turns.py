@@ -160,23 +160,30 @@ class Scripted:
     """An engine that answers each episode with its teacher's next action (``envs.base.Teacher``), as tokens
     of the policy's tokenizer closed by its EOS: driven through the generation's own turns, a teacher's
     episode is the token stream an RL episode with those actions is (prompt, images, observations alike).
-    ``scripts``: each task's prompt ids (as ``prompts_for`` makes them) and its actions."""
+    ``scripts``: each task's actions, in the tasks' order, whose episodes are seeded ``0, 1, ...`` (one
+    sample each): a request's seed says whose turn it is and which (the first's is the episode's seed, a later
+    one's ``_request`` derives), so two tasks with the same prompt and pictures of the same size keep their
+    own scripts. Out of actions, an empty turn (the episode goes on to ``max_turns``)."""
 
-    def __init__(self, tok: Any, scripts: list[tuple[list[int], list[str]]]):
+    def __init__(self, tok: Any, scripts: list[list[str]], max_turns: int):
         from rl_core.generation.rollout import Completion
 
-        self.completion, self.tok = Completion, tok
-        self.scripts = [(tuple(ids), list(actions)) for ids, actions in scripts]
+        self.completion, self.tok, self.scripts = Completion, tok, [list(a) for a in scripts]
+        self.whose = {i: (i, 0) for i in range(len(scripts))}
+        for i in range(len(scripts)):
+            for turn in range(1, max_turns + 1):
+                seed = derive_seed(i, 0, "turn", turn)
+                if seed in self.whose:
+                    raise ValueError(f"Scripted: turn seeds collide ({seed})")
+                self.whose[seed] = (i, turn)
 
     def generate(self, requests: list[Request], spec: SamplingSpec) -> list[list[Any]]:
         out = []
         for r in requests:
-            script = next(
-                (acts for ids, acts in self.scripts if tuple(r.prompt_ids[: len(ids)]) == ids), None
-            )
-            if script is None:
-                raise ValueError("a request of no task the teacher was given")
-            action = script.pop(0) if script else ""  # out of actions: an empty turn, to max_turns
+            if r.seed not in self.whose:
+                raise ValueError(f"Scripted: a request of no scripted episode (seed {r.seed})")
+            i, turn = self.whose[r.seed]
+            action = self.scripts[i][turn] if turn < len(self.scripts[i]) else ""
             ids = self.tok(action, add_special_tokens=False)["input_ids"] + [self.tok.eos_token_id]
             out.append([self.completion(ids, [0.0] * len(ids), action, "stop")] * spec.n)
         return out

@@ -154,6 +154,21 @@ def _segment_batch(
     return _pad(seqs, labs, pad_id(tok))
 
 
+def first_turns(mask: list[int], k: int) -> list[int]:
+    """The loss mask of an episode's first ``k`` model turns (runs of 1s) only: a teacher's episode that did
+    not end with its actions (a flawed one) goes on to ``max_turns`` with empty turns, which teach nothing.
+
+    >>> first_turns([1, 1, 0, 0, 1, 0, 1, 1], 2)
+    [1, 1, 0, 0, 1, 0, 0, 0]
+    """
+    out, runs, prev = [], 0, 0
+    for m in mask:
+        runs += int(bool(m) and not prev)
+        out.append(int(bool(m) and runs <= k))
+        prev = m
+    return out
+
+
 def _teacher_batch(
     ctx: RunContext,
     tok: Any,
@@ -165,13 +180,14 @@ def _teacher_batch(
 ) -> tuple:
     """The teacher's episodes (``envs.base.Teacher``) played through the generation's own turns by a scripted
     engine: the token stream, images and loss mask an RL episode with those actions has; labels on the
-    teacher's turns (each closed by EOS), the vision tensors of every image each episode showed. ``played``
+    teacher's actions (each closed by EOS; not on the empty turns an episode its actions did not end goes on
+    with), the vision tensors of every image each episode showed. ``played``
     keeps each (task, flawed) episode once played (an episode is a function of both: a warm-up of many steps
     plays each of its examples once, not once a step)."""
     from rl_core.artifacts.images import row_images
     from rl_core.generation.episodes import sample_table
     from rl_core.generation.rollout import SamplingSpec
-    from rl_core.generation.turns import Scripted, prompts_for
+    from rl_core.generation.turns import Scripted
     from rl_core.models.vision import vision_inputs
 
     played = {} if played is None else played
@@ -179,19 +195,16 @@ def _teacher_batch(
     todo = {k: (t, bad) for k, t, bad in zip(keys, tasks, flawed, strict=True) if k not in played}
     if todo:
         new_tasks = [t for t, _ in todo.values()]
-        seeds = [0] * len(new_tasks)
-        given = [ctx.env.reset(t, s) for t, s in zip(new_tasks, seeds, strict=True)]
-        _, shown = prompts_for(ctx, src, tok, given, new_tasks, turns(ctx.env))
-        scripts = [
-            (ids, ctx.env.teacher_actions(t, bad))
-            for ids, (t, bad) in zip(shown.ids, todo.values(), strict=True)
-        ]
+        seeds = list(range(len(new_tasks)))  # the scripted engine knows each episode by its seed
+        scripts = [ctx.env.teacher_actions(t, bad) for t, bad in todo.values()]
         spec = SamplingSpec(n=1, temperature=1.0, max_tokens=ctx.cfg.rollout.max_tokens)
-        table = sample_table(ctx, ckpt, new_tasks, spec, seeds, engine=Scripted(tok, scripts))
+        engine = Scripted(tok, scripts, turns(ctx.env))
+        table = sample_table(ctx, ckpt, new_tasks, spec, seeds, engine=engine)
         run_uri = ctx.store.run_uri(ctx.run_id)
-        for k, r in zip(todo, table.itertuples(), strict=True):
+        for k, r, acts in zip(todo, table.itertuples(), scripts, strict=True):
             prompt, done = list(r.prompt_ids), list(r.completion_ids)
-            labels = [-100] * len(prompt) + [t if m else -100 for t, m in zip(done, r.loss_mask, strict=True)]
+            taught = first_turns(list(r.loss_mask), len(acts))
+            labels = [-100] * len(prompt) + [t if m else -100 for t, m in zip(done, taught, strict=True)]
             if "images" in table.columns:
                 images = row_images(ctx.store, run_uri, r.images)
             elif "image" in table.columns:

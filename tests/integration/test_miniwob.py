@@ -105,9 +105,10 @@ def test_no_chromium_is_refused_before_work_naming_what_is_missing(monkeypatch, 
 
 @pytest.mark.slow
 def test_the_warm_up_plays_the_teachers_episodes_as_rl_would(tmp_path, monkeypatch):
-    """The teacher's actions (the oracle's; a flawed one's first click off its target) played through the
-    generation's own turns by a scripted engine: labels on exactly the teacher's turns, each closed by EOS,
-    every screenshot of the episode in the sequence and in the vision tensors."""
+    """The teacher's actions (the oracle's; a flawed one's with its one mistake) played through the
+    generation's own turns by a scripted engine: labels on exactly the teacher's actions, each closed by EOS
+    (none on the empty turns a failed flawed episode goes on with), every screenshot of the episode in the
+    sequence and in the vision tensors."""
     from rl_core.models.model import load_tokenizer
     from rl_core.run.context import RunContext
     from rl_core.training.sft import _warmup_batch
@@ -120,17 +121,20 @@ def test_the_warm_up_plays_the_teachers_episodes_as_rl_would(tmp_path, monkeypat
     tok = load_tokenizer(folder)
     marker = json.loads((folder / "config.json").read_text())["image_token_id"]
     tasks = ctx.train_tasks[:4]
-    flawed = [False, False, True, False]
+    # two click-test pages (the same prompt and as many placeholders), one flawed: each its own script
+    flawed = [True, True, False, True]
     ids, attn, labels, extra = _warmup_batch(ctx, tok, folder, tasks, flawed, ref)
     shots = 0
     for i, t in enumerate(tasks):
         taught = tok.decode([x for x in labels[i].tolist() if x != -100])
         actions = ctx.env.teacher_actions(t, flawed[i])
-        assert taught.startswith("".join(a + tok.eos_token for a in actions)), (taught, actions)
+        # labels on the teacher's actions only: a flawed episode's empty turns after them teach nothing
+        assert taught == "".join(a + tok.eos_token for a in actions), (taught, actions)
         if not flawed[i]:  # the oracle's episode ends on its last action: one screenshot before each
-            assert taught == "".join(a + tok.eos_token for a in actions)
             assert int((ids[i] == marker).sum()) == 20 * len(actions)
         shots += int((ids[i] == marker).sum()) // 20
+    # the flawed click-test episode missed its button and went on (empty turns, a screenshot each)
+    assert [t["page"] for t in tasks[2:]] == ["click-test"] * 2 and int((ids[3] == marker).sum()) > 20
     assert extra["pixel_values"].shape[0] == 4 and int(attn.sum()) == int((ids != tok.pad_token_id).sum())
     real = (extra["pixel_values"].flatten(2).abs().sum(-1) > 0).sum()
     assert int(real) == 5 * shots  # each screenshot: 2x2 crops and the global image
