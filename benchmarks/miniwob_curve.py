@@ -36,8 +36,8 @@ from benchmarks.common import finish, result_file  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "miniwob.yaml"
 OUT = ROOT / "benchmarks" / "results" / "miniwob_curve.json"
-# the policy's shape: text (width, blocks), vision (width, blocks), the processor's longest edge
-POLICY = {"text": (128, 4), "vision": (64, 2), "longest_edge": 128}
+# the policy's shape: text (width, blocks), vision (width, blocks), the processor's longest edge, positions
+POLICY = {"text": (128, 4), "vision": (64, 2), "longest_edge": 128, "positions": 1024}
 
 
 def write_policy(out: Path) -> Path:

