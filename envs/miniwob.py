@@ -166,6 +166,9 @@ class Browser:
         run(f"Math.seedrandom({seed});")
         run('core.setDataMode("train");')
         run("core.startEpisodeReal();")
+        # nothing focused: a page's element that outlives its episodes (enter-text's field) would keep the
+        # last episode's focus and its focus ring, and the screenshots would depend on what ran before
+        run("if (document.activeElement) { document.activeElement.blur(); }")
         for _ in range(50):
             if run("return WOB_TASK_READY;"):
                 return

@@ -93,6 +93,27 @@ def test_the_curves_tasks_oracle_solves_them_and_the_flawed_teacher_fails_them()
             assert diff[0][1] == diff[0][0][:-3] + '")'  # the typed name loses its last letter
 
 
+@pytest.mark.slow
+def test_an_episode_starts_with_nothing_the_last_one_focused():
+    """A browser whose last episode on the page focused its text field shows the next episode as a fresh
+    browser does: a replay's screenshots do not depend on which episode the browser ran before (they did:
+    enter-text's field kept its focus ring, and replays of episodes of malformed actions differed)."""
+    from envs.miniwob import Browser, parse_action
+
+    env = make_env("miniwob", {"tasks": ["enter-text"]})
+    click = parse_action(oracle_actions(env, {"page": "enter-text", "page_seed": 5})[0])
+    used, fresh = Browser(), Browser()
+    try:
+        used.start("enter-text", 5)
+        used.act(click)  # the field focused
+        used.start("enter-text", 5)
+        fresh.start("enter-text", 5)
+        assert used.screenshot() == fresh.screenshot()
+    finally:
+        used.close()
+        fresh.close()
+
+
 def test_no_chromium_is_refused_before_work_naming_what_is_missing(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.delenv("MINIWOB_CHROME_BINARY", raising=False)
