@@ -1,7 +1,7 @@
 """Computer use from pixels learns: configs/miniwob.yaml end to end, held-out success per MiniWoB++ task.
 
     .venv/bin/python benchmarks/miniwob_curve.py --json [--iterations 30] [--set key=value ...]
-    .venv/bin/python benchmarks/miniwob_curve.py --smoke --json   # 1 iteration, writes nowhere
+    .venv/bin/python benchmarks/miniwob_curve.py --smoke --json   # a tiny policy, 1 iteration, writes nowhere
 
 The policy is an Idefics3 (SmolVLM-architecture) folder as a user brings one, written here at random init
 (``tests/model_folders.write_idefics3_folder``: a character-level tokenizer, the PIL image processor
@@ -40,10 +40,28 @@ OUT = ROOT / "benchmarks" / "results" / "miniwob_curve.json"
 POLICY = {"text": (128, 4), "vision": (64, 2), "longest_edge": 128, "positions": 1024}
 
 
-def write_policy(out: Path) -> Path:
+# --smoke: the script's own code on the smallest run (a 2-block policy, 20 image tokens a screenshot, two
+# warm-up steps, one iteration of 4 x 2 episodes of up to 2 turns, on the HF engine: no vLLM start)
+SMOKE_POLICY = {"text": (64, 2), "vision": (64, 1), "longest_edge": 64, "positions": 1024}
+SMOKE_SETS = [
+    "warmup.steps=2",
+    "warmup.batch_size=4",
+    "warmup.examples=8",
+    "task.train_size=10",
+    "task.heldout_size=10",
+    "task.env_args.max_turns=2",
+    "rollout.prompts_per_iteration=4",
+    "rollout.n=2",
+    "eval.every=1",
+    "tracking.enabled=false",
+    "rollout.engine=hf",  # the run itself is tests/integration/test_miniwob.py's, on vLLM
+]
+
+
+def write_policy(out: Path, shape: dict[str, Any]) -> Path:
     from tests.model_folders import write_idefics3_folder
 
-    return write_idefics3_folder(out, max_shard_size="2MB", **POLICY)  # type: ignore[arg-type]
+    return write_idefics3_folder(out, max_shard_size="2MB", **shape)
 
 
 def per_task(events: list[dict[str, Any]]) -> dict[int, dict[str, float]]:
@@ -80,7 +98,9 @@ def plot(result: dict[str, Any], out: Path) -> None:
 
 def main() -> None:
     args, sets = curve_args(__doc__ or "", "miniwob-curve", OUT)
-    folder = write_policy(Path(tempfile.mkdtemp(prefix="miniwob-policy-")) / "idefics3")
+    shape = SMOKE_POLICY if args.smoke else POLICY
+    sets = [*sets, *SMOKE_SETS] if args.smoke else sets
+    folder = write_policy(Path(tempfile.mkdtemp(prefix="miniwob-policy-")) / "idefics3", shape)
     from rl_core.artifacts.report import subscribe
 
     def say(ev: dict[str, Any]) -> None:  # the warm-up's and the iterations' progress (tens of minutes)
@@ -110,7 +130,7 @@ def main() -> None:
     result: dict[str, Any] = {
         "benchmark": "miniwob_curve",
         "config": "configs/miniwob.yaml",
-        "policy": {"family": "idefics3", **POLICY},
+        "policy": {"family": "idefics3", **shape},
         "engine": cfg.rollout.engine,
         "overrides": sets,
         "tasks": tasks,

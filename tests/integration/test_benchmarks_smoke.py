@@ -36,6 +36,7 @@ SMOKES: tuple[str, ...] = (
     "gpu_check",
     "judge",
     "lineage_writes",
+    "miniwob_curve",
     "miniwob_env",
     "orchestration",
     "packing",
@@ -58,6 +59,7 @@ SMOKES: tuple[str, ...] = (
 # definition makes the ratio null. For these, the figures of every arm must be there instead.
 GAIN_RATIOS: dict[str, list[str]] = {
     "code_curve": ["curve", "base_pass_rate", "final_pass_rate"],
+    "miniwob_curve": ["curve", "tasks", "rise_points"],
     "reasoning_gym_curve": ["curve", "base_accuracy", "final_accuracy"],
     "curriculum": ["workloads.default.none.curve", "workloads.default.frontier.curve"],
     "pg_family": ["curves.grpo.heldout", "curves.ppo.heldout"],
