@@ -302,7 +302,7 @@ def allowed_token_ids(ckpt_dir: str | Path) -> list[int] | None:
     never = image_token_id(ckpt_dir)
     if never is None:
         return None
-    vocab = int(cfg["text_config"]["vocab_size"])
+    vocab = int(cfg.get("text_config", {}).get("vocab_size") or cfg["vocab_size"])  # Qwen2-VL: top level
     return [i for i in range(vocab) if i != never]
 
 

@@ -52,3 +52,23 @@ def test_images_are_stored_once_by_digest_and_checked_when_read(tmp_path):
         load_images(store, run, [digest(b)])
     with pytest.raises(ValueError, match="is missing from the store"):
         load_images(store, run, ["0" * 64])
+
+
+def test_vllm_never_samples_the_image_placeholder_whatever_the_config_layout(tmp_path):
+    """vLLM's allow-list leaves out the image placeholder, from a config with a ``text_config`` (Idefics3,
+    Qwen-VL as transformers 5 saves it) and from one with the vocabulary at the top (Qwen2-VL as the hub
+    ships it)."""
+    import json
+
+    from rl_core.models.vision import allowed_token_ids
+
+    for i, cfg in enumerate(
+        [
+            {"model_type": "qwen2_vl", "image_token_id": 7, "text_config": {"vocab_size": 50}},
+            {"model_type": "qwen2_vl", "image_token_id": 7, "vocab_size": 50},
+        ]
+    ):
+        folder = tmp_path / str(i)
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps(cfg))
+        assert allowed_token_ids(folder) == [t for t in range(50) if t != 7]
