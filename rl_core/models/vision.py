@@ -190,42 +190,11 @@ def processor(ckpt_dir: str) -> Any:
     except ImportError as e:
         if family(ckpt_dir) != "qwen_vl":
             raise ValueError(f"its processor cannot be assembled: {e}") from None
-        return _images_only(ckpt_dir)  # its video processor needs torchvision; the images' does not
+        from rl_core.models.qwen_vl import images_only
+
+        return images_only(ckpt_dir)  # its video processor needs torchvision; the images' does not
     except (OSError, ValueError) as e:
         raise ValueError(f"its processor cannot be assembled: {e}") from None
-
-
-# a Qwen-VL model type -> its processor class in transformers
-_QWEN_PROCESSORS = {
-    "qwen2_vl": "Qwen2VLProcessor",
-    "qwen2_5_vl": "Qwen2_5_VLProcessor",
-    "qwen3_vl": "Qwen3VLProcessor",
-}
-
-
-def _images_only(ckpt_dir: str) -> Any:
-    """A Qwen-VL folder's processor assembled from its image processor (the PIL backend) and its tokenizer,
-    without the video processor, which needs torchvision (absent from the CPU stack): the model type's own
-    processor class, its expansion of ``<|image_pad|>`` and its chat template, for images only."""
-    import transformers
-    from transformers import AutoImageProcessor, AutoTokenizer
-
-    base = getattr(transformers, _QWEN_PROCESSORS[_config(ckpt_dir)["model_type"]])
-
-    class ImagesOnly(base):  # type: ignore[misc, valid-type]
-        def check_argument_for_proper_class(self, name: str, arg: Any) -> Any:
-            return None if arg is None else super().check_argument_for_proper_class(name, arg)
-
-    try:
-        images = AutoImageProcessor.from_pretrained(ckpt_dir)
-        tok = AutoTokenizer.from_pretrained(ckpt_dir)
-    except (OSError, ValueError, ImportError) as e:
-        raise ValueError(
-            f"its processor cannot be assembled from its image processor and tokenizer: {e}"
-        ) from None
-    return ImagesOnly(
-        image_processor=images, tokenizer=tok, video_processor=None, chat_template=tok.chat_template
-    )
 
 
 def image_content(images: int, text: Any) -> list[dict[str, Any]]:
