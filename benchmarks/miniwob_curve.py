@@ -122,9 +122,9 @@ def main() -> None:
         name: {"warmup": success[first].get(name), "rl": success[last].get(name)}
         for name in cfg.task.env_args["tasks"]
     }
-    env = [(r["timings"].get("execute_envs"), r["iteration"]) for r in rows if r["iteration"] >= 1]
     episodes = cfg.rollout.prompts_per_iteration * cfg.rollout.n
-    rates = [episodes / s for s, _ in env if s]
+    env_s = [r["timings"].get("execute_envs") for r in rows if r["iteration"] >= 1]
+    rates = [episodes / s for s in env_s if s]
     warm = [t["warmup"] or 0.0 for t in tasks.values()]
     rl = [t["rl"] or 0.0 for t in tasks.values()]
     result: dict[str, Any] = {

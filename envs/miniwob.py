@@ -49,7 +49,8 @@ from envs.base import StepResult, draw_tasks
 
 WIDTH, HEIGHT = 160, 210  # MiniWoB's task area: the screenshot's size and the click coordinates' range
 DEFAULT_TASKS = ("click-button", "click-link", "enter-text")
-# the pages the oracle answers (the warm-up's teacher); benchmarks/miniwob_curve.py learns the last three
+# the pages the oracle answers (the warm-up's teacher); configs/miniwob.yaml learns click-test, click-color
+# and enter-text
 ORACLE_TASKS = (*DEFAULT_TASKS, "click-test", "focus-text", "click-color")
 _ACTION = re.compile(
     r'^\s*(?:click\(\s*(?P<x>-?\d+)\s*,\s*(?P<y>-?\d+)\s*\)|type\("(?P<text>[^"\n]{0,64})"\)'

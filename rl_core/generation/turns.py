@@ -141,6 +141,11 @@ def prompts_for(
     return given, Prompts(ids, images, unexpanded, folder)
 
 
+def turn_seed(seed: int, sample: int, turn: int) -> int:
+    """The seed of an episode's request at ``turn`` (1, 2, ...; its first request has the episode's seed)."""
+    return derive_seed(seed, sample, "turn", turn)
+
+
 def _request(ep: Episode, prompts: Prompts, seeds: list[int], turn: int) -> Request:
     """The episode's next turn's request: its whole sequence so far and every image it showed; with images,
     the unexpanded sequence for vLLM (a prompt without images is its own)."""
@@ -152,7 +157,7 @@ def _request(ep: Episode, prompts: Prompts, seeds: list[int], turn: int) -> Requ
             f"carries (rl_core.models.vision.MAX_IMAGES={MAX_IMAGES})"
         )
     raw = tuple(prompts.unexpanded[i] or prompts.ids[i]) + tuple(ep.raw) if images else ()
-    seed = derive_seed(seeds[i], ep.sample_index, "turn", turn)
+    seed = turn_seed(seeds[i], ep.sample_index, turn)
     return Request(prompts.ids[i] + ep.ids, seed, images, raw)
 
 
@@ -172,7 +177,7 @@ class Scripted:
         self.whose = {i: (i, 0) for i in range(len(scripts))}
         for i in range(len(scripts)):
             for turn in range(1, max_turns + 1):
-                seed = derive_seed(i, 0, "turn", turn)
+                seed = turn_seed(i, 0, turn)
                 if seed in self.whose:
                     raise ValueError(f"Scripted: turn seeds collide ({seed})")
                 self.whose[seed] = (i, turn)

