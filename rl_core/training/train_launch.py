@@ -12,8 +12,12 @@ checkpoint folder, ``optimizer.safetensors`` and the result file (job and result
 ``_job/``). The manifest is the flow's: a job that fails commits nothing, and ``resume`` runs the stage again.
 
 Failure and lifetime: torchrun (``--max-restarts 0``) stops the other ranks as soon as one exits abnormally.
-A job whose rank died of SIGABRT (a native library's abort) runs once more, its first log kept as
-``<log>.aborted.log`` with the ranks' Python stacks (``PYTHONFAULTHANDLER``); any other failure is final
+A rank ends with ``os._exit`` once its work is done and its output flushed (``end_rank``): the interpreter's
+own teardown is where a native destructor (most likely gloo's threads, for the process groups DeepSpeed
+keeps) called "terminate called without an active exception" and aborted rank 1 after the job was finished
+(CI, stop 48: the rank's stack showed no Python frame). A job whose rank died of SIGABRT anyway (a native
+library's abort during the work) runs once more, its first log kept as ``<log>.aborted.log`` with the
+ranks' Python stacks (``PYTHONFAULTHANDLER``); any other failure is final
 (a kill -9 of one rank leaves its peer blocked in a collective: torchrun ends it); the flow names the rank
 that failed and how, with the tail of the job's log. Every process of the job ends when the one that started
 it is gone (the agent watches the flow, each rank watches the agent), so a killed flow leaves no rank behind.
@@ -26,8 +30,9 @@ import re
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from rl_core.artifacts.paths import PROJECT_ROOT, cache_dir, free_port, state_dir
 
@@ -74,23 +79,44 @@ def _job(cmd: list[str], env: dict[str, str], log: Path) -> int:
                 proc.wait()
 
 
+_ENTRY = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*exitcode\s*:\s*(-?\d+)")
+
+
+def culprit(text: str) -> tuple[int, int] | None:
+    """The rank that failed the job and its exit code (negative: the signal), from torchrun's summary in
+    its log: a rank killed by a signal first (not the SIGTERM torchrun ends the others with), then one that
+    exited with an error (a peer whose collective failed because that rank was gone raises, and can exit
+    before torchrun sees the kill: its "Root Cause" is whichever it observed first), then any.
+
+    >>> culprit("Failures:\\n rank : 1 (local_rank: 1)\\n exitcode : -9 (pid: 8)\\n"
+    ...         "Root Cause (first observed failure):\\n rank : 0 (local_rank: 0)\\n exitcode : 1 (pid: 7)")
+    (1, -9)
+    """
+    start = text.rfind("Failures:")
+    found = [(int(r), int(c)) for r, c in _ENTRY.findall(text[start:])] if start >= 0 else []
+    if not found:
+        return None
+
+    def order(entry: tuple[int, int]) -> int:
+        code = entry[1]
+        return 0 if code < 0 and code != -signal.SIGTERM else 1 if code > 0 else 2
+
+    return min(found, key=order)
+
+
 def _aborted(log: Path) -> bool:
-    """Whether the job's first failure was a rank ended by SIGABRT (torchrun's root cause, exit code -6)."""
-    text = log.read_text(errors="replace") if log.exists() else ""
-    root = text[text.rfind("Root Cause") :] if "Root Cause" in text else ""
-    return bool(re.search(r"exitcode\s*:\s*-6\b", root))
+    """Whether the job failed by a rank ended by SIGABRT (exit code -6)."""
+    found = culprit(log.read_text(errors="replace")) if log.exists() else None
+    return found is not None and found[1] == -signal.SIGABRT
 
 
 def _failure(log: Path, iteration: int, world_size: int, rc: int, more: str = "") -> TrainJobError:
     text = log.read_text(errors="replace") if log.exists() else ""
-    # torchrun's summary ends with "Root Cause (first observed failure): ... rank: 1 (local_rank: 1)\n
-    # exitcode  : -9 (pid: 123)"; the other ranks, which it stopped, are listed before it.
-    root = text[text.rfind("Root Cause") :] if "Root Cause" in text else text
-    m = re.search(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*exitcode\s*:\s*(-?\d+)", root)
-    if m:
-        code = int(m.group(2))
+    found = culprit(text)
+    if found:
+        rank, code = found
         how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
-        what = f"rank {m.group(1)} of {world_size} {how}"
+        what = f"rank {rank} of {world_size} {how}"
     else:
         what = f"the job of {world_size} processes exited with code {rc}"
     tail = "\n".join(text.splitlines()[-25:])
@@ -151,10 +177,10 @@ def launch_train(ctx: Any, job: Any) -> Any:
     env = _env(tc.world_size, ctx.placement.trainer_gpus)
     rc = _job(command(), env, log)
     if rc != 0 and _aborted(log):
-        # A rank ended by SIGABRT from a native library ("terminate called without an active exception",
-        # seen in suite runs, not reproduced in 38 launches alone or under load): the job runs once
-        # more, its first log kept beside (with the rank's Python stacks: PYTHONFAULTHANDLER). Nothing was
-        # committed and the stage is a function of its stored inputs: the outputs are the same either way.
+        # A rank ended by SIGABRT from a native library during the work (the one seen at exit is gone:
+        # end_rank): the job runs once more, its first log kept beside (with the rank's Python stacks:
+        # PYTHONFAULTHANDLER). Nothing was committed and the stage is a function of its stored inputs: the
+        # outputs are the same either way.
         first = log.with_suffix(".aborted.log")
         log.replace(first)
         rc = _job(command(), env, log)
@@ -216,6 +242,28 @@ def _rank(store_root: str, job_uri: str) -> None:
     dist.destroy_process_group()
 
 
+def end_rank(work: Callable[[], None]) -> NoReturn:
+    """Run a rank's ``work`` and end the process without the interpreter's teardown: exit code 0, or 1 with
+    the traceback when it raised, once stdout, stderr and the log handlers are flushed. The teardown is where
+    a native library's destructor aborted ("terminate called without an active exception"; most likely
+    gloo's threads, still joinable when the process groups DeepSpeed keeps are freed), turning a finished
+    job into a rank killed by SIGABRT. Every output of the rank is written and closed before ``work``
+    returns."""
+    import logging
+    import traceback
+
+    code = 0
+    try:
+        work()
+    except BaseException:  # noqa: BLE001 -- reported here, as the interpreter would, then exit code 1
+        traceback.print_exc()
+        code = 1
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(code)
+
+
 def main() -> None:
     from envs.sandbox.pool import exit_with_parent
 
@@ -226,7 +274,7 @@ def main() -> None:
 
         torchrun(args)
     elif role == "rank":
-        _rank(*args)
+        end_rank(lambda: _rank(*args))
     else:
         raise SystemExit(
             f"usage: python -m rl_core.training.train_launch agent ARGS | rank STORE JOB; got {role!r}"
