@@ -181,6 +181,7 @@ def ppo_update(engine: Any, batch: Batch, cfg: Any) -> dict[str, float]:
         k: [] for k in ("loss", "pg_loss", "clip_frac", "kl", "ratio_mean", "grad_norm")
     }
     costs = _forward_costs(batch)
+    idle_forwards = 0.0  # forwards of ranks with fewer micro-batches than the most loaded one (all ranks)
     gen = torch.Generator().manual_seed(batch.seed)
     for epoch in range(cfg.epochs):
         order = torch.randperm(len(batch), generator=gen)
@@ -199,7 +200,8 @@ def ppo_update(engine: Any, batch: Batch, cfg: Any) -> dict[str, float]:
                 getattr(cfg, "forward_tokens", None),
                 getattr(cfg, "forward_sequences", None),
             )
-            sums = [0.0] * 5  # loss, pg_loss, kl, clip tokens, ratio x tokens of this rank's rows
+            # loss, pg_loss, kl, clip tokens, ratio x tokens of this rank's rows; its idle forwards
+            sums = [0.0] * 6
             grad_norm = float("nan")
             for j, rows in enumerate(groups):
                 last = j == len(groups) - 1
@@ -219,6 +221,7 @@ def ppo_update(engine: Any, batch: Batch, cfg: Any) -> dict[str, float]:
                 if idle:
                     norm = engine.backward_step(logits.float().sum() * 0.0, step=last)
                     grad_norm = norm if last else grad_norm
+                    sums[5] += 1.0
                     continue
                 logp = token_logprobs(logits, ids[:, 1:], batch.temperature)
                 if epoch == 0:
@@ -242,10 +245,11 @@ def ppo_update(engine: Any, batch: Batch, cfg: Any) -> dict[str, float]:
                 grad_norm = engine.backward_step(loss * world, step=last)
                 n_local = float(mask[rows].sum())
                 part = [float(loss.detach()), s["pg_loss"], s["kl"], s["clip_frac"] * n_local]
-                sums = [a + b for a, b in zip(sums, [*part, s["ratio_mean"] * n_local], strict=True)]
-            loss_g, pg_g, kl_g, clip_g, ratio_g = allreduce_sum(
+                sums = [a + b for a, b in zip(sums, [*part, s["ratio_mean"] * n_local, 0.0], strict=True)]
+            loss_g, pg_g, kl_g, clip_g, ratio_g, idle_g = allreduce_sum(
                 sums, world, getattr(engine, "dp_group", None)
             )
+            idle_forwards += idle_g
             tokens = float(mask[mb].sum())
             stats["loss"].append(loss_g)
             stats["pg_loss"].append(pg_g)
@@ -257,6 +261,7 @@ def ppo_update(engine: Any, batch: Batch, cfg: Any) -> dict[str, float]:
     out["losses"] = stats["loss"]  # type: ignore[assignment]
     out.update(anchor.metrics(mask, cfg.mismatch_alarm))
     out["optimizer_steps"] = float(len(stats["loss"]))
+    out["idle_forwards"] = idle_forwards
     return out
 
 
