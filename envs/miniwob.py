@@ -49,9 +49,8 @@ from envs.base import StepResult, draw_tasks
 
 WIDTH, HEIGHT = 160, 210  # MiniWoB's task area: the screenshot's size and the click coordinates' range
 DEFAULT_TASKS = ("click-button", "click-link", "enter-text")
-# the pages the oracle answers (the warm-up's teacher); configs/miniwob.yaml learns click-test, click-color
-# and enter-text
-ORACLE_TASKS = (*DEFAULT_TASKS, "click-test", "focus-text", "click-color")
+# the pages the oracle answers (the warm-up's teacher; configs/miniwob.yaml names the curve's)
+ORACLE_TASKS = (*DEFAULT_TASKS, "click-test", "focus-text", "click-color", "click-collapsible-nodelay")
 _ACTION = re.compile(
     r'^\s*(?:click\(\s*(?P<x>-?\d+)\s*,\s*(?P<y>-?\d+)\s*\)|type\("(?P<text>[^"\n]{0,64})"\)'
     r"|key\((?P<key>Enter|Tab|Backspace|Escape|Space)\))\s*$"
@@ -391,6 +390,10 @@ def oracle_actions(env: MiniWoBEnv, task: dict[str, Any]) -> list[str]:
             return [centre("#subbtn")]
         if name == "focus-text":
             return [centre("#tt")]
+        if name == "click-collapsible-nodelay":  # open the section, then Submit where it moved to
+            first = centre("#area h3")
+            b.act(("click", tuple(int(v) for v in re.findall(r"\d+", first))))
+            return [first, centre("#subbtn")]
         if name == "click-color":  # the instruction names the colour (shown as a swatch or a word)
             colour = re.search(r"the (\S+) colored box", said)
             return [centre(f'#area .color[data-color="{colour.group(1) if colour else ""}"]')]

@@ -69,9 +69,9 @@ def test_the_curves_tasks_oracle_solves_them_and_the_flawed_teacher_fails_them()
     page whose target is smaller than that, and is the oracle's actions otherwise."""
     from envs.miniwob import ORACLE_TASKS
 
-    names = ["click-test", "focus-text", "click-color", "enter-text"]
+    names = ["click-test", "focus-text", "click-color", "enter-text", "click-collapsible-nodelay"]
     assert set(names) <= set(ORACLE_TASKS)
-    cfg = load_config("configs/miniwob.yaml", ["task.train_size=10", "task.heldout_size=10"])
+    cfg = load_config("configs/miniwob.yaml", ["task.train_size=10", "task.heldout_size=14"])
     env = make_env("miniwob", {"tasks": names})
     held = env.tasks("heldout", cfg.task, cfg.experiment.seed)
     assert {t["page"] for t in held} == set(names)
