@@ -12,6 +12,9 @@ with GRPO on the vLLM engine against the pages' own rewards; its held-out tasks 
 Writes ``benchmarks/results/miniwob_curve.json`` and ``.png``:
 - ``tasks``: each task's held-out greedy success after the warm-up (``warmup``, the base model's evaluation)
   and after RL (``rl``, the last evaluation);
+- ``tasks`` also holds ``warmup_actions`` and ``rl_actions`` (``fixed_actions``): whether the greedy policy
+  reads the page, as the number of distinct actions it took at each of the first two turns over the task's
+  held-out pages (1: the same click whatever the page shows);
 - ``curve``: per iteration the wall seconds, stage timings, mean training reward and, where evaluated, the
   held-out success overall and per task;
 - ``env_episodes_per_s``: episodes per second of the environment stage (execute_envs replays every episode
@@ -23,8 +26,10 @@ over the tasks after RL / after the warm-up.
 
 from __future__ import annotations
 
+import re
 import sys
 import tempfile
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +77,63 @@ def per_task(events: list[dict[str, Any]]) -> dict[int, dict[str, float]]:
             got = {m[len("accuracy_") :]: v for m, v in ev["eval"].items() if m.startswith("accuracy_")}
             out[ev["iteration"]] = got
     return out
+
+
+_TURN_END = re.compile(r"<end_of_utterance>|\nUser:")
+
+
+def actions(completion: str) -> tuple[str, ...]:
+    """The policy's own turns of an episode's completion (Idefics3's chat template: each turn after the first
+    follows "Assistant:" and ends at ``<end_of_utterance>``); the observations between them are left out.
+
+    >>> actions('click(1,2)<end_of_utterance>\\nUser:<image>error<end_of_utterance>\\nAssistant:ck(3')
+    ('click(1,2)', 'ck(3')
+    """
+    return tuple(_TURN_END.split(turn, maxsplit=1)[0].strip() for turn in completion.split("Assistant:"))
+
+
+def fixed_actions(table: Any, turns: int = 2) -> dict[str, dict[str, Any]]:
+    """Whether the policy reads the page, per task of an evaluate stage's table (``eval.parquet``): for each
+    of the first ``turns`` turns, over the task's held-out pages that reached it, how many distinct actions
+    the greedy policy took and the share of them that took the most common one (1.0 on pages that differ:
+    the same action whatever the page shows).
+
+    >>> import pandas as pd
+    >>> t = pd.DataFrame({"op": ["a", "a", "a"], "greedy_completion": ["click(1,2)", "click(1,2)",
+    ...                   "click(3,4)<end_of_utterance>\\nAssistant:key(Enter)"]})
+    >>> fixed_actions(t, turns=1)["a"]
+    {'pages': 3, 'by_turn': [{'pages': 3, 'distinct': 2, 'most_common': 'click(1,2)', 'share': 0.667}]}
+    """
+    out: dict[str, dict[str, Any]] = {}
+    for task, rows in table.groupby("op"):
+        seqs = [actions(c) for c in rows["greedy_completion"]]
+        by_turn = []
+        for k in range(turns):
+            took = [s[k] for s in seqs if len(s) > k]
+            if took:
+                (top, n), *_ = Counter(took).most_common(1)
+                by_turn.append(
+                    {
+                        "pages": len(took),
+                        "distinct": len(set(took)),
+                        "most_common": top,
+                        "share": round(n / len(took), 3),
+                    }
+                )
+        out[str(task)] = {"pages": len(seqs), "by_turn": by_turn}
+    return out
+
+
+def page_reading(cfg: Any, run_id: str, iterations: list[int]) -> dict[int, dict[str, dict[str, Any]]]:
+    """``fixed_actions`` of the evaluate stages of ``iterations`` of the run."""
+    from rl_core.run.context import RunContext
+
+    store = RunContext(cfg, run_id).store
+    run_uri = store.run_uri(run_id)
+    return {
+        k: fixed_actions(store.read_table(f"{run_uri}/iter-{k:04d}/evaluate/eval.parquet"))
+        for k in iterations
+    }
 
 
 def plot(result: dict[str, Any], out: Path) -> None:
@@ -122,6 +184,9 @@ def main() -> None:
         name: {"warmup": success[first].get(name), "rl": success[last].get(name)}
         for name in cfg.task.env_args["tasks"]
     }
+    reading = page_reading(cfg, args.run_id, [first, last])
+    for name, t in tasks.items():
+        t["warmup_actions"], t["rl_actions"] = reading[first].get(name), reading[last].get(name)
     episodes = cfg.rollout.prompts_per_iteration * cfg.rollout.n
     env_s = [r["timings"].get("execute_envs") for r in rows if r["iteration"] >= 1]
     rates = [episodes / s for s in env_s if s]
