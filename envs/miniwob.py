@@ -141,11 +141,11 @@ class Browser:
             "--headless=new",
             "--no-sandbox",  # the pages are the wheel's own; Chromium's sandbox needs user namespaces
             "--disable-gpu",
-            "--disable-dev-shm-usage",
-            "--window-size=400,600",
+            *("--disable-dev-shm-usage", "--window-size=400,600"),
             "--force-device-scale-factor=1",
             "--proxy-server=127.0.0.1:9",  # no network: nothing answers there
             "--hide-scrollbars",
+            "--disable-partial-raster",  # else rounded corners differ by what the browser drew before
         ):
             opts.add_argument(arg)
         self.driver = webdriver.Chrome(service=Service(driver), options=opts)

@@ -137,6 +137,7 @@ def test_the_warm_up_plays_the_teachers_episodes_as_rl_would(tmp_path, monkeypat
     monkeypatch.setenv("RLFOUNDRY_STATE_DIR", str(tmp_path / "state"))
     folder = write_idefics3_folder(tmp_path / "idefics3")
     over = [f"model.path={folder}", "task.train_size=12", "task.heldout_size=10", "model.max_position=256"]
+    over.append("task.env_args.tasks=[click-test,click-color,enter-text]")  # the pages the checks below name
     ctx = RunContext(load_config("configs/miniwob.yaml", [*over, f"store.uri={tmp_path / 'store'}"]), "t")
     ref = ctx.store.put_dir(folder, f"{ctx.store.root}/t/src")
     tok = load_tokenizer(folder)
