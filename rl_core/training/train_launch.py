@@ -255,6 +255,8 @@ def end_rank(work: Callable[[], None]) -> NoReturn:
     code = 0
     try:
         work()
+    except SystemExit as stop:  # its own code, as the interpreter would take it
+        code = stop.code if isinstance(stop.code, int) else int(stop.code is not None)
     except BaseException:  # noqa: BLE001 -- reported here, as the interpreter would, then exit code 1
         traceback.print_exc()
         code = 1

@@ -24,13 +24,15 @@ def work():
     logging.getLogger("rank").info("logged")
     if sys.argv[1] == "raise":
         raise ValueError("the update failed")
+    if sys.argv[1] == "exit3":
+        raise SystemExit(3)
 
 end_rank(work)
 print("never reached")
 """
 
 
-@pytest.mark.parametrize(("mode", "code"), [("ok", 0), ("raise", 1)])
+@pytest.mark.parametrize(("mode", "code"), [("ok", 0), ("raise", 1), ("exit3", 3)])
 def test_a_rank_ends_with_its_own_code_and_output_not_the_teardowns(mode: str, code: int):
     done = subprocess.run(
         [sys.executable, "-c", SCRIPT, mode], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=60
