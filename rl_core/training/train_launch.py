@@ -25,6 +25,7 @@ it is gone (the agent watches the flow, each rank watches the agent), so a kille
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import signal
@@ -145,6 +146,16 @@ def write_job(ctx: Any, job: Any) -> tuple[str, str]:
     return job_uri, result_uri
 
 
+def _log_name(ctx: Any, job: Any) -> str:
+    """``train-<run>-iter-<k>.log`` for the run's own stage; a job writing elsewhere (a replay, a check of
+    another layout on the same inputs) adds a digest of its output folder, so jobs on the same iteration at
+    once never share a log."""
+    name = f"train-{ctx.run_id.replace('/', '_')}-iter-{job.iteration:04d}"
+    if job.out_uri != ctx.store.stage_uri(ctx.run_id, job.iteration, "train"):
+        name += "-" + hashlib.sha256(job.out_uri.encode()).hexdigest()[:8]
+    return name + ".log"
+
+
 def launch_train(ctx: Any, job: Any) -> Any:
     """Run the train stage ``job`` as a torchrun job of ``train.world_size`` ranks; its StageResult."""
     from rl_core.artifacts.stage import StageResult
@@ -152,7 +163,7 @@ def launch_train(ctx: Any, job: Any) -> Any:
     tc = ctx.cfg.train
     logs = state_dir() / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    log = logs / f"train-{ctx.run_id.replace('/', '_')}-iter-{job.iteration:04d}.log"
+    log = logs / _log_name(ctx, job)
     job_uri, result_uri = write_job(ctx, job)
 
     def command() -> list[str]:  # a fresh rendezvous port for each attempt

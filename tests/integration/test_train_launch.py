@@ -5,7 +5,8 @@ process; a rank killed with SIGKILL, resume, and resume at another world size.
 One smoke run in the flow's process (ZeRO-0, 4 optimizer steps per iteration) is the reference; its first
 train stage is re-run from the same stored inputs as a torchrun job with each layout, and each job's
 per-step losses must match the single process's within LOSS_TOL (the ranks sum gradients in another order:
-float32 rounding, nothing more).
+float32 rounding, nothing more). Each layout runs twice, the layouts of a round at once (each job under the
+others' load): the repeat must match bit for bit, and no job may have needed the retry an abort gets.
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ import json
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -32,6 +35,7 @@ SMOKE = [
 # ZeRO-3: the layout whose stored optimizer state DeepSpeed creates last (its reload crashed at iteration 2)
 TWO = ["--set", "train.world_size=2", "--set", "train.zero_stage=3"]
 LOSS_TOL = 1e-4
+ROUNDS = 2  # each layout launched twice, at once with the other layouts (under their load)
 # No zero1 layout here: it runs DeepSpeed's stage-1/2 optimizer as zero2 does (a flag apart), through the
 # same launch, and test_zero_resume matches it on 2 ranks against 1 (the suite budget: ~25 s).
 # (zero stage, tp size, world size, extra train settings). ZeRO-3 on 3 ranks, a sequence a forward: each
@@ -75,29 +79,63 @@ def state(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return state
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("layout", list(LAYOUTS))
-def test_launched_layouts_match_one_process(state: Path, layout: str, monkeypatch: pytest.MonkeyPatch):
+def _launch(state: Path, layout: str, round_: int) -> Any:
+    """The reference run's first train stage as a job of ``layout``, into the store's scratch area (the store
+    refuses any URI outside its root), as a replay writes: its StageResult, context, and where the log of a
+    first attempt that aborted would be kept."""
     from rl_core.artifacts.manifest import ArtifactRef
+    from rl_core.artifacts.paths import state_dir
     from rl_core.artifacts.stage import StageJob
     from rl_core.artifacts.store import Store
-    from rl_core.models.model import load_model
     from rl_core.run.context import RunContext
     from rl_core.run.runs import run_config
     from rl_core.schema.config import config_from_dict
-    from rl_core.training.train_launch import launch_train
+    from rl_core.training.train_launch import _log_name, launch_train
 
-    monkeypatch.setenv("RLFOUNDRY_STATE_DIR", str(state))
     zero, tp, world, extra = LAYOUTS[layout]
     store = Store(f"file://{state}/store")
     data = run_config(store, "one").model_dump(mode="json")
     data["train"] |= {"world_size": world, "zero_stage": zero, "tp_size": tp, **extra}
     ctx = RunContext(config_from_dict(data), "one", store)
-    one = _manifest(state, "one", 1)
-    inputs = {k: ArtifactRef.model_validate(v) for k, v in one["inputs"].items()}
-    # into the store's scratch area (the store refuses any URI outside its root), as a replay writes
-    got = launch_train(ctx, StageJob(1, inputs, f"{store.root}/_replay/one/{layout}/iter-0001/train"))
+    inputs = {k: ArtifactRef.model_validate(v) for k, v in _manifest(state, "one", 1)["inputs"].items()}
+    out = f"{store.root}/_replay/one/{layout}-{round_}/iter-0001/train"
+    job = StageJob(1, inputs, out)
+    aborted = (state_dir() / "logs" / _log_name(ctx, job)).with_suffix(".aborted.log")
+    return launch_train(ctx, job), ctx, aborted
 
+
+@pytest.fixture(scope="module")
+def launched(state: Path) -> dict[str, list[Any]]:
+    """Each layout launched ROUNDS times, the layouts of a round at once: every job runs under the load of
+    the others (7 ranks and 3 agents on the machine's cores), as the suite's two workers loaded the job whose
+    rank once aborted after its work. The jobs of one layout must agree bit for bit, and no job may have
+    needed its retry (``_aborted``): the retry exists for an abort during the work, and must not hide one."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("RLFOUNDRY_STATE_DIR", str(state))
+        got: dict[str, list[Any]] = {name: [] for name in LAYOUTS}
+        with ThreadPoolExecutor(len(LAYOUTS)) as pool:
+            for round_ in range(ROUNDS):
+                jobs = {name: pool.submit(_launch, state, name, round_) for name in LAYOUTS}
+                for name, job in jobs.items():
+                    got[name].append(job.result())
+    return got
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_launched_layouts_match_one_process(state: Path, launched: dict[str, list[Any]], layout: str):
+    from rl_core.artifacts.manifest import ArtifactRef
+    from rl_core.models.model import load_model
+
+    zero, tp, world, extra = LAYOUTS[layout]
+    (got, ctx, _), *again = launched[layout]
+    # Repeated under load, the job ends as it did: the same losses and checkpoint bytes, no retry taken.
+    for other, _, _ in again:
+        assert other.metrics["step_losses"] == got.metrics["step_losses"], layout
+        assert other.outputs["checkpoint"].sha256 == got.outputs["checkpoint"].sha256, layout
+    for _, _, aborted in launched[layout]:
+        assert not aborted.exists(), f"a rank of the {layout} job aborted: {aborted}"
+    one = _manifest(state, "one", 1)
     want = one["metrics"]["step_losses"]
     assert len(want) == 4 and len(got.metrics["step_losses"]) == 4
     gaps = [abs(a - b) for a, b in zip(got.metrics["step_losses"], want, strict=True)]
@@ -189,6 +227,6 @@ def test_a_rank_aborted_by_a_native_library_is_run_once_more(state: Path, monkey
         abs(a - b) for a, b in zip(got.metrics["step_losses"], one["metrics"]["step_losses"], strict=True)
     ]
     assert max(gaps) < LOSS_TOL
-    (first,) = (state / "logs").glob("train-one-iter-0001.aborted.log")
+    (first,) = (state / "logs").glob("train-one-iter-0001-*.aborted.log")
     text = first.read_text(errors="replace")
     assert "Fatal Python error: Aborted" in text and "exitcode  : -6" in text  # the stacks, then the cause
