@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 from rl_core.artifacts.faults import fault
 from rl_core.artifacts.paths import vllm_cache_root
-from rl_core.generation.sampling import sample_step
+from rl_core.generation.sampling import sample_tokens
 from rl_core.models.vision import suppress, unsampleable_ids
 from rl_core.models.vllm_args import captured_stderr, visible_gpus
 
@@ -260,13 +260,10 @@ class HFEngine:
         import torch
 
         flat = [(r, k) for r in requests for k in range(spec.n)]
-        gens = []
-        for r, k in flat:
-            g = torch.Generator().manual_seed(r.seed * 1009 + k)
-            gens.append(g)
-        width = max(len(r.prompt_ids) for r, _ in flat)
-        pad = self.pad
         dev = self.device
+        # each request's generator on the policy's device: the sampling stays there (on the CPU, as before)
+        gens = [torch.Generator(device=dev).manual_seed(r.seed * 1009 + k) for r, k in flat]
+        width, pad = max(len(r.prompt_ids) for r, _ in flat), self.pad
         ids = torch.tensor([[pad] * (width - len(r.prompt_ids)) + list(r.prompt_ids) for r, _ in flat])
         attn = (
             torch.arange(width)[None, :]
@@ -283,9 +280,10 @@ class HFEngine:
         # Qwen-VL's M-RoPE positions of the prompt; a later token's: its text position plus its row's offset
         mrope = vision.pop("position_ids", None)
         offset = None if mrope is None else mrope.amax(dim=(0, 2)) + 1 - attn.sum(1)
-        out_ids: list[list[int]] = [[] for _ in flat]
-        out_lp: list[list[float]] = [[] for _ in flat]
-        done = [False] * len(flat)
+        steps_ids: list[Any] = []  # per step: each row's token and its logprob, on the device
+        steps_lp: list[Any] = []
+        eos = torch.tensor(sorted(self.eos), dtype=torch.long, device=dev)
+        done = torch.zeros(len(flat), dtype=torch.bool, device=dev)
         past = None
         cur = ids
         with torch.no_grad():
@@ -302,26 +300,31 @@ class HFEngine:
                     **(vision if past is None else {}),
                 )
                 past = o.past_key_values
-                # Sampled on the CPU with each request's own generator, whatever device the model is on.
-                logits = suppress(o.logits[:, -1, :].float().cpu(), self.never)
-                nxt, lps = sample_step(logits, gens, spec.temperature)
-                for i, (tok, lp) in enumerate(zip(nxt, lps, strict=True)):
-                    if not done[i]:
-                        out_ids[i].append(tok)
-                        out_lp[i].append(lp)
-                        done[i] = tok in self.eos
-                if all(done):
+                # Sampled on the model's device with each request's own generator: the step's logits stay
+                # there; the tokens and logprobs come back once, after the loop.
+                logits = suppress(o.logits[:, -1, :].float(), self.never)
+                nxt, lps = sample_tokens(logits, gens, spec.temperature)
+                steps_ids.append(nxt)
+                steps_lp.append(lps)
+                done = done | torch.isin(nxt, eos)
+                if bool(done.all()):
                     break
-                cur = torch.tensor(nxt, device=dev)[:, None]
+                cur = nxt[:, None]
                 attn = torch.cat([attn, torch.ones(len(flat), 1, dtype=attn.dtype, device=dev)], 1)
+        none = [[] for _ in flat]  # max_tokens 0: no step
+        all_ids = torch.stack(steps_ids, 1).cpu().tolist() if steps_ids else none  # [rows, steps]
+        all_lp = torch.stack(steps_lp, 1).cpu().tolist() if steps_lp else none
         result: list[list[Completion]] = []
         for j, (_r, k) in enumerate(flat):
             if k == 0:
                 result.append([])
-            toks = out_ids[j]
+            # a row's tokens up to and with its first stop token (it kept being sampled after, unused)
+            ends = [t for t, tok in enumerate(all_ids[j]) if tok in self.eos]
+            cut = ends[0] + 1 if ends else len(all_ids[j])
+            toks, lps_j = all_ids[j][:cut], all_lp[j][:cut]
             stopped = bool(toks) and toks[-1] in self.eos
             text = self.tokenizer.decode(toks[:-1] if stopped else toks)
-            result[-1].append(Completion(toks, out_lp[j], text, "stop" if stopped else "length"))
+            result[-1].append(Completion(toks, lps_j, text, "stop" if stopped else "length"))
         return result
 
     def load_weights(

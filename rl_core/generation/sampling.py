@@ -6,10 +6,12 @@ from __future__ import annotations
 from typing import Any
 
 
-def sample_step(logits: Any, gens: list[Any], temperature: float) -> tuple[list[int], list[float]]:
-    """One token per row of ``logits`` (rows x vocab, float32 on the CPU) and its logprob: greedy at
-    temperature 0, else drawn from the row's own generator (``gens[i]``, one draw per row and step, whether
-    the row is still running or not, so a request's samples never depend on the others).
+def sample_tokens(logits: Any, gens: list[Any], temperature: float) -> tuple[Any, Any]:
+    """One token per row of ``logits`` (rows x vocab, float32, on any device) and its logprob, as two tensors
+    on that device: greedy at temperature 0, else drawn from the row's own generator (``gens[i]``, on the
+    logits' device; one draw per row and step, whether the row is still running or not, so a request's samples
+    never depend on the others). Nothing of the vocabulary leaves the device: on a GPU only the chosen tokens
+    and their logprobs are copied back, by the caller.
 
     The draw is ``torch.multinomial(probs, 1, generator=g)`` bit for bit, done as torch does it for one
     sample: the argmax of ``probs / q`` with ``q`` ~ Exp(1) drawn from the row's generator (the exponential
@@ -20,7 +22,7 @@ def sample_step(logits: Any, gens: list[Any], temperature: float) -> tuple[list[
 
     if temperature == 0:
         toks = logits.argmax(-1)
-        return toks.tolist(), torch.log_softmax(logits, -1).gather(1, toks[:, None])[:, 0].tolist()
+        return toks, torch.log_softmax(logits, -1).gather(1, toks[:, None])[:, 0]
     logp = torch.log_softmax(logits / temperature, -1)
     if bool(torch.isnan(logp).any()):  # multinomial's own check, kept: a broken model is named, not sampled
         rows = torch.isnan(logp).any(-1).nonzero()[:, 0].tolist()
@@ -29,4 +31,10 @@ def sample_step(logits: Any, gens: list[Any], temperature: float) -> tuple[list[
     for row, g in zip(race, gens, strict=True):
         row.exponential_(1, generator=g)
     picked = (logp.exp() / race).argmax(-1)
-    return picked.tolist(), logp.gather(1, picked[:, None])[:, 0].tolist()
+    return picked, logp.gather(1, picked[:, None])[:, 0]
+
+
+def sample_step(logits: Any, gens: list[Any], temperature: float) -> tuple[list[int], list[float]]:
+    """``sample_tokens`` as Python lists (tokens, logprobs)."""
+    toks, lps = sample_tokens(logits, gens, temperature)
+    return toks.tolist(), lps.tolist()

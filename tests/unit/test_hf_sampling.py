@@ -47,3 +47,30 @@ def test_nan_logits_are_refused_naming_the_rows():
     gens = [torch.Generator().manual_seed(i) for i in range(4)]
     with pytest.raises(ValueError, match=r"NaN in rows \[2\]"):
         sample_step(logits, gens, 1.0)
+
+
+def test_the_engine_samples_on_the_models_device_and_copies_back_only_tokens(tmp_path, monkeypatch):
+    """The decoding loop keeps each step's logits on the model's device (the CPU here, standing in for a
+    GPU): no tensor with the vocabulary as its last dimension is copied with ``.cpu()``, only the tokens and
+    their logprobs, once; the completions stop at their first stop token, as the row-by-row loop did."""
+    from rl_core.generation.rollout import HFEngine, Request, SamplingSpec
+    from tests.model_folders import write_qwen3_folder
+
+    engine = HFEngine(write_qwen3_folder(tmp_path / "m"))
+    vocab = engine.model.config.vocab_size
+    moved: list[tuple[int, ...]] = []
+    real_cpu = torch.Tensor.cpu
+
+    def spy(self, *a, **k):
+        moved.append(tuple(self.shape))
+        return real_cpu(self, *a, **k)
+
+    monkeypatch.setattr(torch.Tensor, "cpu", spy)
+    reqs = [Request([5, 6, 2, 9], seed=1), Request([7, 3], seed=2)]
+    out = engine.generate(reqs, SamplingSpec(n=4, temperature=1.0, max_tokens=16))
+    assert moved and all(shape[-1] != vocab for shape in moved), moved
+    assert len(moved) == 2  # the tokens and the logprobs, [rows, steps] each
+    for c in (c for cs in out for c in cs):
+        assert len(c.token_ids) == len(c.logprobs) <= 16
+        stops = [t for t in c.token_ids if t in engine.eos]
+        assert stops == ([c.token_ids[-1]] if c.finish_reason == "stop" else [])
