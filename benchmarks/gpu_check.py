@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import sys
 import tempfile
 import time
@@ -42,6 +43,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import add_smoke_flag, finish, result_file  # noqa: E402
+from benchmarks.gpu_bare import Meter, bare_generate, bare_update  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "results" / "gpu_check.json"
@@ -68,7 +70,7 @@ SMOKE_SHAPE: dict[str, Any] = {
     "num_key_value_heads": 1,
     "max_position_embeddings": 256,
 }
-EOS, PAD = "<|im_end|>", "<|endoftext|>"
+EOS, PAD = "<|im_end|>", "<|endoftext|>"  # ids 0 and 1
 
 
 def word_tokenizer(vocab_size: int) -> Any:
@@ -110,37 +112,6 @@ def train_flops(shape: dict[str, Any], lengths: list[int]) -> float:
     # A forward of t tokens: 2·N·t, and QKᵀ and AV over a causal context of t/2 on average: 2·layers·h·t².
     # The update's forward and backward are 3 forwards, the anchor's recompute one more.
     return float(sum(4 * (2 * n * t + 2 * layers * h * t * t) for t in lengths))
-
-
-class Meter:
-    """Wall seconds and peak GPU memory of a phase (synchronised; memory only on a GPU)."""
-
-    def __init__(self, device: str):
-        import torch
-
-        self.cuda = device.startswith("cuda")
-        self.torch = torch
-
-    def __enter__(self) -> Meter:
-        if self.cuda:
-            self.torch.cuda.synchronize()
-            self.torch.cuda.reset_peak_memory_stats()
-        self.t0 = time.perf_counter()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        if self.cuda:
-            self.torch.cuda.synchronize()
-        self.seconds = time.perf_counter() - self.t0
-
-    def peak(self) -> dict[str, float] | None:
-        if not self.cuda:
-            return None
-        cuda = self.torch.cuda
-        return {
-            "allocated_gib": round(cuda.max_memory_allocated() / (1 << 30), 2),
-            "reserved_gib": round(cuda.max_memory_reserved() / (1 << 30), 2),
-        }
 
 
 def generate(folder: Path, placement: Any, args: argparse.Namespace, vocab: int) -> tuple[Any, dict]:
@@ -280,6 +251,114 @@ def config(folder: Path, args: argparse.Namespace) -> Any:
     )
 
 
+# --large: the update the issue's goal names (>= 1,000 sequences, >= 400k tokens per update)
+# (one timed update per arm: each is ~475k tokens)
+LARGE = {
+    "prompts": 256,
+    "n": 4,
+    "prompt_tokens": [192, 448],
+    "max_tokens": 256,
+    "micro_batch_size": 64,
+    "repeats": 1,
+}
+
+
+def say(text: str) -> None:
+    """A line per phase as the check goes (minutes on a GPU: nothing may look hung)."""
+    print(f"gpu_check: {text}", file=sys.stderr, flush=True)
+
+
+def refuse_unplanned(cfg: Any, machine: Any, args: argparse.Namespace, shape: dict[str, Any]) -> Any:
+    """The placement of the check's config, or SystemExit naming the memory plan that does not fit, before
+    any work: the trainer's (``rl_core.models.memory_plan``) and the HF engine's generation (its KV cache for
+    every sequence at once, the step's float32 logits and the weights)."""
+    from rl_core.models.machine import PlacementError
+    from rl_core.models.placement import plan
+
+    size = f"{args.prompts}x{args.n} sequences of up to {args.prompt_tokens[1]}+{args.max_tokens} tokens"
+    try:
+        placement = plan(cfg, machine)
+    except PlacementError as e:
+        sys.exit(f"gpu_check: {size} refused before any work: {e}")
+    if machine.gpus:
+        seqs, width = args.prompts * args.n, args.prompt_tokens[1] + args.max_tokens
+        kv = shape["num_key_value_heads"] * shape["hidden_size"] // shape["num_attention_heads"]
+        cache = seqs * width * shape["num_hidden_layers"] * 2 * kv * 2  # keys and values, bf16
+        need = (cache + seqs * shape["vocab_size"] * 4 * 3 + matmul_params(shape) * 2) / 2**30 + 2.0
+        gpu = machine.gpus[0]
+        if need > gpu.memory_gib:
+            sys.exit(
+                f"gpu_check: {size} refused before any work: the HF engine's generation plan needs "
+                f"{need:.1f} GiB on GPU 0 ({gpu.name}, {gpu.memory_gib:.1f} GiB: KV cache "
+                f"{cache / 2**30:.1f} GiB for every sequence at once): lower --prompts or --n"
+            )
+    return placement
+
+
+def measure(shape: dict[str, Any], args: argparse.Namespace, machine: Any, arms: set[str]) -> dict[str, Any]:
+    """One size of the check: rlfoundry's generate and train arms (padded, packed) and the bare peer's."""
+    with tempfile.TemporaryDirectory(prefix="rlf-gpu-check-") as tmp:
+        t0 = time.perf_counter()
+        folder = write_folder(Path(tmp) / "qwen2.5-0.5b-shape", shape)
+        written = time.perf_counter() - t0
+        cfg = config(folder, args)
+        placement = refuse_unplanned(cfg, machine, args, shape)
+        say(f"folder written ({written:.1f} s); {args.prompts}x{args.n} sequences x {args.max_tokens} tokens")
+        (requests, out), gen = generate(folder, placement, args, shape["vocab_size"])
+        say(f"generate (rlfoundry HF engine): {gen['tokens_per_s']} tok/s ({gen['seconds']} s)")
+        wl = placement.workloads["trainer"]
+        bare: dict[str, Any] = {}
+        if "bare" in arms:
+            flat = [r for r in requests for _ in range(args.n)]
+            bare["generate"] = bare_generate(folder, flat, 1, args.max_tokens, wl.device, args.dtype)
+            say(f"generate (bare transformers): {bare['generate']['tokens_per_s']} tok/s")
+        df = rollouts(requests, out, args)
+        train = []
+        for p in (None, args.pack_tokens):
+            train.append(train_arm(folder, cfg, placement, df, p, shape, args.repeats))
+            say(
+                f"train {'packed' if p else 'padded'} (rlfoundry): {train[-1]['tokens_per_s']} tok/s, "
+                f"MFU {train[-1]['mfu']}"
+            )
+        if "bare" in arms:
+            from rl_core.training.ppo import make_batch
+
+            batch = make_batch(df, pad_id=1, max_tokens=args.max_tokens, seed=3)
+            bare["update"] = bare_update(
+                folder, batch, args.micro_batch_size, wl.device, args.dtype, args.repeats
+            )
+            say(f"train (bare PyTorch): {bare['update']['tokens_per_s']} tok/s")
+    padded, packed = train
+    result: dict[str, Any] = {
+        "folder_write_s": round(written, 1),
+        "placement": placement.as_dict(),
+        "generate": gen,
+        "train": train,
+        "bare": bare or None,
+        "logprob_mismatch_mean": max(a["logprob_mismatch_mean"] for a in train),
+        "logprob_mismatch_max": max(a["logprob_mismatch_max"] for a in train),
+        "mfu": packed["mfu"],
+        "packed_over_padded": round(packed["tokens_per_s"] / padded["tokens_per_s"], 3),
+    }
+    if bare:  # ours over the bare peer's tokens/s
+        result["vs_bare"] = {
+            "generate": round(gen["tokens_per_s"] / bare["generate"]["tokens_per_s"], 3),
+            "update_padded": round(padded["tokens_per_s"] / bare["update"]["tokens_per_s"], 3),
+            "update_packed": round(packed["tokens_per_s"] / bare["update"]["tokens_per_s"], 3),
+        }
+    return result
+
+
+def machine_info() -> dict[str, Any]:
+    """``benchmarks.common.machine`` and the GPU: its name (None without one) and CUDA's version."""
+    import torch
+
+    from benchmarks.common import machine
+
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    return {**machine(), "gpu": gpu, "cuda": torch.version.cuda}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", action="store_true", help="print the JSON result as the last line")
@@ -291,6 +370,18 @@ def main() -> None:
     ap.add_argument("--pack-tokens", type=int, default=4096, help="the packed arm's tokens per row")
     ap.add_argument("--repeats", type=int, default=3, help="timed updates per train arm (the fastest counts)")
     ap.add_argument("--dtype", choices=["bf16", "fp32"], default=None, help="train.dtype (default bf16)")
+    ap.add_argument(
+        "--arms",
+        default="rlfoundry,bare",
+        help="comma-separated: rlfoundry (always run) and bare (plain transformers generate and a plain "
+        "PyTorch PPO update on the same work: benchmarks/gpu_bare.py): each figure with its ratio beside it",
+    )
+    ap.add_argument(
+        "--large",
+        action="store_true",
+        help=f"after the default size, the large one too ({LARGE}: >= 1,000 sequences, >= 400k tokens per "
+        "update), refused before any work when its memory plan does not fit the GPU",
+    )
     ap.add_argument(
         "--shape",
         choices=["qwen2.5-0.5b", "smoke"],
@@ -305,6 +396,9 @@ def main() -> None:
     )
     add_smoke_flag(ap)
     args = ap.parse_args()
+    arms = {a.strip() for a in args.arms.split(",") if a.strip()} | {"rlfoundry"}
+    if arms - {"rlfoundry", "bare"}:
+        sys.exit(f"gpu_check: --arms {args.arms!r}: each arm is rlfoundry or bare")
     shape = (
         QWEN25_05B if (args.shape or ("smoke" if args.smoke else "qwen2.5-0.5b")) != "smoke" else SMOKE_SHAPE
     )
@@ -314,40 +408,33 @@ def main() -> None:
     args.dtype = args.dtype or ("fp32" if args.smoke else "bf16")
 
     from rl_core.models.machine import Machine
-    from rl_core.models.placement import plan
 
     machine = Machine.this()
     if not machine.gpus and not (args.smoke or args.on_cpu):
         sys.exit(
             "gpu_check: torch sees no CUDA GPU (torch.cuda.is_available() is False); --smoke runs on a CPU"
         )
-    with tempfile.TemporaryDirectory(prefix="rlf-gpu-check-") as tmp:
-        t0 = time.perf_counter()
-        folder = write_folder(Path(tmp) / "qwen2.5-0.5b-shape", shape)
-        written = time.perf_counter() - t0
-        cfg = config(folder, args)
-        placement = plan(cfg, machine)
-        (requests, out), gen = generate(folder, placement, args, shape["vocab_size"])
-        df = rollouts(requests, out, args)
-        arms = [
-            train_arm(folder, cfg, placement, df, p, shape, args.repeats) for p in (None, args.pack_tokens)
-        ]
-    padded, packed = arms
+    large = argparse.Namespace(**{**vars(args), **LARGE}) if args.large else None
+    if large is not None and not args.smoke:  # the large size's plans, before the default size's work
+        with tempfile.TemporaryDirectory(prefix="rlf-gpu-plan-") as tmp:
+            (Path(tmp) / "config.json").write_text(json.dumps(shape))
+            refuse_unplanned(config(Path(tmp), large), machine, large, shape)
+    out = result_file(args.out, OUT, args.smoke)
+    if out is not None:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
     result = {
         "benchmark": "gpu_check",
         "shape": "smoke" if shape is SMOKE_SHAPE else "Qwen2.5-0.5B",
         "model_config": shape,
         "matmul_params": matmul_params(shape),
-        "folder_write_s": round(written, 1),
-        "placement": placement.as_dict(),
-        "generate": gen,
-        "train": arms,
-        "logprob_mismatch_mean": max(a["logprob_mismatch_mean"] for a in arms),
-        "logprob_mismatch_max": max(a["logprob_mismatch_max"] for a in arms),
-        "mfu": packed["mfu"],
-        "ratio": round(packed["tokens_per_s"] / padded["tokens_per_s"], 3),
+        "machine": machine_info(),
+        **measure(shape, args, machine, arms),
     }
-    finish(result, result_file(args.out, OUT, args.smoke), args.json, args.smoke)
+    if large is not None:
+        say("the large size")
+        result["large"] = measure(shape, large, machine, arms)
+    result["ratio"] = result["packed_over_padded"]
+    finish(result, out, args.json, args.smoke)
 
 
 if __name__ == "__main__":

@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # The GPU check (benchmarks/gpu_check.py) on a machine with one CUDA GPU, CUDA torch and transformers but no
 # network and no vLLM: DeepSpeed's train stage and the HF engine in bf16 on Qwen2.5-0.5B's shape, padded and
-# packed, in at most 8 minutes. Prepare the wheels first where pip works (make gpu-wheels: .whl/), carry the
-# checkout and .whl/ there, and run from the repository root:
+# packed, beside the bare peer (plain transformers generate, a plain PyTorch PPO update) at the default size
+# and at --large (1,024 sequences, ~475k tokens per update), a line per phase as it goes; sized for at most
+# 8 minutes on an H200 (not yet run on a GPU since the large size and the bare peer were added). Prepare the
+# wheels first where pip works (make gpu-wheels: .whl/), carry the checkout and .whl/ there, and run from the
+# repository root:
 #
 #     bash infra/gpu_check.sh            # result: $OUT/gpu_check.json when OUT is set, else benchmarks/results/
 #
-# GPU_CHECK_ARGS adds arguments (e.g. "--prompts 32"); GPU_CHECK_TIMEOUT (seconds, default 480) bounds the run.
+# GPU_CHECK_ARGS replaces the default arguments (--large; e.g. "--prompts 32" for a quick default size only);
+# GPU_CHECK_TIMEOUT (seconds, default 480) bounds the run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -20,5 +24,5 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader ||
 "transformers", transformers.__version__, "deepspeed", deepspeed.__version__)'
 out="${OUT:-benchmarks/results}/gpu_check.json"
 # shellcheck disable=SC2086  # GPU_CHECK_ARGS is a list of arguments
-timeout "${GPU_CHECK_TIMEOUT:-480}" "$PY" benchmarks/gpu_check.py --json --out "$out" ${GPU_CHECK_ARGS:-}
+timeout "${GPU_CHECK_TIMEOUT:-480}" "$PY" benchmarks/gpu_check.py --json --out "$out" ${GPU_CHECK_ARGS:---large}
 echo "gpu_check: wrote $out"

@@ -38,6 +38,7 @@ class Shape:
     vocab: int
     kv_dim: int  # key/value heads x head size
     head_dim: int = 0  # one attention head's size (0: unknown)
+    vision: bool = False  # a vision-language model: its logits are taken whole (rl_core/training/logprobs.py)
 
 
 def model_shape(cfg: Any) -> Shape | None:
@@ -46,12 +47,13 @@ def model_shape(cfg: Any) -> Shape | None:
     m = cfg.model
     if not m.path:
         h, layers, inter, vocab = m.hidden_size, m.num_layers, m.intermediate_size, m.vocab_size
-        kv_dim, tied, head_dim = h, False, h // m.num_heads
+        kv_dim, tied, head_dim, vision = h, False, h // m.num_heads, False
     else:
         try:
             data = json.loads((Path(m.path) / "config.json").read_text())
         except (OSError, ValueError):
             return None
+        vision = "vision_config" in data
         data = data.get("text_config", data)
         try:
             h, layers = int(data["hidden_size"]), int(data["num_hidden_layers"])
@@ -64,7 +66,7 @@ def model_shape(cfg: Any) -> Shape | None:
             return None
     per_layer = 2 * h * h + 2 * h * kv_dim + 3 * h * inter + 2 * h
     params = layers * per_layer + vocab * h * (1 if tied else 2) + h
-    return Shape(params, layers, h, inter, vocab, kv_dim, head_dim)
+    return Shape(params, layers, h, inter, vocab, kv_dim, head_dim, vision)
 
 
 def share_tokens(cfg: Any) -> int:
@@ -100,6 +102,8 @@ def trainer_terms(cfg: Any, shape: Shape, forward_tokens: int | None = None) -> 
     per_layer = ACT_PER_HIDDEN * shape.hidden + 4 * shape.intermediate
     terms["activations"] = tokens * shape.layers * per_layer * (w / 2)
     terms["logits"] = tokens * shape.vocab * 4 * 3  # float32 logits, log-softmax and their gradient
+    if t.logits_chunk_mb and not shape.vision:  # a text model's head in chunks of at most this much
+        terms["logits"] = min(terms["logits"], t.logits_chunk_mb * 2**20)
     return terms
 
 

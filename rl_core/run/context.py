@@ -60,6 +60,7 @@ PLACEMENT = (
     ("train", "tp_size"),
     ("train", "forward_tokens"),
     ("train", "forward_sequences"),
+    ("train", "logits_chunk_mb"),
     ("model", "max_shard_size"),
     ("store", "lock_stale_after_s"),
     ("store", "lock_heartbeat_s"),

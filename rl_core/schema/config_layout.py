@@ -71,6 +71,16 @@ class TrainLayoutFields(BaseModel):
         description="At most this many sequences in one train forward on one rank (with forward_tokens, "
         "both bounds hold). None: no bound. Placement, like forward_tokens.",
     )
+    logits_chunk_mb: float = Field(
+        512.0,
+        ge=0,
+        le=1_048_576,
+        description="MiB of float32 logits one train or recompute forward may hold at once: past it, a text "
+        "causal LM's head runs on chunks of positions (each chunk's logits recomputed in the backward), so a "
+        "151,936-entry vocabulary does not hold B x T x V floats (rl_core/training/logprobs.py). The values "
+        "are the whole-logits path's within float rounding. 0: always whole. Placement (left out of the "
+        "config hash), like forward_tokens.",
+    )
 
     @model_validator(mode="after")
     def _budget_needs_packing(self) -> Any:

@@ -140,13 +140,20 @@ def packed_logits(
         raise ValueError(
             "train.packing does not pack vision-language batches (pixel_values): set train.packing=false"
         )
+    return packed_outputs(lambda **kw: module(**kw).logits, ids, attn, budget)
+
+
+def packed_outputs(run: Any, ids: torch.Tensor, attn: torch.Tensor, budget: int) -> torch.Tensor:
+    """What ``run(input_ids=, position_ids=, attention_mask=None, use_cache=False)`` gives per position
+    (``[rows, width, X]``: a causal LM's logits, or its base model's last hidden states) on the packed rows
+    of the right-padded batch ``ids``, returned as ``[B, T-1, X]`` aligned with the next-token targets,
+    zeros past each sequence's end. Differentiable."""
     packed, pos, plan = pack(ids, attn, budget)
-    logits = module(input_ids=packed, position_ids=pos, attention_mask=None, use_cache=False).logits
+    out = run(input_ids=packed, position_ids=pos, attention_mask=None, use_cache=False)
     b, t = ids.shape
-    src, dst = _flat_index(plan, t - 1, logits.device)
-    flat = logits.reshape(-1, logits.shape[-1]).index_select(0, src)
-    out = flat.new_zeros((b * (t - 1), flat.shape[-1])).index_copy(0, dst, flat)
-    return out.view(b, t - 1, -1)
+    src, dst = _flat_index(plan, t - 1, out.device)
+    flat = out.reshape(-1, out.shape[-1]).index_select(0, src)
+    return flat.new_zeros((b * (t - 1), flat.shape[-1])).index_copy(0, dst, flat).view(b, t - 1, -1)
 
 
 def padding_fraction(lengths: Sequence[int], rows: int, width: int) -> float:

@@ -25,6 +25,7 @@ import torch
 from rl_core.models.vision import model_inputs, rows_of, suppress, unsampleable_ids
 from rl_core.training.algorithms import algorithm
 from rl_core.training.collectives import allreduce_sum
+from rl_core.training.logprobs import chunk_positions, token_stats
 from rl_core.training.losses import (
     PolicyTerms,
     entropy_from_logits,
@@ -33,7 +34,7 @@ from rl_core.training.losses import (
     token_logprobs,
 )
 from rl_core.training.micro_batches import rank_micro_batches
-from rl_core.training.packing import packed_logits
+from rl_core.training.packing import packed_logits, packed_outputs
 
 
 @dataclass
@@ -52,6 +53,7 @@ class Batch:
     # Qwen-VL's pixel_values [B, patches, D] and image_grid_thw [B, images, 3]
     vision: dict[str, torch.Tensor] | None = None
     pack_tokens: int | None = None  # forwards on packed rows of this many tokens (0: longest); None: padded
+    logits_mb: float = 0.0  # MiB of float32 logits one forward may hold whole; past it, the head in chunks
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -67,12 +69,14 @@ def make_batch(
     ckpt_dir: Any = None,
     pack_tokens: int | None = None,
     images: list[tuple[bytes, ...]] | None = None,
+    logits_mb: float = 0.0,
 ) -> Batch:
     """Columns used: prompt_ids, completion_ids, logprobs, loss_mask (per completion token), advantage, and
     image (encoded bytes, turned into pixels by the processor in ``ckpt_dir``) for multimodal rollouts; or
     ``images``: each row's images in sequence order (read from the store by the table's digests), when the
     episodes showed images in several turns.
-    ``pack_tokens`` (``rl_core.training.packing.pack_budget``) has the forwards run on packed rows."""
+    ``pack_tokens`` (``rl_core.training.packing.pack_budget``) has the forwards run on packed rows;
+    ``logits_mb`` (``train.logits_chunk_mb``) bounds the float32 logits one forward holds at once."""
     prompts, completions = list(df["prompt_ids"]), list(df["completion_ids"])
     n = len(prompts)
     width = max(len(p) + len(c) for p, c in zip(prompts, completions, strict=True))
@@ -105,6 +109,7 @@ def make_batch(
         seed=seed,
         vision=pixels,
         pack_tokens=pack_tokens,
+        logits_mb=logits_mb,
     )
 
 
@@ -142,6 +147,28 @@ def _logits(
     return suppress(logits, unsampleable_ids(module))
 
 
+def _stats(
+    module: Any, batch: Batch, ids: torch.Tensor, rows: Any, device: Any, entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``[B, T-1]`` logprobs of the targets ``ids[:, 1:]`` of the batch's ``rows`` (and their entropies,
+    without grad, when asked): the head in chunks (``rl_core.training.logprobs``) where the whole float32
+    logits would pass ``batch.logits_mb``, else from the whole logits."""
+    attn, pixels = batch.attention_mask[rows].to(device), _pixels(batch, rows, device)
+    chunk = chunk_positions(module, batch.logits_mb) if pixels is None else 0
+    if chunk and ids.shape[0] * (ids.shape[1] - 1) > chunk:
+        pack = batch.pack_tokens
+
+        def packed(base: Any, i: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+            return packed_outputs(lambda **kw: base(**kw).last_hidden_state, i, a, pack)  # type: ignore[arg-type]
+
+        fwd = None if pack is None else packed
+        return token_stats(module, ids, attn, batch.temperature, chunk, entropy, fwd)
+    logits = _logits(module, ids, attn, pixels, batch.pack_tokens)
+    with torch.no_grad():
+        ent = entropy_from_logits(logits, batch.temperature) if entropy else None
+    return token_logprobs(logits, ids[:, 1:], batch.temperature), ent
+
+
 def _pixels(batch: Batch, rows: Any, device: Any) -> dict[str, torch.Tensor] | None:
     if batch.vision is None:
         return None
@@ -155,12 +182,10 @@ def sequence_logprobs(
     """Per-token logprobs and entropies of the batch's targets under ``module`` (no grad)."""
     lps, ents = [], []
     for i in range(0, len(batch), chunk):
-        ids = batch.input_ids[i : i + chunk].to(device)
         rows = slice(i, i + chunk)
-        attn = batch.attention_mask[rows].to(device)
-        logits = _logits(module, ids, attn, _pixels(batch, rows, device), batch.pack_tokens)
-        lps.append(token_logprobs(logits, ids[:, 1:], batch.temperature).cpu())
-        ents.append(entropy_from_logits(logits, batch.temperature).cpu())
+        lp, ent = _stats(module, batch, batch.input_ids[rows].to(device), rows, device, entropy=True)
+        lps.append(lp.cpu())
+        ents.append(ent.cpu())  # type: ignore[union-attr]
     return torch.cat(lps), torch.cat(ents)
 
 
@@ -211,21 +236,15 @@ def ppo_update(engine: Any, batch: Batch, cfg: Any) -> dict[str, float]:
                 idle = not len(rows)
                 fwd = mb[:1] if idle else rows
                 ids = batch.input_ids[fwd].to(device)
-                logits = _logits(
-                    engine.module,
-                    ids,
-                    batch.attention_mask[fwd].to(device),
-                    _pixels(batch, fwd, device),
-                    batch.pack_tokens,
-                )
+                observe = epoch == 0 and not idle and not anchor.recomputed
+                logp, ent = _stats(engine.module, batch, ids, fwd, device, entropy=observe)
                 if idle:
-                    norm = engine.backward_step(logits.float().sum() * 0.0, step=last)
+                    norm = engine.backward_step(logp.sum() * 0.0, step=last)
                     grad_norm = norm if last else grad_norm
                     sums[5] += 1.0
                     continue
-                logp = token_logprobs(logits, ids[:, 1:], batch.temperature)
-                if epoch == 0:
-                    anchor.observe(rows, logits, logp, start == 0)
+                if observe:
+                    anchor.observe(rows, ent, logp, start == 0)  # type: ignore[arg-type]
                 ref = batch.ref_logp[rows].to(device) if batch.ref_logp is not None else None
                 terms = PolicyTerms(
                     logp,
@@ -293,13 +312,13 @@ class _Anchor:
             weight = importance_weights(old_logp, batch.rollout_logp, cfg.correction, cfg.is_cap)
         return cls(batch, old_logp, entropy, weight)
 
-    def observe(self, rows: torch.Tensor, logits: torch.Tensor, logp: torch.Tensor, first: bool) -> None:
+    def observe(self, rows: torch.Tensor, entropy: torch.Tensor, logp: torch.Tensor, first: bool) -> None:
         """A first-epoch forward of ``rows``: their entropy; for the first mini-batch (the policy before any
         step of this update) also the mismatch, when the anchor was not recomputed."""
         if self.recomputed:
             return
         with torch.no_grad():
-            self.entropy[rows] = entropy_from_logits(logits, self.batch.temperature).detach().cpu()
+            self.entropy[rows] = entropy.detach().cpu()
             if first:  # the first mini-batch's micro-batches, one after another
                 gap = (logp.detach().cpu() - self.batch.rollout_logp[rows]).abs() * self.batch.loss_mask[rows]
                 had = self.first_rows is not None

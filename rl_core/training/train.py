@@ -228,6 +228,7 @@ def _update(ctx: RunContext, job: StageJob) -> tuple[Any, dict[str, Any], dict[s
         ckpt_dir=local,
         pack_tokens=pack_budget(cfg.train),
         images=images,
+        logits_mb=cfg.train.logits_chunk_mb,
     )
     if "reference" in inputs and cfg.train.kl_coef > 0:
         batch.ref_logp, _ = sequence_logprobs(

@@ -59,6 +59,8 @@ SMOKES: tuple[str, ...] = (
 # definition makes the ratio null. For these, the figures of every arm must be there instead.
 GAIN_RATIOS: dict[str, list[str]] = {
     "code_curve": ["curve", "base_pass_rate", "final_pass_rate"],
+    # every figure with the bare peer's ratio beside it (issue 38's result keys)
+    "gpu_check": ["vs_bare.generate", "vs_bare.update_padded", "vs_bare.update_packed", "packed_over_padded"],
     "miniwob_curve": ["curve", "tasks", "rise_points"],
     "reasoning_gym_curve": ["curve", "base_accuracy", "final_accuracy"],
     "curriculum": ["workloads.default.none.curve", "workloads.default.frontier.curve"],

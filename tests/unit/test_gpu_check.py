@@ -66,3 +66,27 @@ def test_without_a_gpu_it_stops_and_says_so(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setattr(sys, "argv", ["gpu_check.py", "--json"])
     with pytest.raises(SystemExit, match="no CUDA GPU.*--smoke"):
         gpu_check.main()
+
+
+def test_the_large_size_is_planned_on_an_h200_and_refused_before_any_work_where_it_cannot_fit(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from rl_core.models.machine import GPU
+
+    (tmp_path / "config.json").write_text(json.dumps(gpu_check.QWEN25_05B))
+    large = argparse.Namespace(**{"dtype": "bf16", "pack_tokens": 4096, **gpu_check.LARGE})
+    assert large.prompts * large.n >= 1000  # the large size: >= 1,000 sequences
+    h200 = Machine.described("H200", flash_attn=False)
+    placed = gpu_check.refuse_unplanned(gpu_check.config(tmp_path, large), h200, large, gpu_check.QWEN25_05B)
+    assert placed.memory["tokens_per_micro_batch"] == 64 * (448 + 256)
+    # a 12 GiB GPU: the HF engine's KV cache for 1,024 sequences of 704 tokens alone is 8.2 GiB
+    small = Machine((GPU("Small 12GB", 12.0, (9, 0), 100.0),), cpu_bf16=True)
+    with pytest.raises(SystemExit, match=r"refused before any work: .*(memory plan|generation plan)"):
+        gpu_check.refuse_unplanned(gpu_check.config(tmp_path, large), small, large, gpu_check.QWEN25_05B)
+    # through the command line: refused before the folder is written (no work at all)
+    monkeypatch.setattr(Machine, "this", classmethod(lambda cls: small))
+    monkeypatch.setattr(gpu_check, "write_folder", lambda *a, **k: pytest.fail("work began"))
+    monkeypatch.setattr(sys, "argv", ["gpu_check.py", "--large", "--out", str(tmp_path / "r" / "x.json")])
+    with pytest.raises(SystemExit, match="256x4 sequences of up to 448\\+256 tokens refused before any work"):
+        gpu_check.main()
+    assert not (tmp_path / "r").exists()

@@ -6,6 +6,7 @@ the memory plan and the settings it refuses before any work; the run record keep
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -180,8 +181,14 @@ def test_memory_plan_terms_follow_zero_sharding_and_batch():
     )
     assert sharded["adam_moments"] == one["adam_moments"] / 4  # ZeRO-1 shards the optimizer states
     assert sharded["gradients"] == one["gradients"]  # ... not the gradients (ZeRO-2)
-    half = cfg.train.model_copy(update={"micro_batch_size": 8})
-    assert trainer_terms(cfg.model_copy(update={"train": half}), shape)["logits"] == one["logits"] / 2
+    # the whole logits (train.logits_chunk_mb 0) follow the batch; chunked, the head holds one chunk's
+    whole = cfg.train.model_copy(update={"logits_chunk_mb": 0})
+    full = trainer_terms(cfg.model_copy(update={"train": whole}), shape)["logits"]
+    half = whole.model_copy(update={"micro_batch_size": 8})
+    assert trainer_terms(cfg.model_copy(update={"train": half}), shape)["logits"] == full / 2
+    assert one["logits"] == cfg.train.logits_chunk_mb * 2**20 < full
+    vlm = trainer_terms(cfg, replace(shape, vision=True))["logits"]  # a VLM's logits are taken whole
+    assert vlm == full
 
 
 def test_model_shape_of_a_qwen_folder(tmp_path):
