@@ -24,7 +24,8 @@ import pytest
 from tests.conftest import ROOT, cli_env, run_script
 
 BENCHMARKS = ROOT / "benchmarks"
-NOT_BENCHMARKS = {"__init__", "common", "reward_exploits"}  # helpers, and the adversarial suite's corpus
+# helpers (the GPU check's bare peer included), and the adversarial suite's corpus
+NOT_BENCHMARKS = {"__init__", "common", "gpu_bare", "reward_exploits"}
 
 # Every benchmark script; each smoke is a process of its own (a fork-server child), so all are marked slow.
 SMOKES: tuple[str, ...] = (
@@ -36,6 +37,7 @@ SMOKES: tuple[str, ...] = (
     "gpu_check",
     "judge",
     "lineage_writes",
+    "logprob_head",
     "miniwob_curve",
     "miniwob_env",
     "orchestration",
