@@ -36,20 +36,14 @@ ARMS = ("whole", "chunked")
 
 
 def policy(vocab: int) -> Any:
+    """The GPU check's smoke body (2 layers, 64 wide, tied) with a vocabulary of ``vocab``, float32."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
+    from benchmarks.gpu_check import SMOKE_SHAPE
+
     torch.manual_seed(0)
-    cfg = Qwen2Config(
-        vocab_size=vocab,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        tie_word_embeddings=True,
-        max_position_embeddings=4096,
-    )
+    cfg = Qwen2Config(**{**SMOKE_SHAPE, "vocab_size": vocab, "max_position_embeddings": 4096})
     return Qwen2ForCausalLM(cfg).float().train()
 
 
