@@ -1,4 +1,4 @@
-"""Where the lineage records are written, measured inside one run: on the background thread or inline.
+"""Where the lineage records are written, measured inside one run: in the writer process or inline.
 
     .venv/bin/python benchmarks/lineage_writes.py --json           # default experiment, 32 iterations
     .venv/bin/python benchmarks/lineage_writes.py --iterations 16 --set rollout.engine=vllm
@@ -6,17 +6,20 @@
 
 One flow run of the default experiment (``configs/default.yaml``, the engine ``auto`` picks, MLflow on the
 local SQLite store, evaluation only at the start and the end, off the clock) whose lineage writer changes mode
-every two iterations: iterations 1-2 on the background thread, 3-4 inline, 5-6 on the thread, and so on
-(``tracking.writes``; the mode is switched on the writer between iterations). The same records are written
-either way, and the machine's drift, which moves whole runs by up to 1.7x here, moves both modes alike.
+every two iterations: iterations 1-2 in the writer process (``tracking.writes: process``, what ``auto`` picks
+here), 3-4 inline (the earlier default), 5-6 in the process, and so on (the mode is switched on the writer
+between iterations). The same records are written either way, and the machine's drift, which moves whole runs
+by up to 1.7x here, moves both modes alike. (An earlier version of this script compared the background thread
+with inline: ``benchmarks/results/lineage_writes.json`` of 2026-12-03, ratio 1.066 for inline.)
 
-An iteration's records are written during the next iteration when the thread writes them, and at its own end
+An iteration's records are written during the next iteration when the process writes them, and at its own end
 when written inline; so the second iteration of each pair is the one timed: it carries the first one's
-background writes, or its own inline ones. Reported: those steps' seconds in each mode, their medians, in how
-many adjacent pairs inline was the faster, and the generate stage's seconds from the manifests by mode (the
-stage the thread slows most).
+process writes (CPU taken beside the stages), or its own inline ones. Reported: those steps' seconds in each
+mode, their medians, in how many adjacent pairs the process was the faster, the generate stage's seconds from
+the manifests by mode, and the milliseconds the flow's thread spent handing records to the writer in each
+iteration (``critical_ms``: inline, the writes themselves).
 
-The last line is one JSON object; ``ratio`` is the background median over the inline median (above 1: inline
+The last line is one JSON object; ``ratio`` is the inline median over the process median (above 1: the process
 is faster).
 """
 
@@ -40,13 +43,13 @@ ROOT = Path(__file__).resolve().parents[1]
 SETS = ["eval.samples=1", "eval.pass_k=[1]", "eval.every=100000", "experiment.name=lineage_writes"]
 
 
-def inline_at(k: int) -> bool:
-    """Iteration ``k``'s mode: pairs alternate, starting on the background thread.
+def mode_at(k: int) -> str:
+    """Iteration ``k``'s mode: pairs alternate, starting in the writer process.
 
-    >>> [inline_at(k) for k in range(1, 9)]
-    [False, False, True, True, False, False, True, True]
+    >>> [mode_at(k)[0] for k in range(1, 9)]
+    ['p', 'p', 'i', 'i', 'p', 'p', 'i', 'i']
     """
-    return (k - 1) // 2 % 2 == 1
+    return "inline" if (k - 1) // 2 % 2 == 1 else "process"
 
 
 def run(iterations: int, sets: list[str], smoke: bool) -> dict[str, Any]:
@@ -69,13 +72,26 @@ def run(iterations: int, sets: list[str], smoke: bool) -> dict[str, Any]:
     create_or_resume(ctx, "new")
     writer = lineage_writer(cfg)
     stamps: dict[int, tuple[float, float]] = {}
+    handed: dict[int, float] = {}  # seconds the flow's thread spent in the writer's submit, per iteration
+    submit = writer.submit
+
+    def timed(iteration: int, write: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return submit(iteration, write)
+        finally:
+            handed[iteration] = handed.get(iteration, 0.0) + time.perf_counter() - t0
+
+    writer.submit = timed  # type: ignore[method-assign]
 
     def switch(ev: dict[str, Any]) -> None:
         if ev["kind"] == "iteration":  # iteration k has ended: k + 1's records go the next mode's way
             stamps[ev["iteration"]] = (time.perf_counter(), ev.get("timings", {}).get("evaluate", 0.0))
-            writer.inline = inline_at(ev["iteration"] + 1)
+            writer.mode = mode_at(ev["iteration"] + 1)
+            if writer.mode == "inline":  # the process's writes done first (one SQLite writer at a time);
+                writer.flush()  # this wait falls in the pair's first iteration, which is not timed
 
-    writer.inline = inline_at(1)
+    writer.mode = mode_at(1)
     unsubscribe = subscribe(switch)
     try:
         experiment_flow(cfg, run_id)
@@ -83,17 +99,18 @@ def run(iterations: int, sets: list[str], smoke: bool) -> dict[str, Any]:
         unsubscribe()
     step = {k: stamps[k][0] - stamps[k - 1][0] - stamps[k][1] for k in range(1, iterations + 1)}
     gen = {k: m.timings.seconds for k in step if (m := committed(ctx.store, run_id, k, "generate"))}
-    by: dict[str, dict[str, list[float]]] = {"background": {}, "inline": {}}
+    by: dict[str, dict[str, list[float]]] = {"process": {}, "inline": {}}
+    for k in range(1, iterations + 1):
+        by[mode_at(k)].setdefault("critical_ms", []).append(round(handed.get(k, 0.0) * 1000, 2))
     for k in range(2, iterations + 1, 2):  # the second iteration of each pair
-        mode = "inline" if inline_at(k) else "background"
-        by[mode].setdefault("step_s", []).append(round(step[k], 3))
-        by[mode].setdefault("generate_s", []).append(gen[k])
-    pairs = list(zip(by["background"].get("step_s", []), by["inline"].get("step_s", []), strict=False))
+        by[mode_at(k)].setdefault("step_s", []).append(round(step[k], 3))
+        by[mode_at(k)].setdefault("generate_s", []).append(gen[k])
+    pairs = list(zip(by["process"].get("step_s", []), by["inline"].get("step_s", []), strict=False))
     out: dict[str, Any] = {"run_id": run_id, "iterations": iterations, "sets": overrides}
     out["engine"] = ctx.placement.rollout_engine
     for mode, seen in by.items():
         out[mode] = seen | {f"median_{n}": round(statistics.median(v), 3) for n, v in seen.items() if v}
-    out["inline_faster_pairs"] = f"{sum(b > i for b, i in pairs)} of {len(pairs)}"
+    out["process_faster_pairs"] = f"{sum(p < i for p, i in pairs)} of {len(pairs)}"
     return out
 
 
@@ -114,11 +131,13 @@ def main() -> None:
     os.environ.setdefault("RLFOUNDRY_STATE_DIR", str(ROOT / ".state" / "lineage_writes"))
     os.environ.setdefault("TQDM_DISABLE", "1")
     result = {"benchmark": "lineage_writes", **run(args.iterations, args.sets, args.smoke)}
-    bg, inl = result["background"]["median_step_s"], result["inline"]["median_step_s"]
-    result["ratio"] = round(bg / inl, 4)
+    proc, inl = result["process"]["median_step_s"], result["inline"]["median_step_s"]
+    result["ratio"] = round(inl / proc, 4)
     print(
-        f"step s (median of the pairs' second iterations): background {bg}, inline {inl}; "
-        f"inline faster in {result['inline_faster_pairs']} pairs; ratio {result['ratio']}",
+        f"step s (median of the pairs' second iterations): process {proc}, inline {inl}; "
+        f"process faster in {result['process_faster_pairs']} pairs; ratio {result['ratio']}; critical ms "
+        f"(median) process {result['process']['median_critical_ms']}, "
+        f"inline {result['inline']['median_critical_ms']}",
         flush=True,
     )
     out = result_file(args.out, ROOT / "benchmarks" / "results" / "lineage_writes.json", args.smoke)

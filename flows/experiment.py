@@ -9,6 +9,7 @@ committed stage and continues from the first one that is not.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from prefect import flow
@@ -22,7 +23,7 @@ from rl_core.artifacts.report import emit, subscribe
 from rl_core.pipeline.stages import STAGES
 from rl_core.run.context import store_root
 from rl_core.schema.config import Config
-from tasks.common import close_run, context, lineage, lineage_writer, run_logger, task_for
+from tasks.common import close_run, context, lineage, lineage_writer, log_summary, run_logger, task_for
 from tasks.generate import start_rollout_engine
 
 
@@ -86,7 +87,7 @@ def _report(
         if summary.get("eval"):
             row.update({f"eval_{m}": v for m, v in summary["eval"].items() if isinstance(v, float)})
         row.update({n: v for n, v in summary.get("vitals", {}).items() if n in SUMMARY_VITALS})
-        lineage_writer(cfg).submit(k, lambda p=parent, r=row, k=k: lin.log_summary(p, r, k))
+        lineage_writer(cfg).submit(k, functools.partial(log_summary, cfg, parent, row, k))
     summary["mlflow_run"] = lin.link(it_run) if lin and it_run else None
     emit(summary)
 
@@ -142,12 +143,12 @@ def _experiment(cfg: Config, run_id: str) -> dict[str, Any]:
             _report(cfg, run_id, parent, k, ms, it_run)
             last = ms
     except AlarmStop:  # the iteration is committed: its lineage is written, the MLflow run marked stopped
-        lineage_writer(cfg).flush()  # and its vital-sign tables attached
+        lineage_writer(cfg).close()  # and its vital-sign tables attached
         if lin and parent:
             lin.finish(parent, "KILLED")
         raise
     final_eval = (last.get("evaluate") or ev0).metrics
-    lineage_writer(cfg).flush()
+    lineage_writer(cfg).close()  # every record written, the writer (its process) ended
     if lin and parent:
         if policy.stored is not False:  # the run's final policy, promoted in MLflow's model registry
             k = cfg.experiment.iterations

@@ -20,6 +20,7 @@ them (rl_core.pipeline.stages); the rollout and train engines are held by the ru
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from typing import Any
 
@@ -28,7 +29,7 @@ from prefect.utilities.annotations import quote
 from rl_core.artifacts.manifest import Manifest
 from rl_core.pipeline.stages import ITERATION, STAGES
 from rl_core.schema.config import Config
-from tasks.common import close_run, lineage, lineage_writer, task_for
+from tasks.common import close_run, create_iteration_run, lineage, lineage_writer, task_for
 
 ROLLOUT_STAGES = ("generate", "execute_envs", "audit", "score_rewards")
 
@@ -55,19 +56,17 @@ def run_iterations(
     lin, last = lineage(cfg), cfg.experiment.iterations
     upcoming: dict[int, Any] = {}  # iteration -> future of its MLflow run, created by the lineage thread
 
-    def create(k: int) -> str:
-        return lin.iteration_run(parent_mlflow_run, run_id, k, flow_run_id)  # type: ignore[union-attr]
-
     def open_run(k: int, ahead: bool = False) -> str | None:
         """Iteration k's MLflow child run; ``ahead``: have the lineage thread create it meanwhile (it is
         ready, off the critical path, when iteration k starts)."""
         if lin is None or parent_mlflow_run is None:
             return None
+        create = functools.partial(create_iteration_run, cfg, parent_mlflow_run, run_id, k, flow_run_id)
         if ahead:
-            upcoming[k] = lineage_writer(cfg).submit(k, lambda: create(k))
+            upcoming[k] = lineage_writer(cfg).submit(k, create)
             return None
         fut = upcoming.pop(k, None)
-        return fut.result() if fut is not None else create(k)
+        return fut.result() if fut is not None else create()
 
     ahead: dict[int, tuple[str | None, dict[str, Any]]] = {}
     for k in range(1, last + 1):
@@ -87,6 +86,9 @@ def run_iterations(
                 ahead[k + 1] = (nxt, _submit_rollouts(cfg, run_id, k + 1, nxt))
             due = spec.due(cfg, k)
             manifests[spec.name] = task_for(spec.name)(quote(cfg), run_id, k, run) if due else None
-        if lin and run:
-            close_run(cfg, run_id, k, run)
-        yield k, manifests, run
+        # the iteration's records, summary and vital signs (the caller's, before it resumes this loop) go to
+        # the lineage writer as one job
+        with lineage_writer(cfg).batch():
+            if lin and run:
+                close_run(cfg, run_id, k, run)
+            yield k, manifests, run

@@ -9,6 +9,7 @@ vitals already committed does not stop again, so ``rlfoundry resume`` continues 
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any
 
@@ -119,7 +120,7 @@ def report_iteration(
 
         here = flow_run.get_id()
         if here:
-            later(lambda: attach_vitals(run_id, summary, here))
+            later(functools.partial(attach_vitals, run_id, summary, here))
     stops = [a for a in alarms_of(vitals) if a["action"] == "stop"]
     if stops and not vitals.reused:  # type: ignore[union-attr]
         names = ", ".join(a["name"] for a in stops)

@@ -12,13 +12,15 @@ import functools
 import importlib
 from typing import Any
 
+from rl_core.artifacts.faults import fault
 from rl_core.artifacts.manifest import Manifest
 from rl_core.artifacts.stage import committed, run_stage
 from rl_core.artifacts.store import with_retries
 from rl_core.artifacts.store_lock import run_shared_stage
 from rl_core.pipeline.stages import STAGES, run_body
 from rl_core.run.context import RunContext
-from rl_core.run.lineage import Lineage, LineageWriter, writes_inline
+from rl_core.run.lineage import Lineage, write_mode
+from rl_core.run.lineage_writer import LineageWriter
 from rl_core.schema.config import Config, config_hash
 
 _CONTEXTS: dict[tuple[str, str], RunContext] = {}
@@ -88,12 +90,14 @@ def lineage(cfg: Config) -> Lineage | None:
 
 @functools.cache
 def _writer(cfg_json: str) -> LineageWriter:
-    return LineageWriter(inline=writes_inline(Config.model_validate_json(cfg_json)))
+    warm = ("tasks.common", "flows.observe", "mlflow.tracking")  # what its writes import, at its start
+    return LineageWriter(write_mode(Config.model_validate_json(cfg_json)), warm)
 
 
 def lineage_writer(cfg: Config) -> LineageWriter:
-    """The writer of ``cfg``'s lineage records in this process, inline or on its thread as
-    ``tracking.writes`` says (rl_core.run.lineage)."""
+    """The writer of ``cfg``'s lineage records in this process: in its writer process, inline or on its
+    thread as ``tracking.writes`` says (rl_core.run.lineage). Its writes are picklable (module-level
+    functions with their arguments), so that any mode can take them."""
     return _writer(cfg.model_dump_json())
 
 
@@ -172,22 +176,49 @@ def run_table_stage(cfg: Config, run_id: str, name: str, iteration: int, mlflow_
 
 
 def close_run(cfg: Config, run_id: str, iteration: int, mlflow_run: str, status: str = "FINISHED") -> Any:
-    """On the lineage thread: the stage records held for ``mlflow_run`` in one batch, then the run's end
+    """On the lineage writer: the stage records held for ``mlflow_run`` in one batch, then the run's end
     (its future). Stage records go one batch per MLflow run: one ``log_batch`` per stage cost ~15 ms of
-    this process's CPU each, beside the next stage."""
-    lin, ctx = lineage(cfg), context(cfg, run_id)
+    CPU each."""
+    fault("lineage:close", iteration)  # (a kill after the iteration's commit, before its lineage is written)
+    ctx = context(cfg, run_id)
     records = lineage_writer(cfg).take(mlflow_run)
-
-    def write() -> None:
-        if records and ctx.store.is_local:
-            lin.log_stages(mlflow_run, records)  # type: ignore[union-attr]
-        elif records:  # MLflow artifacts live beside the store: the same retry policy, the same clear failure
-            with_retries(
-                lambda: lin.log_stages(mlflow_run, records),  # type: ignore[union-attr]
-                what=f"MLflow artifact upload for iteration {iteration}",
-                attempts=ctx.store.retries,
-                max_wait_s=ctx.store.retry_max_wait_s,
-            )
-        lin.finish(mlflow_run, status)  # type: ignore[union-attr]
-
+    sc = ctx.store
+    write = functools.partial(
+        write_iteration_records, cfg, iteration, mlflow_run, records, status, sc.is_local, sc.retries,
+        sc.retry_max_wait_s,
+    )  # fmt: skip
     return lineage_writer(cfg).submit(iteration, write)
+
+
+def write_iteration_records(
+    cfg: Config,
+    iteration: int,
+    mlflow_run: str,
+    records: list[Manifest],
+    status: str,
+    local: bool,
+    attempts: int,
+    max_wait_s: float,
+) -> None:
+    """An iteration's stage records and its MLflow run's end, where the lineage writer runs them."""
+    lin = lineage(cfg)
+    if records and local:
+        lin.log_stages(mlflow_run, records)  # type: ignore[union-attr]
+    elif records:  # MLflow artifacts live beside the store: the same retry policy, the same clear failure
+        with_retries(
+            lambda: lin.log_stages(mlflow_run, records),  # type: ignore[union-attr]
+            what=f"MLflow artifact upload for iteration {iteration}",
+            attempts=attempts,
+            max_wait_s=max_wait_s,
+        )
+    lin.finish(mlflow_run, status)  # type: ignore[union-attr]
+
+
+def create_iteration_run(cfg: Config, parent: str, run_id: str, iteration: int, flow_run_id: str) -> str:
+    """Iteration ``iteration``'s MLflow child run (found when it exists), where the lineage writer runs."""
+    return lineage(cfg).iteration_run(parent, run_id, iteration, flow_run_id)  # type: ignore[union-attr]
+
+
+def log_summary(cfg: Config, parent: str, row: dict[str, float], iteration: int) -> None:
+    """The iteration's summary on the experiment's MLflow run, where the lineage writer runs."""
+    lineage(cfg).log_summary(parent, row, iteration)  # type: ignore[union-attr]

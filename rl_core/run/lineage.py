@@ -9,26 +9,33 @@ MLflow UI walks from a checkpoint back to the rollouts and rewards that produced
     child = lin.iteration_run(parent, run_id, 3, flow_run_id="...")
     lin.log_stage(child, manifest)
 
-Stage and summary records go through a ``LineageWriter``, in submission order; ``flush`` re-raises the
-first failure (the flow flushes each iteration's records one iteration later, and everything at its end).
-Where they are written is ``tracking.writes`` (``writes_inline``): in the flow's thread at the iteration's
-end when MLflow and the store are on this machine, else on a background thread while the next stages run.
+Stage and summary records go through a ``LineageWriter`` (``rl_core.run.lineage_writer``), in submission
+order; ``flush`` re-raises the first failure (the flow flushes each iteration's records one iteration later,
+and everything at its end).
+Where they are written is ``tracking.writes`` (``write_mode``): in the flow's thread at the iteration's end
+when MLflow and the store are on this machine, else on a background thread while the next stages run; or,
+opt-in, in a writer process.
 
-Inline, because a local MLflow write is CPU work in Python (SQLAlchemy over SQLite), and a thread doing it
-beside the generate stage takes the interpreter lock from it over a hundred times per stage
-(``benchmarks/lineage_writes.py`` measures the two side by side in one run). A remote MLflow or S3 is
-another matter: its writes wait on the network, without the lock, and the thread hides that wait.
+Inline, because a local MLflow write is CPU work in Python (SQLAlchemy over SQLite, ~0.1 s an iteration), and
+a thread doing it beside the generate stage takes the interpreter lock from it over a hundred times per stage.
+The writer process shares no lock with the stages, and the flow's thread only hands it the iteration's records
+(pickled, one job an iteration: ~14 ms); but on this project's 2-core machines the CPU it takes beside the
+stages cost about what it saved (``benchmarks/lineage_writes.py``: process against inline in one run), so it
+is not the default. A remote MLflow or S3 is another matter: its writes wait on the network, without the
+lock, and a thread hides that wait. A write handed to the process is a picklable callable (a module-level
+function with its arguments: ``functools.partial``); the process opens its own MLflow client. If the flow is
+killed, the process ends with it, and what it had not written is written again by ``rlfoundry resume``, which
+logs every committed iteration's records anew (MLflow's own lineage of a committed train stage included, when
+it is missing).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
-import threading
 import time
-from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -46,21 +53,25 @@ def tracking_uri(cfg: Config) -> str:
     return cfg.tracking.mlflow_uri or f"sqlite:///{state_dir() / 'mlflow.db'}"
 
 
-def writes_inline(cfg: Config) -> bool:
-    """Whether ``cfg``'s lineage records are written in the flow's thread (``tracking.writes``; auto: when the
-    MLflow tracking store and the artifact store are both on this machine).
+def write_mode(cfg: Config) -> str:
+    """Where ``cfg``'s lineage records are written (``tracking.writes``): ``inline`` (the flow's thread, at
+    the iteration's end), ``background`` (a thread of the flow's process) or ``process`` (a writer process:
+    no interpreter lock shared with the stages, opt-in); auto: ``inline`` when the MLflow tracking store and
+    the artifact store are both on this machine (CPU work), ``background`` across a network (waits on a
+    socket, without the lock).
 
     >>> from rl_core.schema.config import Config
-    >>> writes_inline(Config()), writes_inline(Config.model_validate({"store": {"uri": "s3://b/p"}}))
-    (True, False)
-    >>> writes_inline(Config.model_validate({"tracking": {"mlflow_uri": "http://127.0.0.1:5000"}}))
-    False
+    >>> write_mode(Config()), write_mode(Config.model_validate({"store": {"uri": "s3://b/p"}}))
+    ('inline', 'background')
+    >>> write_mode(Config.model_validate({"tracking": {"mlflow_uri": "http://127.0.0.1:5000"}}))
+    'background'
     """
     if cfg.tracking.writes != "auto":
-        return cfg.tracking.writes == "inline"
+        return cfg.tracking.writes
     here = ("", "file", "sqlite")
     store = urlsplit(cfg.store.uri).scheme if cfg.store.uri else ""
-    return urlsplit(tracking_uri(cfg)).scheme in here and store in here
+    local = urlsplit(tracking_uri(cfg)).scheme in here and store in here
+    return "inline" if local else "background"
 
 
 def metric_name(name: str) -> str:
@@ -181,20 +192,23 @@ class Lineage:
                 text = json.dumps(m.model_dump(mode="json"), indent=2)
                 (Path(folder) / f"{m.stage}.json").write_text(text, encoding="utf-8")
             self.client.log_artifacts(mlflow_run, folder, "manifests")
-        for m in manifests:
-            if not m.reused:  # (a resumed run finds it logged already)
-                self.log_lineage(mlflow_run, m)
+        for m in manifests:  # a resumed run's stage: only what its first attempt did not write
+            self.log_lineage(mlflow_run, m, missing_only=m.reused)
 
-    def log_lineage(self, mlflow_run: str, manifest: Manifest) -> None:
+    def log_lineage(self, mlflow_run: str, manifest: Manifest, missing_only: bool = False) -> None:
         """The stage's place in MLflow's own lineage: the tables the update read (rollouts, rewards) as the
         run's dataset inputs, the checkpoint it wrote as a logged model of the run. Both point at the store
-        (nothing is copied into MLflow)."""
+        (nothing is copied into MLflow). ``missing_only`` (a stage committed before a resume, whose records
+        the killed flow may not have written): each only when the run does not have it yet."""
         from mlflow.entities import Dataset, DatasetInput, InputTag
 
         k = manifest.iteration
         tables = [
             (n, r) for n, r in (manifest.inputs | manifest.outputs).items() if r.uri.endswith(".parquet")
         ]
+        if tables and missing_only and manifest.stage in LINEAGE_TABLE_STAGES:
+            have = {d.dataset.name for d in self.client.get_run(mlflow_run).inputs.dataset_inputs}
+            tables = [(n, r) for n, r in tables if f"{n}-iter-{k:04d}" not in have]
         if tables and manifest.stage in LINEAGE_TABLE_STAGES:
             inputs = [
                 DatasetInput(
@@ -211,10 +225,14 @@ class Lineage:
             ]
             self.client.log_inputs(mlflow_run, datasets=inputs)
         ckpt = manifest.outputs.get("checkpoint") if manifest.stage == "train" else None
+        name = f"policy-{manifest.run_id}-iter-{k:04d}"
+        if ckpt is not None and missing_only:
+            found = self.client.search_logged_models([self.experiment_id], filter_string=f"name = '{name}'")
+            ckpt = None if found else ckpt
         if ckpt is not None:
             model = self.client.create_logged_model(
                 self.experiment_id,
-                name=f"policy-{manifest.run_id}-iter-{k:04d}",
+                name=name,
                 source_run_id=mlflow_run,
                 tags={"store_uri": ckpt.uri, "policy_sha256": str(manifest.metrics.get("policy_sha256", ""))},
             )
@@ -227,7 +245,6 @@ class Lineage:
         ``name``, tagged with its run, iteration, digest and held-out accuracy; alias ``newest``, and
         ``champion`` when its accuracy is the best of the model's versions. A checkpoint already registered
         (a resumed run finishing again) is not registered twice. Returns the version."""
-        import contextlib
 
         from mlflow.exceptions import MlflowException
 
@@ -268,60 +285,3 @@ class Lineage:
 
     def finish(self, run: str, status: str = "FINISHED") -> None:
         self.client.set_terminated(run, status)
-
-
-class LineageWriter:
-    """Lineage writes in order, tagged by iteration: on one background thread, or ``inline`` (each when
-    submitted, in the submitting thread; a failure is still held for ``flush``). Stage records are held back
-    per MLflow run (``defer``) until the run is closed (``take``: its records, written in one batch).
-
-    >>> w = LineageWriter()
-    >>> seen = []
-    >>> first = w.submit(1, lambda: seen.append("a")); second = w.submit(2, lambda: seen.append("b"))
-    >>> w.flush(upto=1); seen[:1]
-    ['a']
-    >>> w.flush(); seen
-    ['a', 'b']
-    """
-
-    def __init__(self, inline: bool = False) -> None:
-        self.inline = inline
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlf-lineage")
-        self._pending: list[tuple[int, Future[Any]]] = []
-        self._lock = threading.Lock()  # stages of two iterations may submit at once (asynchronous RL)
-        self._deferred: dict[str, list[Any]] = {}
-
-    def defer(self, run: str, record: Any) -> None:
-        """Hold ``record`` (a stage's manifest) for MLflow run ``run`` until ``take``."""
-        with self._lock:
-            self._deferred.setdefault(run, []).append(record)
-
-    def take(self, run: str) -> list[Any]:
-        """The records held for ``run``, in the order they came (and forget them)."""
-        with self._lock:
-            return self._deferred.pop(run, [])
-
-    def submit(self, iteration: int, write: Callable[[], Any]) -> Future[Any]:
-        """Queue ``write`` (tagged with ``iteration``), or run it now when inline; its future (``flush`` also
-        waits for it and raises its failure)."""
-        if self.inline:
-            fut: Future[Any] = Future()
-            try:
-                fut.set_result(write())
-            except Exception as exc:  # held, as the thread would hold it, for flush or result()
-                fut.set_exception(exc)
-            with self._lock:
-                self._pending.append((iteration, fut))
-            return fut
-        with self._lock:
-            fut = self._pool.submit(write)
-            self._pending.append((iteration, fut))
-        return fut
-
-    def flush(self, upto: int | None = None) -> None:
-        """Wait for the writes of iterations <= ``upto`` (all when None); raise the first one's failure."""
-        with self._lock:
-            due = [(k, f) for k, f in self._pending if upto is None or k <= upto]
-            self._pending = [(k, f) for k, f in self._pending if not (upto is None or k <= upto)]
-        for _, fut in due:
-            fut.result()

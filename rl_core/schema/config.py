@@ -327,10 +327,10 @@ class StoreSection(_Section, StoreLockFields):
 class TrackingSection(_Section):
     mlflow_uri: str = Field("", description="MLflow tracking URI. Empty = sqlite:///<state dir>/mlflow.db.")
     enabled: bool = Field(True, description="Log lineage to MLflow.")
-    writes: Literal["auto", "inline", "background"] = Field(
+    writes: Literal["auto", "inline", "background", "process"] = Field(
         "auto",
-        description="Lineage writes inline (at the iteration's end) or on a background thread; auto: inline "
-        "when MLflow and the store are local (CPU work), background across a network (rl_core.run.lineage).",
+        description="Lineage writes inline, on a background thread or in a writer process; auto: inline when "
+        "MLflow and the store are local (CPU work), a thread across a network (rl_core.run.lineage).",
     )
 
 

@@ -1,14 +1,18 @@
-"""Lineage writes in submission order, on the writer's thread or inline (``tracking.writes``), and a failed
-write is not lost."""
+"""Lineage writes in submission order, in the writer process, on the writer's thread or inline
+(``tracking.writes``), and a failed write is not lost."""
 
 from __future__ import annotations
 
+import functools
+import os
 import threading
+from pathlib import Path
 
 import pytest
 
 from rl_core.run.context import legacy_config_hash, run_config_hash
-from rl_core.run.lineage import LineageWriter, writes_inline
+from rl_core.run.lineage import write_mode
+from rl_core.run.lineage_writer import LineageWriter
 from rl_core.schema.config import Config
 
 
@@ -37,7 +41,7 @@ def test_a_failed_write_is_raised_at_the_next_flush():
 
 
 def test_inline_writes_run_in_the_submitting_thread_in_order_and_hold_their_failure():
-    w, seen = LineageWriter(inline=True), []
+    w, seen = LineageWriter("inline"), []
     w.submit(1, lambda: seen.append(threading.current_thread().name))
 
     def boom() -> None:
@@ -54,20 +58,48 @@ def test_inline_writes_run_in_the_submitting_thread_in_order_and_hold_their_fail
 
 
 @pytest.mark.parametrize(
-    ("given", "inline"),
+    ("given", "mode"),
     [
-        ({}, True),  # MLflow on SQLite under the state dir, the store a local folder
-        ({"tracking": {"mlflow_uri": "sqlite:////tmp/m.db"}, "store": {"uri": "/data/store"}}, True),
-        ({"tracking": {"mlflow_uri": "file:///tmp/mlruns"}}, True),
-        ({"tracking": {"mlflow_uri": "http://127.0.0.1:5000"}}, False),  # waits on a socket
-        ({"tracking": {"mlflow_uri": "postgresql://mlflow@db/mlflow"}}, False),
-        ({"store": {"uri": "s3://bucket/runs"}}, False),  # MLflow's artifacts go beside the store
-        ({"store": {"uri": "s3://bucket/runs"}, "tracking": {"writes": "inline"}}, True),
-        ({"tracking": {"writes": "background"}}, False),
+        ({}, "inline"),  # MLflow on SQLite under the state dir, the store a local folder: CPU work
+        ({"tracking": {"mlflow_uri": "sqlite:////tmp/m.db"}, "store": {"uri": "/data/store"}}, "inline"),
+        ({"tracking": {"mlflow_uri": "file:///tmp/mlruns"}}, "inline"),
+        ({"tracking": {"writes": "process"}}, "process"),
+        ({"tracking": {"mlflow_uri": "http://127.0.0.1:5000"}}, "background"),  # waits on a socket
+        ({"tracking": {"mlflow_uri": "postgresql://mlflow@db/mlflow"}}, "background"),
+        ({"store": {"uri": "s3://bucket/runs"}}, "background"),  # MLflow's artifacts go beside the store
+        ({"store": {"uri": "s3://bucket/runs"}, "tracking": {"writes": "inline"}}, "inline"),
+        ({"tracking": {"writes": "background"}}, "background"),
     ],
 )
-def test_where_the_writes_go(given: dict, inline: bool) -> None:
-    assert writes_inline(Config.model_validate(given)) is inline
+def test_where_the_writes_go(given: dict, mode: str) -> None:
+    assert write_mode(Config.model_validate(given)) == mode
+
+
+def _append(path: str, text: str) -> int:
+    """A write the writer process runs: appends ``text`` to ``path``; its process id."""
+    with open(path, "a") as f:
+        f.write(text)
+    return os.getpid()
+
+
+def _fail(message: str) -> None:
+    raise ConnectionError(message)
+
+
+def test_the_writer_process_writes_in_order_outside_this_process_and_holds_its_failure(tmp_path: Path):
+    w, log = LineageWriter("process"), str(tmp_path / "log")
+    pids = [w.submit(k, functools.partial(_append, log, str(k))) for k in range(1, 6)]
+    w.submit(6, functools.partial(_fail, "MLflow: database is locked"))
+    w.flush(upto=5)
+    assert Path(log).read_text() == "12345"  # one process, in submission order
+    assert {f.result() for f in pids} != {os.getpid()} and len({f.result() for f in pids}) == 1
+    with pytest.raises(ConnectionError, match="database is locked"):
+        w.close()  # the failure of iteration 6, at the last flush
+    w.submit(7, functools.partial(_append, log, "7"))  # a later write starts a new process
+    w.close()
+    assert Path(log).read_text() == "123457"
+    with pytest.raises(ValueError, match="unknown lineage write mode 'procces'"):
+        LineageWriter("procces")
 
 
 def test_the_write_mode_is_not_part_of_the_runs_hash() -> None:
@@ -75,3 +107,30 @@ def test_the_write_mode_is_not_part_of_the_runs_hash() -> None:
     a, b = Config(), Config.model_validate({"tracking": {"writes": "background"}})
     assert run_config_hash(a) == run_config_hash(b)
     assert legacy_config_hash(a) == legacy_config_hash(b)
+
+
+@pytest.mark.parametrize("mode", ["process", "background"])
+def test_a_batch_goes_as_one_job_when_its_block_ends(tmp_path: Path, mode: str):
+    w, log = LineageWriter(mode), str(tmp_path / "log")
+    with w.batch():
+        first = w.submit(1, functools.partial(_append, log, "a"))
+        failed = w.submit(1, functools.partial(_fail, "MLflow: database is locked"))
+        last = w.submit(1, functools.partial(_append, log, "b"))
+        assert not first.done() and not Path(log).exists()  # held until the block ends
+    assert first.result(timeout=60) == last.result(timeout=60)  # one job: the same process or thread
+    assert Path(log).read_text() == "ab"  # in order; a failed write does not stop the ones after it
+    assert isinstance(failed.exception(), ConnectionError)
+    with pytest.raises(ConnectionError, match="database is locked"):
+        w.close()
+
+
+def test_a_flush_inside_a_batch_sends_it_first(tmp_path: Path):
+    """An alarm that stops the run inside the iteration's batch: the flow flushes before the block ends."""
+    w, log = LineageWriter("process"), str(tmp_path / "log")
+    with w.batch():
+        w.submit(1, functools.partial(_append, log, "a"))
+        w.flush()  # would wait forever for a write that is never sent
+        assert Path(log).read_text() == "a"
+        w.submit(2, functools.partial(_append, log, "b"))  # the batch has ended: sent at once
+    w.close()
+    assert Path(log).read_text() == "ab"

@@ -51,6 +51,18 @@ def test_the_update_reads_datasets_and_writes_a_logged_model(lin):
     assert models[0].tags["store_uri"] == _ckpt(1).uri and models[0].source_run_id == run
 
 
+def test_a_resumed_stage_whose_lineage_was_never_written_gets_it(lin):
+    """Killed after iteration 2 was committed, before its records were written: the resume finds the stage
+    committed (reused) and writes MLflow's lineage it lacks, once."""
+    run = lin.client.create_run(lin.experiment_id).info.run_id
+    lin.log_stage(run, _train(2, reused=True))
+    lin.log_stage(run, _train(2, reused=True))  # resumed twice: still once
+    inputs = lin.client.get_run(run).inputs.dataset_inputs
+    assert sorted(d.dataset.name for d in inputs) == ["rewards-iter-0002", "rollouts-iter-0002"]
+    models = lin.client.search_logged_models([lin.experiment_id], filter_string="name = 'policy-r-iter-0002'")
+    assert len(models) == 1 and models[0].source_run_id == run
+
+
 def test_promotion_registers_once_and_moves_the_champion_only_up(lin):
     v1 = lin.promote("rlfoundry-smoke", "r", 5, _ckpt(5), {"accuracy": 0.5})
     assert (
