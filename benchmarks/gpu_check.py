@@ -187,7 +187,11 @@ def train_arm(
     train = cfg.train.model_copy(update={"packing": pack is not None, "pack_tokens": pack or 0})
     model = load_model(folder, wl)
     engine = make_train_engine("deepspeed", model, train, wl.device)
-    batch = make_batch(df, pad_id=1, max_tokens=cfg.rollout.max_tokens, seed=3, pack_tokens=pack)
+    # as the train stage makes it: the head in chunks past train.logits_chunk_mb
+    chunk_mb = train.logits_chunk_mb
+    batch = make_batch(
+        df, pad_id=1, max_tokens=cfg.rollout.max_tokens, seed=3, pack_tokens=pack, logits_mb=chunk_mb
+    )
     lengths = [int(n) for n in batch.attention_mask.sum(1)]
     with Meter(wl.device) as first:
         metrics = ppo_update(engine, batch, train)
@@ -321,13 +325,20 @@ def measure(shape: dict[str, Any], args: argparse.Namespace, machine: Any, arms:
                 f"MFU {train[-1]['mfu']}"
             )
         if "bare" in arms:
+            import torch
+
             from rl_core.training.ppo import make_batch
 
             batch = make_batch(df, pad_id=1, max_tokens=args.max_tokens, seed=3)
-            bare["update"] = bare_update(
-                folder, batch, args.micro_batch_size, wl.device, args.dtype, args.repeats
-            )
-            say(f"train (bare PyTorch): {bare['update']['tokens_per_s']} tok/s")
+            try:  # the bare peer holds the whole vocabulary's float32 logits: at --large it may not fit
+                bare["update"] = bare_update(
+                    folder, batch, args.micro_batch_size, wl.device, args.dtype, args.repeats
+                )
+                say(f"train (bare PyTorch): {bare['update']['tokens_per_s']} tok/s")
+            except torch.cuda.OutOfMemoryError as e:
+                bare["update"] = {"error": f"out of GPU memory: {str(e).splitlines()[0]}"}
+                say(f"train (bare PyTorch): {bare['update']['error']}")
+                torch.cuda.empty_cache()
     padded, packed = train
     result: dict[str, Any] = {
         "folder_write_s": round(written, 1),
@@ -340,11 +351,12 @@ def measure(shape: dict[str, Any], args: argparse.Namespace, machine: Any, arms:
         "mfu": packed["mfu"],
         "packed_over_padded": round(packed["tokens_per_s"] / padded["tokens_per_s"], 3),
     }
-    if bare:  # ours over the bare peer's tokens/s
+    if bare:  # ours over the bare peer's tokens/s (None where the bare peer did not fit)
+        peer = bare["update"].get("tokens_per_s")
         result["vs_bare"] = {
             "generate": round(gen["tokens_per_s"] / bare["generate"]["tokens_per_s"], 3),
-            "update_padded": round(padded["tokens_per_s"] / bare["update"]["tokens_per_s"], 3),
-            "update_packed": round(packed["tokens_per_s"] / bare["update"]["tokens_per_s"], 3),
+            "update_padded": round(padded["tokens_per_s"] / peer, 3) if peer else None,
+            "update_packed": round(packed["tokens_per_s"] / peer, 3) if peer else None,
         }
     return result
 
