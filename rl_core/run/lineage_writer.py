@@ -13,7 +13,6 @@ import contextlib
 import functools
 import os
 import threading
-import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -47,22 +46,18 @@ def _settle(futures: list[Future[Any]], job: Future[Any]) -> None:
 WRITER_NICE = 19
 
 
-def _start_writer(parent: int, warm: tuple[str, ...]) -> None:
+def _start_writer(warm: tuple[str, ...]) -> None:
     """In the writer process: import what its writes need (``warm``, at normal priority: seconds of CPU it
     spends once, not behind every stage), then lower its priority (``WRITER_NICE``), and exit as soon as the
-    flow's process is gone (even SIGKILLed)."""
+    flow's process is gone (even SIGKILLed), as the environment pool's workers do."""
     import importlib
+
+    from envs.sandbox.pool import exit_with_parent
 
     for name in warm:
         importlib.import_module(name)
     os.nice(WRITER_NICE)
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(0.5)
-        os._exit(1)
-
-    threading.Thread(target=watch, name="rlf-lineage-parent", daemon=True).start()
+    exit_with_parent()
 
 
 class LineageWriter:
@@ -105,7 +100,7 @@ class LineageWriter:
                     1,
                     mp_context=mp.get_context("spawn"),
                     initializer=_start_writer,
-                    initargs=(os.getpid(), self.warm),
+                    initargs=(self.warm,),
                 )
             else:
                 self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlf-lineage")
