@@ -12,6 +12,8 @@ first joins the cluster); spawned processes import it from the parent's ``sys.pa
 
 from __future__ import annotations
 
+import logging
+import signal
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +24,8 @@ from rl_core.artifacts.images import digest
 from rl_core.artifacts.stage import StageJob, StageResult
 from rl_core.run.cluster import Probe, connect
 from rl_core.run.context import RunContext
+
+log = logging.getLogger("rlfoundry.envs")
 
 
 def outcomes_for(
@@ -199,11 +203,55 @@ def env_outcomes(ctx: RunContext, df: pd.DataFrame) -> pd.DataFrame:
         out = pd.DataFrame([o for part in parts for o in part])
         out.attrs["placement"] = {"ray_address": address, "env_workers": where}
         return out
-    else:
-        pool = _process_pool(ctx)
-        n = len(chunks)
-        parts = list(pool.map(outcomes_for, [tc.env] * n, [tc.env_args] * n, chunks, [tasks] * n))
+    parts = _pool_map(ctx, chunks, tasks)
     return pd.DataFrame([o for part in parts for o in part])
+
+
+def _ended(pool: Any) -> str:
+    """How the pool's worker processes ended: the signal or exit code of each that did."""
+    how = []
+    for p in list((getattr(pool, "_processes", None) or {}).values()):
+        code = p.exitcode
+        if code is not None and code != -signal.SIGTERM:  # SIGTERM: the executor ending the others
+            how.append(f"pid {p.pid}: {signal.Signals(-code).name if code < 0 else f'exit code {code}'}")
+    return ", ".join(how) or "no exit status kept"
+
+
+class _WorkerDied(Exception):
+    """A worker of the run's process pool ended while it held chunks; the message is how it ended."""
+
+
+def _map_once(ctx: RunContext, chunks: list[list[dict[str, Any]]], tasks: dict[str, Any]) -> list[Any]:
+    from concurrent.futures.process import BrokenProcessPool
+
+    tc, n = ctx.cfg.task, len(chunks)
+    pool = _process_pool(ctx)
+    try:
+        return list(pool.map(outcomes_for, [tc.env] * n, [tc.env_args] * n, chunks, [tasks] * n))
+    except BrokenProcessPool:
+        how = _ended(pool)
+        ctx.held.env_pool = None  # the next call starts a fresh pool
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise _WorkerDied(how) from None
+
+
+def _pool_map(ctx: RunContext, chunks: list[list[dict[str, Any]]], tasks: dict[str, Any]) -> list[Any]:
+    """The chunks' outcomes from the run's process pool. A worker that dies (the kernel's OOM killer, a crash
+    in native code) breaks the pool: the chunks run again, once, on a fresh one (outcomes are pure, so the
+    table is the same); a second death is an error naming the environment and how its workers ended."""
+    env = ctx.cfg.task.env
+    try:
+        return _map_once(ctx, chunks, tasks)
+    except _WorkerDied as died:
+        log.warning("environment %r: a worker died (%s); its chunks run again on a fresh pool", env, died)
+    try:
+        return _map_once(ctx, chunks, tasks)
+    except _WorkerDied as died:
+        raise RuntimeError(
+            f"environment {env!r}: a worker process of task.executor=process died twice ({died}); SIGKILL "
+            "is most often the kernel's OOM killer (fewer task.env_workers), SIGSEGV a crash in the "
+            "environment's native code; nothing committed"
+        ) from None
 
 
 def execute_envs_body(ctx: RunContext, job: StageJob) -> StageResult:

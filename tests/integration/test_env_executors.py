@@ -74,3 +74,33 @@ def test_inline_process_pool_and_ray_agree(config, state_dir, tmp_path):
     r = python_in_private_netns(code)
     assert r.returncode == 0, r.stderr[-3000:]
     pdt.assert_frame_equal(inline, pd.read_parquet(out))
+
+
+@pytest.mark.slow
+def test_a_dead_process_pool_worker_reruns_its_chunks_once_then_fails_naming_the_env(tmp_path, monkeypatch):
+    """A worker killed mid-chunk (the OOM killer) costs one rerun on a fresh pool, with the same table; a
+    worker that dies again is an error naming the environment and the signal, not a bare BrokenProcessPool."""
+    cfg = load_config(
+        "configs/smoke.yaml",
+        ["task.train_size=20", "task.heldout_size=10", "task.executor=process", "task.env_workers=1"],
+    )
+    ctx = RunContext(cfg, "exec-dying")
+    rows = _rows(ctx, multi=False)
+    want = env_outcomes(ctx, rows)
+    ctx.held.env_pool.shutdown()
+    ctx.held.env_pool = None
+    cfg.task.env = "tests.dying_env:DyingEnv"
+    monkeypatch.setenv("DYING_ENV_MARKER", str(tmp_path / "died-once"))
+    try:
+        pdt.assert_frame_equal(env_outcomes(ctx, rows), want)
+        assert (tmp_path / "died-once").exists()  # a worker did die
+        ctx.held.env_pool.shutdown()  # workers read their environment when spawned
+        ctx.held.env_pool = None
+        monkeypatch.setenv("DYING_ENV_ALWAYS", "1")
+        died = r"environment 'tests.dying_env:DyingEnv'.*died twice.*SIGKILL"
+        with pytest.raises(RuntimeError, match=died):
+            env_outcomes(ctx, rows)
+        assert ctx.held.env_pool is None  # the broken pool is not kept for the next stage
+    finally:
+        if ctx.held.env_pool is not None:
+            ctx.held.env_pool.shutdown()
