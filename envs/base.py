@@ -103,6 +103,11 @@ class Env(Protocol):
         ...
 
 
+class EnvUnavailable(RuntimeError):
+    """An environment cannot run on this machine (a browser or tool it drives is missing): refused before any
+    work, the message naming what is missing and how to install it."""
+
+
 @runtime_checkable
 class MultiTurn(Protocol):
     """Episodes of several model turns, the environment answering between them."""
@@ -112,7 +117,10 @@ class MultiTurn(Protocol):
 
 @runtime_checkable
 class Multimodal(Protocol):
-    """Each task comes with an image the model sees before the prompt's text."""
+    """Each task comes with an image the model sees before the prompt's text. The built-in policy (no
+    ``model.path``) is a LLaVA with one image before the prompt, or, where the class says
+    ``policy_family = "idefics3"`` (screens in every turn, of any size), an Idefics3
+    (``rl_core.models.idefics3``)."""
 
     image_size: int
 

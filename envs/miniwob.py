@@ -45,7 +45,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from envs.base import StepResult, draw_tasks
+from envs.base import EnvUnavailable, StepResult, draw_tasks
 
 WIDTH, HEIGHT = 160, 210  # MiniWoB's task area: the screenshot's size and the click coordinates' range
 DEFAULT_TASKS = ("click-button", "click-link", "enter-text")
@@ -112,15 +112,12 @@ def parse_action(text: str) -> tuple[str, Any] | str:
 def browser_paths() -> tuple[str, str]:
     """Chromium and chromedriver (``MINIWOB_CHROME_BINARY``/``MINIWOB_CHROMEDRIVER``, else on the PATH); an
     error naming what is missing."""
-    chrome = (
-        os.environ.get("MINIWOB_CHROME_BINARY")
-        or shutil.which("chromium")
-        or shutil.which("chromium-browser")
-    )
+    chrome = os.environ.get("MINIWOB_CHROME_BINARY") or shutil.which("chromium")
+    chrome = chrome or shutil.which("chromium-browser")
     driver = os.environ.get("MINIWOB_CHROMEDRIVER") or shutil.which("chromedriver")
     missing = [n for n, p in (("chromium", chrome), ("chromedriver", driver)) if not p]
     if missing:
-        raise RuntimeError(
+        raise EnvUnavailable(
             f"task.env=miniwob needs a headless Chromium and its driver; not found: {', '.join(missing)} "
             "(Debian: apt-get install chromium chromium-driver; `make` installs them)"
         )
@@ -272,6 +269,7 @@ class MiniWoBEnv:
     name = "miniwob"
     config_model: type[BaseModel] = MiniWoBOptions
     image_size = HEIGHT
+    policy_family = "idefics3"  # the built-in policy: a screenshot in every turn, expanded by its processor
 
     def __init__(self, options: BaseModel | None = None) -> None:
         self.options = options if isinstance(options, MiniWoBOptions) else MiniWoBOptions()

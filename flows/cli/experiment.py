@@ -141,6 +141,7 @@ def launch(
     curve: Path | None = None,
 ) -> None:
     """Create or resume the run record (``create_or_resume``), then run the experiment flow with progress."""
+    from envs.base import EnvUnavailable
     from infra.localstack.prefect_server import ensure_api
     from rl_core.artifacts.report import subscribe
     from rl_core.artifacts.store import StoreUnavailable
@@ -149,10 +150,10 @@ def launch(
     from rl_core.schema.config import ConfigError
 
     rid = run_id or new_run_id()
-    ctx = RunContext(cfg, rid)
-    try:
+    try:  # EnvUnavailable: the environment's browser or tool is missing (refused before any work)
+        ctx = RunContext(cfg, rid)
         create_or_resume(ctx, mode, force=force)
-    except (RunError, ConfigError, StoreUnavailable) as e:  # ConfigError: a bad model.path folder
+    except (RunError, ConfigError, StoreUnavailable, EnvUnavailable) as e:  # ConfigError: a bad model.path
         fail(str(e), 3 if isinstance(e, StoreUnavailable) else 2)
     typer.echo(f"run id: {rid}")
     typer.echo(f"artifacts: {ctx.store.run_uri(rid)}")

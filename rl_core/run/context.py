@@ -208,8 +208,9 @@ class RunContext:
     @functools.cached_property
     def multimodal(self) -> str | None:
         """The policy's vision-language family (``rl_core.models.vision.FAMILIES``) when it is one: a local
-        ``model.path`` folder's; ``llava`` for the built-in policy of an environment that gives images; and
-        ``vision-language`` for a remote folder's there. None for a text policy."""
+        ``model.path`` folder's; for the built-in policy of an environment that gives images, the one the
+        environment names (``policy_family``: ``idefics3``) or ``llava``; and ``vision-language`` for a
+        remote folder's there. None for a text policy."""
         from envs.base import Multimodal
         from rl_core.models.vision import family
 
@@ -218,7 +219,7 @@ class RunContext:
         if local and family(path):
             return family(path)
         if isinstance(self.env, Multimodal):
-            return "vision-language" if path else "llava"
+            return "vision-language" if path else getattr(self.env, "policy_family", "llava")
         return None
 
     @functools.cached_property

@@ -10,6 +10,7 @@ template when used)."""
 from __future__ import annotations
 
 import tempfile
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -33,6 +34,7 @@ from rl_core.models.model import (
 from rl_core.models.vision import (
     IMAGE_TOKEN,
     build_vlm,
+    expands_in_processor,
     image_prefix,
     model_inputs,
     pixel_values,
@@ -50,6 +52,8 @@ def init_body(ctx: RunContext, job: StageJob) -> StageResult:
     else:
         texts = [t["prompt"] for t in ctx.train_tasks] + [t["answer"] for t in ctx.train_tasks]
     multimodal = isinstance(ctx.env, Multimodal)
+    if multimodal and ctx.multimodal == "idefics3":
+        return _init_idefics3(ctx, job)
     tok = build_tokenizer(texts, cfg.model.vocab_size, [IMAGE_TOKEN] if multimodal else [])
     seed = derive_seed(cfg.experiment.seed, 0, "init")
     if multimodal:
@@ -65,6 +69,24 @@ def init_body(ctx: RunContext, job: StageJob) -> StageResult:
     return StageResult(
         outputs={"checkpoint": ref},
         metrics={"parameters": params, "vocab_size": len(tok), **data_metrics(ctx)},
+        seeds={"init": seed},
+    )
+
+
+def _init_idefics3(ctx: RunContext, job: StageJob) -> StageResult:
+    """The built-in Idefics3 policy (``rl_core.models.idefics3``): a folder as a user's SmolVLM would be."""
+    from rl_core.models.idefics3 import write_builtin
+    from rl_core.models.policy_folder import check_policy_folder
+
+    seed = derive_seed(ctx.cfg.experiment.seed, 0, "init")
+    with tempfile.TemporaryDirectory() as d:
+        folder = write_builtin(Path(d), ctx.cfg.model, seed)
+        vllm = ctx.placement.rollout_engine == "vllm"  # checked as a user's folder is
+        info = check_policy_folder(str(folder), max_model_len=ctx.cfg.model.max_position, vllm=vllm)
+        ref = ctx.store.put_dir(folder, f"{job.out_uri}/checkpoint")
+    return StageResult(
+        outputs={"checkpoint": ref},
+        metrics={"parameters": info["parameters"], "vocab_size": info["vocab_size"], **data_metrics(ctx)},
         seeds={"init": seed},
     )
 
@@ -278,7 +300,7 @@ def warmup_body(ctx: RunContext, job: StageJob) -> StageResult:
             loss_now = sum(losses[-every:]) / len(losses[-every:])
             emit({"kind": "status", "text": f"warm-up step {step + 1}/{cfg.steps}: loss {loss_now:.3f}"})
     with tempfile.TemporaryDirectory() as d:
-        if ctx.cfg.model.path:  # the user's folder as it was, with the new weights (as train writes them)
+        if ctx.cfg.model.path or expands_in_processor(src):  # the folder as it was, with the new weights
             weights = stored_weights(model.state_dict(), folder_dtype(src))  # a bf16 folder stays bf16
             save_with_weights(src, weights, d, ctx.cfg.model.max_shard_bytes)
         else:

@@ -114,12 +114,18 @@ def test_an_episode_starts_with_nothing_the_last_one_focused():
         fresh.close()
 
 
+@pytest.mark.slow
 def test_no_chromium_is_refused_before_work_naming_what_is_missing(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.delenv("MINIWOB_CHROME_BINARY", raising=False)
     monkeypatch.delenv("MINIWOB_CHROMEDRIVER", raising=False)
     with pytest.raises(RuntimeError, match="not found: chromium, chromedriver"):
         make_env("miniwob", {})
+    # the command: one line naming what is missing, exit 2, no traceback, no run started
+    cmd = ["run", "configs/miniwob.yaml", "--run-id", "nobrowser"]
+    r = run_cli(cmd, tmp_path, env={"PATH": str(tmp_path)})
+    assert r.returncode == 2 and "not found: chromium, chromedriver" in r.stderr, r.stderr[-2000:]
+    assert "Traceback" not in r.stderr and not (tmp_path / "store" / "nobrowser").exists()
     with pytest.raises(Exception, match="no MiniWoB\\+\\+ page no-such-task"):
         make_env("miniwob", {"tasks": ["no-such-task"]})
 
@@ -163,17 +169,20 @@ def test_the_warm_up_plays_the_teachers_episodes_as_rl_would(tmp_path, monkeypat
 
 
 @pytest.mark.slow
-def test_a_run_from_pixels_on_a_users_idefics3_folder(tmp_path):
-    folder = write_idefics3_folder(tmp_path / "idefics3")
+def test_a_run_from_pixels_on_the_built_in_idefics3_policy(tmp_path):
+    """No model.path: init builds the Idefics3 policy the environment names, and every stage reads it as a
+    user's SmolVLM folder (a user's folder on vLLM: tests/integration/test_vlm_families.py; on this
+    environment: the curve's smoke, tests/integration/test_benchmarks_smoke.py)."""
+    shape = ["model.hidden_size=64", "model.num_layers=2", "model.intermediate_size=128"]
+    shape.append("model.vision_layers=1")
     args = [
         *(
-            "--set",
-            f"model.path={folder}",
             "--set",
             "experiment.iterations=2",
             "--set",
             "tracking.enabled=false",
         ),
+        *(x for s in shape for x in ("--set", s)),
         *("--set", "task.train_size=24", "--set", "task.heldout_size=10", "--set", "eval.every=2"),
         *(
             "--set",
@@ -189,7 +198,11 @@ def test_a_run_from_pixels_on_a_users_idefics3_folder(tmp_path):
     ]
     r = run_cli(["run", "configs/miniwob.yaml", "--run-id", "web", *args], tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
-    marker = json.loads((folder / "config.json").read_text())["image_token_id"]
+    folder = next((tmp_path / "store" / "_base").glob("*/iter-0000/init/checkpoint"))
+    config = json.loads((folder / "config.json").read_text())
+    assert config["model_type"] == "idefics3" and config["text_config"]["hidden_size"] == 64
+    assert (folder / "processor_config.json").is_file() and (folder / "chat_template.jinja").is_file()
+    marker = config["image_token_id"]
     stored = {p.stem: p.read_bytes() for p in (tmp_path / "store" / "web" / "images").glob("*.png")}
     assert stored and all(digest(b) == name for name, b in stored.items())  # content-addressed, once each
     later = 0
