@@ -149,37 +149,14 @@ def write_qwen3_folder(out: Path, *, max_shard_size: str = "40KB", seed: int = 0
     return out
 
 
-def write_idefics3_folder(
-    out: Path,
-    *,
-    tie: bool = True,
-    seed: int = 0,
-    longest_edge: int = 64,
-    max_shard_size: str = "100KB",
-    text: tuple[int, int] = (64, 2),
-    vision: tuple[int, int] = (64, 1),
-    tile: int = 32,
-    positions: int = 512,
-) -> Path:
+def write_idefics3_folder(out: Path, **shape: Any) -> Path:
     """An Idefics3 (SmolVLM-architecture) folder as ``save_pretrained`` writes a hub checkpoint
-    (``rl_core.models.idefics3.write_idefics3``: sharded safetensors, the PIL image processor, so an image's
-    token count depends on its size), with a character-level tokenizer of its own (``QWEN3_CHARS``) and
-    grouped-query attention (one KV head), unlike the built-in policy's."""
+    (``rl_core.models.idefics3.write_idefics3``, whose keywords ``shape`` takes: sharded safetensors, the PIL
+    image processor, so an image's token count depends on its size), with a character-level tokenizer of its
+    own (``QWEN3_CHARS``) and grouped-query attention (one KV head), unlike the built-in policy's."""
     from rl_core.models.idefics3 import ROLES, TEMPLATE, tokens, write_idefics3
 
-    tok = char_tokenizer(tokens(QWEN3_CHARS), TEMPLATE, **ROLES)
-    return write_idefics3(
-        out,
-        tok,
-        text=text,
-        vision=vision,
-        tile=tile,
-        longest_edge=longest_edge,
-        positions=positions,
-        tie=tie,
-        seed=seed,
-        max_shard_size=max_shard_size,
-    )
+    return write_idefics3(out, char_tokenizer(tokens(QWEN3_CHARS), TEMPLATE, **ROLES), **shape)
 
 
 QWEN_VL_SPECIALS = [
