@@ -210,6 +210,23 @@ def _fork_server() -> object:
     return _FORK["server"]
 
 
+# nanobind's report at interpreter exit of the triton bindings' objects still alive (triton comes with vLLM
+# and torch): some 80 lines on every command's stderr, enough to push a failure's cause out of the tail an
+# assertion message shows (it did in CI). Dropped from what the helpers below return, replaced by one line.
+_EXIT_NOISE = re.compile(
+    r"^(nanobind: .*|\s+- (leaked (instance|type|function) .*|\.\.\. skipped remainder)|See https://nanobind\S*)\n",
+    re.M,
+)
+
+
+def _quiet(r: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
+    """``r`` with nanobind's exit-time leak report left out of its stderr (``_EXIT_NOISE``)."""
+    if isinstance(r.stderr, str) and "nanobind: " in r.stderr:
+        dropped = "(nanobind's exit-time leak report dropped: tests/conftest.py)\n"
+        r.stderr = _EXIT_NOISE.sub("", r.stderr) + dropped
+    return r
+
+
 def cli(
     args: list[str], env: dict[str, str], timeout: float = 900, fresh: bool = False, cwd: Path = ROOT
 ) -> subprocess.CompletedProcess:
@@ -217,14 +234,16 @@ def cli(
     of the fork server (tests/forkserver.py: the heavy imports done once), or with ``fresh`` (or
     RLFOUNDRY_TEST_FORK=0) a new interpreter, ``python -m flows.cli``."""
     if not fresh and os.environ.get("RLFOUNDRY_TEST_FORK", "1") != "0":
-        return _fork_server().run(args, env, timeout, cwd=cwd)  # type: ignore[attr-defined]
-    return subprocess.run(
-        [sys.executable, "-m", "flows.cli", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
+        return _quiet(_fork_server().run(args, env, timeout, cwd=cwd))  # type: ignore[attr-defined]
+    return _quiet(
+        subprocess.run(
+            [sys.executable, "-m", "flows.cli", *args],
+            cwd=cwd,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
     )
 
 
@@ -247,10 +266,9 @@ def run_script(
 ) -> subprocess.CompletedProcess:
     """``python SCRIPT ARGS`` (SCRIPT relative to the checkout), a child of the fork server like ``cli``."""
     if os.environ.get("RLFOUNDRY_TEST_FORK", "1") != "0":
-        return _fork_server().run(args, env, timeout, script=script)  # type: ignore[attr-defined]
-    return subprocess.run(
-        [sys.executable, script, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
-    )
+        return _quiet(_fork_server().run(args, env, timeout, script=script))  # type: ignore[attr-defined]
+    argv = [sys.executable, script, *args]
+    return _quiet(subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout))
 
 
 def run_cli(
