@@ -450,23 +450,40 @@ def steps_to_gain(acc: dict[str, float], base: float, gain: float) -> int | None
     return next((int(k) for k in sorted(acc, key=int) if acc[k] - base >= gain - 1e-9), None)
 
 
-def per_step_seconds(clock: list[float]) -> dict[str, float]:
-    """Median and mean seconds per step over steps 2..N (step 1 also builds engines), and step 1 alone.
+def per_step_seconds(*clocks: list[float]) -> dict[str, float]:
+    """Median and mean seconds per step over steps 2..N (step 1 also builds engines) of every round's clock
+    together, and step 1 of the first round alone.
 
     >>> per_step_seconds([5.0, 7.0, 9.0, 12.0])
     {'median_s': 2.0, 'mean_s': 2.333, 'first_s': 5.0}
+    >>> per_step_seconds([5.0, 7.0, 9.0], [4.0, 7.0, 8.0])
+    {'median_s': 2.0, 'mean_s': 2.0, 'first_s': 5.0}
     """
-    steps = [b - a for a, b in zip(clock, clock[1:], strict=False)] or clock
+    steps = [b - a for c in clocks for a, b in zip(c, c[1:], strict=False)] or list(clocks[0])
     median, mean = round(statistics.median(steps), 3), round(statistics.mean(steps), 3)
-    return {"median_s": median, "mean_s": mean, "first_s": clock[0]}
+    return {"median_s": median, "mean_s": mean, "first_s": clocks[0][0]}
 
 
-def summarize(spec: dict[str, Any], arms: dict[str, dict[str, Any]], ev: dict[str, Any]) -> dict[str, Any]:
-    """Per arm (``rlfoundry_sync``, ``rlfoundry_async``, ``trl``): seconds per step, accuracy curve, best
-    gain; then every arm's seconds to one common gain (the workload's target, or the largest gain all arms
-    reached when one fell short) and, per rlfoundry schedule, TRL's seconds over rlfoundry's: per step
+def round_order(arms: list[str], r: int) -> list[str]:
+    """The order of the arms in round ``r``: as given in even rounds, reversed in odd ones (ABBA), so that a
+    drift of the machine's speed over the run weighs on every arm alike.
+
+    >>> round_order(["sync", "async", "trl"], 0), round_order(["sync", "async", "trl"], 1)
+    (['sync', 'async', 'trl'], ['trl', 'async', 'sync'])
+    """
+    return list(arms) if r % 2 == 0 else list(arms)[::-1]
+
+
+def summarize(
+    spec: dict[str, Any], arms: dict[str, dict[str, Any]], ev: dict[str, Any], later: list[dict] | None = None
+) -> dict[str, Any]:
+    """Per arm (``rlfoundry_sync``, ``rlfoundry_async``, ``trl``): seconds per step (over the first round,
+    ``arms``, and the ``later`` ones together), accuracy curve, best gain; then every arm's seconds to one
+    common gain (the workload's target, or the largest gain all arms reached when one fell short; the first
+    round's runs, which were evaluated) and, per rlfoundry schedule, TRL's seconds over rlfoundry's: per step
     (``per_step_ratio``) and to the gain (``ratio``); null where an arm was skipped (its entry is
-    ``{"skipped": reason}``) or never reached the gain."""
+    ``{"skipped": reason}``) or never reached the gain. ``rounds``: each round's order and per-step
+    ratios."""
     acc = ev["accuracy"]
     base = acc["base"]["0"]
     skipped = {a: r for a, r in arms.items() if "skipped" in r}
@@ -475,12 +492,27 @@ def summarize(spec: dict[str, Any], arms: dict[str, dict[str, Any]], ev: dict[st
     common = min(best.values())
     gain = spec["gain"] if common >= spec["gain"] else round(common, 4)
     out: dict[str, Any] = {"base_accuracy": base, "heldout_problems": ev["problems"], "eval_s": ev["eval_s"]}
+    rounds = [arms, *(later or [])]
     for a, r in arms.items():
         curve = [
             {"step": int(k), "train_s": r["clock_s"][int(k) - 1], "accuracy": v} for k, v in acc[a].items()
         ]
-        out[a] = r | {"per_step": per_step_seconds(r["clock_s"]), "best_gain": round(best[a], 4)}
+        pooled = per_step_seconds(*(got[a]["clock_s"] for got in rounds))
+        out[a] = r | {"per_step": pooled, "best_gain": round(best[a], 4)}
         out[a]["curve"] = curve
+    out["rounds"] = []
+    for got in rounds:
+        trl_s = per_step_seconds(got["trl"]["clock_s"])["median_s"] if "trl" in got else None
+        mine = {a.removeprefix("rlfoundry_"): per_step_seconds(got[a]["clock_s"]) for a in got if a != "trl"}
+        out["rounds"].append(
+            {
+                "order": list(got),
+                "median_s": {a: m["median_s"] for a, m in mine.items()} | ({"trl": trl_s} if trl_s else {}),
+                "per_step_ratio": {
+                    a: round(trl_s / m["median_s"], 4) if trl_s else None for a, m in mine.items()
+                },
+            }
+        )
     steps = {a: steps_to_gain(acc[a], base, gain) if gain > 0 else None for a in arms}
     timed = {a: arms[a]["clock_s"][k - 1] if k else None for a, k in steps.items()}
     out["gain"] = {"target": spec["gain"], "timed": gain, "lowered": gain < spec["gain"]}
@@ -536,16 +568,24 @@ def measure(workload: str, spec: dict[str, Any], args: argparse.Namespace, trl_m
     iteration is profiled stage by stage."""
     run_id = f"vs-trl-{workload}-{time.strftime('%Y%m%d-%H%M%S')}"
     flags = ["--smoke"] if args.smoke else []
-    arms: dict[str, dict[str, Any]] = {}
-    named = rlfoundry_arms(args.arms)
-    for name, schedule, engine in named:
+    named = {f"rlfoundry_{n}": (n, schedule, engine) for n, schedule, engine in rlfoundry_arms(args.arms)}
+
+    def run(arm: str, rid: str) -> dict[str, Any]:
+        if arm == "trl":
+            return _arm("trl", workload, rid, spec, flags)
+        name, schedule, engine = named[arm]
         staleness = 0 if schedule == "sync" else args.staleness
         more = [*flags, "--staleness", str(staleness), "--engine", engine]
-        arms[f"rlfoundry_{name}"] = _arm("rlfoundry", workload, f"{run_id}-{name}", spec, more)
-    arms["trl"] = {"skipped": trl_missing} if trl_missing else _arm("trl", workload, run_id, spec, flags)
-    more = [*flags, "--rlfoundry-arms", ",".join(n for n, _, _ in named)]
+        return _arm("rlfoundry", workload, f"{rid}-{name}", spec, more)
+
+    rounds = []  # the first round's runs keep the run id: they are the ones evaluated
+    for r in range(args.rounds):
+        order = round_order([*named, *([] if trl_missing else ["trl"])], r)
+        rounds.append({a: run(a, run_id if r == 0 else f"{run_id}-r{r}") for a in order})
+    arms = rounds[0] | ({"trl": {"skipped": trl_missing}} if trl_missing else {})
+    more = [*flags, "--rlfoundry-arms", ",".join(n for n, _, _ in named.values())]
     ev = _arm("eval", workload, run_id, spec, more + (["--skip-trl"] if trl_missing else []))
-    result = summarize(spec, arms, ev)
+    result = summarize(spec, arms, ev, rounds[1:])
     return {"run_id": run_id, **spec, "async_max_staleness": args.staleness, **result}
 
 
@@ -619,6 +659,13 @@ def main() -> None:
         "(--staleness), with rollout.engine auto (default), hf or vllm",
     )
     ap.add_argument("--staleness", type=int, default=1, help="rollout.max_staleness of the async schedule")
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=2,
+        help="runs of every arm per workload, in alternating order (ABBA): seconds per step over all of "
+        "them; the first round's runs are the ones evaluated (--smoke: 1)",
+    )
     ap.add_argument("--json", action="store_true", help="print the JSON result as the last line")
     ap.add_argument(
         "--out", type=Path, help="result file (default benchmarks/results/vs_trl[_WORKLOAD].json)"
@@ -656,7 +703,7 @@ def main() -> None:
     build_ops()
     found = {}
     if args.smoke:  # one step per arm on the smallest workload, synchronously (the suite's time)
-        args.iterations, args.eval_every, args.arms = 1, 1, "sync"
+        args.iterations, args.eval_every, args.arms, args.rounds = 1, 1, "sync", 1
         args.workload = "default" if args.workload in ("both", "all") else args.workload
     chosen = {"both": ["default", "generation"], "all": list(WORKLOADS)}.get(args.workload, [args.workload])
     for w in chosen:
