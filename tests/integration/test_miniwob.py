@@ -17,7 +17,7 @@ from envs.base import make_env
 from envs.miniwob import HEIGHT, WIDTH, oracle_actions
 from rl_core.artifacts.images import digest
 from rl_core.schema.config import load_config
-from tests.conftest import replayed_identical, run_cli
+from tests.conftest import cli_env, replayed_identical, run_cli
 from tests.model_folders import write_idefics3_folder
 
 TASKS = ["click-button", "click-link", "enter-text"]
@@ -114,18 +114,23 @@ def test_an_episode_starts_with_nothing_the_last_one_focused():
         fresh.close()
 
 
-@pytest.mark.slow
 def test_no_chromium_is_refused_before_work_naming_what_is_missing(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.delenv("MINIWOB_CHROME_BINARY", raising=False)
     monkeypatch.delenv("MINIWOB_CHROMEDRIVER", raising=False)
     with pytest.raises(RuntimeError, match="not found: chromium, chromedriver"):
         make_env("miniwob", {})
-    # the command: one line naming what is missing, exit 2, no traceback, no run started
+    # the command (its own code, in this process: it stops before any server or stage): one line naming what
+    # is missing, exit 2, no traceback, no run started
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
     cmd = ["run", "configs/miniwob.yaml", "--run-id", "nobrowser"]
-    r = run_cli(cmd, tmp_path, env={"PATH": str(tmp_path)})
-    assert r.returncode == 2 and "not found: chromium, chromedriver" in r.stderr, r.stderr[-2000:]
-    assert "Traceback" not in r.stderr and not (tmp_path / "store" / "nobrowser").exists()
+    r = CliRunner().invoke(app, cmd, env={**cli_env(tmp_path), "PATH": str(tmp_path)})
+    said = (r.output[-2000:], r.exception)
+    assert r.exit_code == 2 and "not found: chromium, chromedriver" in r.output, said
+    assert "Traceback" not in r.output and not (tmp_path / "store" / "nobrowser").exists()
     with pytest.raises(Exception, match="no MiniWoB\\+\\+ page no-such-task"):
         make_env("miniwob", {"tasks": ["no-such-task"]})
 
