@@ -183,8 +183,13 @@ def train_arm(
     from rl_core.training.ppo import make_batch, ppo_update
     from rl_core.training.train_engine import make_train_engine
 
-    wl = placement.workloads["trainer"]
     train = cfg.train.model_copy(update={"packing": pack is not None, "pack_tokens": pack or 0})
+    if train.packing != cfg.train.packing:  # the arm's own kernel: packed rows take flex_attention on a GPU
+        from rl_core.models.machine import Machine
+        from rl_core.models.placement import plan
+
+        placement = plan(cfg.model_copy(update={"train": train}), Machine.this())
+    wl = placement.workloads["trainer"]
     model = load_model(folder, wl)
     engine = make_train_engine("deepspeed", model, train, wl.device)
     # as the train stage makes it: the head in chunks past train.logits_chunk_mb

@@ -46,7 +46,7 @@ __all__ = [
 class Workload:
     device: str  # "cpu" or "cuda:<index>"
     dtype: str  # "float32" or "bfloat16": weights held and forwards computed in it
-    attn: str  # transformers' attn_implementation: "sdpa", "eager" or "flash_attention_2"
+    attn: str  # transformers' attn_implementation: "sdpa", "eager", "flash_attention_2" or "flex_attention"
 
     @property
     def torch_dtype(self) -> Any:
@@ -149,15 +149,23 @@ class Placement:
 TRAINER_SIDE = ("trainer", "reference", "critic")
 
 
-def _attn(cfg: Any, on_gpu: bool, dtype: str, machine: Machine) -> str:
-    if cfg.train.attn != "auto":
-        if cfg.train.attn == "flash_attention_2" and not (on_gpu and machine.flash_attn):
-            raise PlacementError(
-                "train.attn=flash_attention_2 needs a GPU and the flash-attn package "
-                "(pip install flash-attn --no-build-isolation); use train.attn=auto"
-            )
-        return cfg.train.attn
-    return "flash_attention_2" if on_gpu and machine.flash_attn and dtype == "bfloat16" else "sdpa"
+def _attn(cfg: Any, on_gpu: bool, dtype: str, machine: Machine, engine: bool = False) -> str:
+    """The attention kernel (``train.attn``, auto resolved) of the trainer and reference, or with ``engine``
+    of the HF engine (which decodes with a KV cache: flex_attention's per-shape compile would not pay)."""
+    kernel = cfg.train.attn
+    if kernel == "flash_attention_2" and not (on_gpu and machine.flash_attn):
+        raise PlacementError(
+            "train.attn=flash_attention_2 needs a GPU and the flash-attn package "
+            "(pip install flash-attn --no-build-isolation); use train.attn=auto"
+        )
+    if kernel == "flex_attention" and not on_gpu:
+        raise PlacementError("train.attn=flex_attention needs a GPU (flex_attention has no CPU backward)")
+    if kernel == "auto":
+        if on_gpu and machine.flash_attn and dtype == "bfloat16":
+            kernel = "flash_attention_2"
+        else:  # packed rows on a GPU: a document mask that is never dense
+            kernel = "flex_attention" if on_gpu and cfg.train.packing else "sdpa"
+    return "sdpa" if engine and kernel == "flex_attention" else kernel
 
 
 def engine_dtype(cfg: Any) -> str:
@@ -257,6 +265,8 @@ def plan(cfg: Any, machine: Machine, multimodal: bool | str | None = False) -> P
     first = f"cuda:{trainer_gpus[0]}" if on_gpu else "cpu"
     eng_device = f"cuda:{rollout_gpus[0]}" if on_gpu else "cpu"
     eng_dtype = engine_dtype(cfg)
+    engine_attn = _attn(cfg, on_gpu, eng_dtype, machine, engine=True)
+    judge_attn = "vllm" if cfg.reward.judge.engine == "vllm" else engine_attn
     workloads = {
         # The in-flow trainer's GPU; a launched rank r runs on cuda:r of the trainer GPUs made visible to it
         # (Placement.for_rank: rl_core.training.train_launch hands the ranks this placement).
@@ -264,11 +274,11 @@ def plan(cfg: Any, machine: Machine, multimodal: bool | str | None = False) -> P
         "reference": Workload(first, compute, attn),
         "critic": Workload(first, "float32", "sdpa"),
         "warmup": Workload(first, "float32", "sdpa"),
-        "rollout": Workload(eng_device, eng_dtype, "vllm" if engine == "vllm" else attn),
-        "hf_engine": Workload(eng_device, eng_dtype, _attn(cfg, on_gpu, eng_dtype, machine)),
+        "rollout": Workload(eng_device, eng_dtype, "vllm" if engine == "vllm" else engine_attn),
+        "hf_engine": Workload(eng_device, eng_dtype, engine_attn),
         "reward_model": Workload(first, "float32", "sdpa"),
         # The LLM judge's engine: beside the policy's engine, in its dtype.
-        "judge": Workload(eng_device, eng_dtype, "vllm" if cfg.reward.judge.engine == "vllm" else attn),
+        "judge": Workload(eng_device, eng_dtype, judge_attn),
     }
     servers = _server_gpus(cfg, rollout_gpus) if on_gpu else ()
     tp = len(servers[0]) if servers else len(rollout_gpus) if cfg.rollout.gpus else 1

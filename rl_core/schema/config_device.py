@@ -25,11 +25,14 @@ class TrainDeviceFields(BaseModel):
         "train.zero_stage >= 1), the reference model and the rollout engine in bf16 too (rollout.dtype "
         "auto). Needs a GPU of compute capability 8.0+ or a CPU with AVX512-BF16/AMX.",
     )
-    attn: Literal["auto", "sdpa", "eager", "flash_attention_2"] = Field(
+    attn: Literal["auto", "sdpa", "eager", "flash_attention_2", "flex_attention"] = Field(
         "auto",
         description="Attention kernel of the trainer, reference, critic and HF engine. auto: "
         "flash_attention_2 on a GPU in bf16 when the flash-attn package is installed (packed rows then run "
-        "its variable-length kernel), else sdpa.",
+        "its variable-length kernel); else, on a GPU with train.packing, flex_attention for the trainer and "
+        "reference (torch's document-masked kernel: packed rows without a dense mask, no extra package); "
+        "else sdpa. flex_attention needs a GPU (no CPU backward) and compiles once per shape; the HF "
+        "engine keeps sdpa.",
     )
 
     @model_validator(mode="after")

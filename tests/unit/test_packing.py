@@ -138,6 +138,19 @@ def test_packed_logits_equal_padded_on_every_real_token(attn, budget):
     assert not packed[~real].any()  # nothing past a sequence's end
 
 
+def test_packed_logits_on_flex_attention_equal_padded_on_sdpa():
+    """``train.attn`` auto's kernel for packed rows on a GPU without flash-attn: flex_attention, the document
+    mask as a block mask made from the positions, never dense. Its forward, compiled here on the CPU, gives
+    the padded rows' logits on sdpa (its backward has no CPU kernel: the placement refuses it on a CPU)."""
+    b = make_batch(_frame(), pad_id=1)
+    with torch.no_grad():
+        padded = _logits(_policy("sdpa").eval(), b.input_ids, b.attention_mask)
+        packed = packed_logits(_policy("flex_attention").eval(), b.input_ids, b.attention_mask, 24)
+    real = b.attention_mask[:, 1:].bool()
+    assert torch.allclose(packed[real], padded[real], atol=ATOL)
+    assert not packed[~real].any()
+
+
 def test_packed_loss_and_gradients_equal_padded():
     losses, grads = [], []
     for pack_tokens in (None, 16):

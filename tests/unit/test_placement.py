@@ -107,10 +107,22 @@ def test_the_gpu_config_fits_the_gpus_it_names_and_not_a_smaller_one():
         plan(fixed, Machine.described("A100-40GB"))
 
 
-def test_without_flash_attn_the_kernel_is_sdpa_and_asking_for_it_is_refused():
-    cfg = load_config(ROOT / "configs/gpu.yaml")
+def test_without_flash_attn_packed_rows_take_flex_attention_else_sdpa_and_asking_for_it_is_refused():
+    cfg = load_config(ROOT / "configs/gpu.yaml")  # packed rows
     bare = Machine.described("H200", flash_attn=False)
-    assert plan(cfg, bare).workloads["trainer"].attn == "sdpa"
+    w = plan(cfg, bare).workloads
+    # the document mask of packed rows without a dense mask; the HF engine decodes on sdpa
+    kernels = (w["trainer"].attn, w["reference"].attn, w["hf_engine"].attn)
+    assert kernels == ("flex_attention", "flex_attention", "sdpa")
+    unpacked = cfg.train.model_copy(update={"packing": False, "pack_tokens": 0})
+    padded = cfg.model_copy(update={"train": unpacked})
+    assert plan(padded, bare).workloads["trainer"].attn == "sdpa"
+    assert plan(cfg, CPU).workloads["trainer"].attn == "sdpa"  # a CPU: flex would compile every shape
+    asked = cfg.model_copy(update={"train": cfg.train.model_copy(update={"attn": "flex_attention"})})
+    w = plan(asked, bare).workloads  # asked for: taken, padded or packed, by the trainer only
+    assert (w["trainer"].attn, w["hf_engine"].attn) == ("flex_attention", "sdpa")
+    with pytest.raises(PlacementError, match="flex_attention needs a GPU"):  # no CPU backward
+        plan(asked, CPU)
     asked = _cfg(train={**BF16, "attn": "flash_attention_2"})
     with pytest.raises(PlacementError, match="flash-attn"):
         plan(asked, bare)
