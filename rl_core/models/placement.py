@@ -268,8 +268,7 @@ def plan(cfg: Any, machine: Machine, multimodal: bool | str | None = False) -> P
     engine_attn = _attn(cfg, on_gpu, eng_dtype, machine, engine=True)
     judge_attn = "vllm" if cfg.reward.judge.engine == "vllm" else engine_attn
     workloads = {
-        # The in-flow trainer's GPU; a launched rank r runs on cuda:r of the trainer GPUs made visible to it
-        # (Placement.for_rank: rl_core.training.train_launch hands the ranks this placement).
+        # in the flow this GPU; a launched rank r cuda:r of the trainer GPUs it sees (Placement.for_rank)
         "trainer": Workload(first, compute, attn),
         "reference": Workload(first, compute, attn),
         "critic": Workload(first, "float32", "sdpa"),
@@ -277,8 +276,7 @@ def plan(cfg: Any, machine: Machine, multimodal: bool | str | None = False) -> P
         "rollout": Workload(eng_device, eng_dtype, "vllm" if engine == "vllm" else engine_attn),
         "hf_engine": Workload(eng_device, eng_dtype, engine_attn),
         "reward_model": Workload(first, "float32", "sdpa"),
-        # The LLM judge's engine: beside the policy's engine, in its dtype.
-        "judge": Workload(eng_device, eng_dtype, judge_attn),
+        "judge": Workload(eng_device, eng_dtype, judge_attn),  # beside the policy's engine, in its dtype
     }
     servers = _server_gpus(cfg, rollout_gpus) if on_gpu else ()
     tp = len(servers[0]) if servers else len(rollout_gpus) if cfg.rollout.gpus else 1
