@@ -23,12 +23,14 @@ import string
 from pathlib import Path
 from typing import Any
 
+from rl_core.models.vision import IMAGE_TOKEN
+
 # Idefics3's image structure tokens: the processor writes a global image and a grid of crops, each between
 # <fake_token_around_image> markers, its crops tagged <row_i_col_j>.
 SPECIALS = [
     "<end_of_utterance>",
     "<fake_token_around_image>",
-    "<image>",
+    IMAGE_TOKEN,
     "<global-img>",
     *(f"<row_{i + 1}_col_{j + 1}>" for i in range(6) for j in range(6)),
 ]
@@ -109,7 +111,7 @@ def _config(
         vision_config=vision_cfg.to_dict(),
         text_config=text_cfg.to_dict(),
         scale_factor=2,
-        image_token_id=tok.convert_tokens_to_ids("<image>"),
+        image_token_id=tok.convert_tokens_to_ids(IMAGE_TOKEN),
         tie_word_embeddings=tie,
         pad_token_id=tok.pad_token_id,
     )
@@ -166,11 +168,7 @@ def write_idefics3(
 
 def write_builtin(out: Path, model_cfg: Any, seed: int) -> Path:
     """The built-in policy of the ``model`` section (``rl_core.schema.config.ModelSection``) into ``out``."""
-    if model_cfg.hidden_size % model_cfg.num_heads:
-        raise ValueError(
-            f"model.hidden_size={model_cfg.hidden_size} must divide by model.num_heads={model_cfg.num_heads}"
-        )
-    tile = 4 * model_cfg.patch_size
+    tile = 4 * model_cfg.patch_size  # (load_config has checked that num_heads divides hidden_size)
     return write_idefics3(
         out,
         char_tokenizer(tokens(), TEMPLATE, **ROLES),

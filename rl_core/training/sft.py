@@ -47,13 +47,13 @@ def init_body(ctx: RunContext, job: StageJob) -> StageResult:
     cfg = ctx.cfg
     if cfg.model.path:
         return _init_from_folder(ctx, job)
+    if ctx.multimodal == "idefics3":  # the environment's screens come in every turn
+        return _init_idefics3(ctx, job)
     if isinstance(ctx.env, Corpus):  # environments with their own vocabulary (tool calls, observations)
         texts = ctx.env.corpus(ctx.train_tasks)
     else:
         texts = [t["prompt"] for t in ctx.train_tasks] + [t["answer"] for t in ctx.train_tasks]
     multimodal = isinstance(ctx.env, Multimodal)
-    if multimodal and ctx.multimodal == "idefics3":
-        return _init_idefics3(ctx, job)
     tok = build_tokenizer(texts, cfg.model.vocab_size, [IMAGE_TOKEN] if multimodal else [])
     seed = derive_seed(cfg.experiment.seed, 0, "init")
     if multimodal:
