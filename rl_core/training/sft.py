@@ -73,20 +73,31 @@ def init_body(ctx: RunContext, job: StageJob) -> StageResult:
     )
 
 
+# how many training tasks' first screens the built-in Idefics3 policy's pixel normalization is measured on
+SCREENS = 64
+
+
 def _init_idefics3(ctx: RunContext, job: StageJob) -> StageResult:
-    """The built-in Idefics3 policy (``rl_core.models.idefics3``): a folder as a user's SmolVLM would be."""
+    """The built-in Idefics3 policy (``rl_core.models.idefics3``): a folder as a user's SmolVLM would be, its
+    pixels normalized by the first screens of the first ``SCREENS`` training tasks."""
     from rl_core.models.idefics3 import write_builtin
     from rl_core.models.policy_folder import check_policy_folder
 
     seed = derive_seed(ctx.cfg.experiment.seed, 0, "init")
+    screens = [ctx.env.image(t) for t in ctx.train_tasks[:SCREENS]]
     with tempfile.TemporaryDirectory() as d:
-        folder = write_builtin(Path(d), ctx.cfg.model, seed)
+        folder = write_builtin(Path(d), ctx.cfg.model, seed, screens)
         vllm = ctx.placement.rollout_engine == "vllm"  # checked as a user's folder is
         info = check_policy_folder(str(folder), max_model_len=ctx.cfg.model.max_position, vllm=vllm)
         ref = ctx.store.put_dir(folder, f"{job.out_uri}/checkpoint")
     return StageResult(
         outputs={"checkpoint": ref},
-        metrics={"parameters": info["parameters"], "vocab_size": info["vocab_size"], **data_metrics(ctx)},
+        metrics={
+            "parameters": info["parameters"],
+            "vocab_size": info["vocab_size"],
+            "pixel_screens": len(screens),
+            **data_metrics(ctx),
+        },
         seeds={"init": seed},
     )
 

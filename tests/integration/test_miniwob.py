@@ -207,6 +207,11 @@ def test_a_run_from_pixels_on_the_built_in_idefics3_policy(tmp_path):
     config = json.loads((folder / "config.json").read_text())
     assert config["model_type"] == "idefics3" and config["text_config"]["hidden_size"] == 64
     assert (folder / "processor_config.json").is_file() and (folder / "chat_template.jinja").is_file()
+    # its pixels normalized by the run's own training screens (all 24 of them), not SmolVLM's 0.5/0.5
+    images = json.loads((folder / "processor_config.json").read_text())["image_processor"]
+    init = json.loads((folder.parent / "_manifest.json").read_text())["metrics"]
+    assert init["pixel_screens"] == 24
+    assert images["image_mean"][0] > 0.9 and images["image_std"][0] < 0.2, images  # a mostly white page
     marker = config["image_token_id"]
     stored = {p.stem: p.read_bytes() for p in (tmp_path / "store" / "web" / "images").glob("*.png")}
     assert stored and all(digest(b) == name for name, b in stored.items())  # content-addressed, once each
