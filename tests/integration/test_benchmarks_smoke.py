@@ -43,6 +43,7 @@ SMOKES: tuple[str, ...] = (
     "orchestration",
     "packing",
     "pg_family",
+    "pixel_norm",
     "plot_curve",
     "reasoning_gym_curve",
     "reward_audit",
