@@ -93,24 +93,23 @@ class LineageWriter:
     def _executor(self) -> Any:
         if self._pool is None:  # (again after close: a flow run after another in one process)
             if self.mode == "process":
-                import multiprocessing as mp
-                from concurrent.futures import ProcessPoolExecutor
+                from rl_core.run.writer_process import WriterProcess
 
-                self._pool = ProcessPoolExecutor(
-                    1,
-                    mp_context=mp.get_context("spawn"),
-                    initializer=_start_writer,
-                    initargs=(self.warm,),
-                )
+                self._pool = WriterProcess(self.warm, _start_writer)
             else:
                 self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlf-lineage")
         return self._pool
 
+    def _future(self) -> Future[Any]:
+        """A write's future: in the writer process's mode one that reads the process's results when waited
+        on (``rl_core.run.writer_process.Drained``)."""
+        return self._executor().future() if self.mode == "process" else Future()
+
     @contextlib.contextmanager
     def batch(self) -> Iterator[None]:
         """Writes the calling thread submits inside the block go to the thread or process as one job, when
-        the block ends (each its own future): handing a write to the writer process costs the flow's thread
-        a few milliseconds each (the interpreter lock, passed to the executor's own threads and back)."""
+        the block ends (each its own future): one pipe write for the writer process, one hand-over for the
+        thread (which takes the interpreter lock from the stages each time)."""
         if self.inline or self._batch is not None:
             yield
             return
@@ -152,7 +151,7 @@ class LineageWriter:
             return fut
         with self._lock:
             if self._batch is not None and threading.get_ident() == self._batch_thread:
-                fut = Future()
+                fut = self._future()
                 self._batch.append((iteration, write, fut))
             else:
                 fut = self._executor().submit(write)

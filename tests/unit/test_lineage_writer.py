@@ -134,3 +134,28 @@ def test_a_flush_inside_a_batch_sends_it_first(tmp_path: Path):
         w.submit(2, functools.partial(_append, log, "b"))  # the batch has ended: sent at once
     w.close()
     assert Path(log).read_text() == "ab"
+
+
+def _die(code: int) -> None:
+    os._exit(code)
+
+
+def test_the_writer_process_takes_no_thread_of_the_flows_and_its_death_fails_what_is_out(tmp_path: Path):
+    """Jobs go down a pipe from the submitting thread (no executor threads taking the interpreter lock from
+    the stages); a writer that dies fails every write still out, naming its exit code."""
+    import threading
+
+    w, log = LineageWriter("process"), str(tmp_path / "log")
+    before = threading.active_count()
+    first = w.submit(1, functools.partial(_append, log, "a"))
+    with w.batch():
+        w.submit(2, functools.partial(_append, log, "b"))
+    assert threading.active_count() == before
+    assert first.result(timeout=60) != os.getpid()
+    w.submit(3, functools.partial(_die, 3))
+    lost = w.submit(4, functools.partial(_append, log, "c"))
+    with pytest.raises(RuntimeError, match=r"lineage writer process exited \(code 3\)"):
+        w.flush()
+    assert isinstance(lost.exception(), RuntimeError)
+    assert Path(log).read_text() == "ab"
+    w.close()

@@ -1,0 +1,163 @@
+"""The lineage writer's process: jobs go to it down one pipe, their results come back up another, and no
+thread of the flow's process takes part.
+
+A ``ProcessPoolExecutor`` hands each job to two threads of its own (its manager thread pickles it, a queue's
+feeder thread writes it), and each takes the interpreter lock from the stage that submitted the job: ~14 ms of
+the flow's thread an iteration here (``benchmarks/lineage_writes.py``). Here ``submit`` pickles the job and
+writes it to the pipe in the calling thread; results are read when someone waits for one (``Drained``'s
+``result``/``exception``, or ``drain``), and in passing at each ``submit`` (so the result pipe never fills).
+
+    proc = WriterProcess(warm=("mlflow",), start=start_writer)
+    fut = proc.submit(functools.partial(write, ...))   # a Drained future
+    fut.result()                                       # reads results until this one's is in
+    proc.shutdown()
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import multiprocessing as mp
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
+
+POLL_S = 0.2  # how often a wait checks that the process still lives
+
+
+def serve(jobs: Any, results: Any, warm: tuple[str, ...], start: Callable[[tuple[str, ...]], None]) -> None:
+    """In the writer process: ``start(warm)``, then each job in the order sent, its (id, succeeded, result or
+    exception) sent back, until the job pipe closes."""
+    start(warm)
+    while True:
+        try:
+            seq, fn, args = jobs.recv()
+        except EOFError:  # the flow closed it (shutdown) or is gone
+            return
+        try:
+            out: tuple[int, bool, Any] = (seq, True, fn(*args))
+        except Exception as exc:  # held for that job's future
+            out = (seq, False, exc)
+        try:
+            results.send(out)
+        except Exception as exc:  # a result or exception that does not pickle: say what it was
+            results.send((seq, False, RuntimeError(f"lineage write {seq}: unpicklable outcome ({exc})")))
+
+
+class Drained(Future):
+    """A future settled by reading the writer's results: waiting on it reads them until it is settled."""
+
+    def __init__(self, drain: Callable[[Future[Any], float | None], None]) -> None:
+        super().__init__()
+        self._drain = drain
+
+    def result(self, timeout: float | None = None) -> Any:
+        if not self.done():  # (a settled one is read in its own done-callbacks, inside a drain)
+            self._drain(self, timeout)
+        return super().result(timeout=0)
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        if not self.done():
+            self._drain(self, timeout)
+        return super().exception(timeout=0)
+
+
+class WriterProcess:
+    """One spawned process running jobs (picklable callables) in the order they were submitted."""
+
+    def __init__(self, warm: tuple[str, ...], start: Callable[[tuple[str, ...]], None]) -> None:
+        ctx = mp.get_context("spawn")
+        jobs_out, self._jobs = ctx.Pipe(duplex=False)
+        self._results, results_in = ctx.Pipe(duplex=False)
+        self._proc = ctx.Process(
+            target=serve, args=(jobs_out, results_in, warm, start), name="rlf-lineage-writer", daemon=True
+        )
+        self._proc.start()
+        jobs_out.close()
+        results_in.close()
+        self._seq = itertools.count(1)
+        self._waiting: dict[int, Drained] = {}
+        self._send_lock = threading.Lock()  # stages of two iterations may submit at once (asynchronous RL)
+        self._read_lock = threading.Lock()
+        self._dead: BaseException | None = None
+
+    def future(self) -> Drained:
+        """A future of this writer's (settled as its results are read)."""
+        return Drained(self.drain)
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Drained:
+        fut = self.future()
+        self.drain(None, 0.0)  # results already in, so their pipe never fills
+        with self._send_lock:
+            if self._dead is not None:
+                fut.set_exception(self._dead)
+                return fut
+            seq = next(self._seq)
+            self._waiting[seq] = fut
+            with contextlib.suppress(OSError):  # the process is gone: the wait names it
+                self._jobs.send((seq, fn, args))
+        return fut
+
+    def drain(self, until: Future[Any] | None, timeout: float | None) -> None:
+        """Read results until ``until`` is settled (None: those already in, without waiting; ``timeout``
+        seconds at most, then TimeoutError); if the process has died, every job still out fails naming it."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._read_lock:
+            while until is None or not until.done():
+                left = POLL_S if deadline is None else max(0.0, min(POLL_S, deadline - time.monotonic()))
+                if self._results.poll(0.0 if until is None else left):
+                    if self._read():
+                        continue
+                    self._fail_all()  # the pipe's end: the process is gone
+                    return
+                if not self._proc.is_alive():
+                    self._fail_all()
+                    return
+                if until is None:
+                    return
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise TimeoutError(f"lineage writer: no result in {timeout} s")
+
+    def _read(self) -> bool:
+        """Settle the next result's future; False at the pipe's end."""
+        try:
+            seq, ok, value = self._results.recv()
+        except (EOFError, OSError):
+            return False
+        self._settle(seq, ok, value)
+        return True
+
+    def _settle(self, seq: int, ok: bool, value: Any) -> None:
+        with self._send_lock:
+            fut = self._waiting.pop(seq)
+        fut.set_result(value) if ok else fut.set_exception(value)
+
+    def _fail_all(self) -> None:
+        while self._results.poll(0) and self._read():  # what it sent before it died
+            pass
+        self._proc.join(timeout=5)
+        code = self._proc.exitcode
+        with self._send_lock:
+            self._dead = self._dead or RuntimeError(
+                f"the lineage writer process exited (code {code}) with {len(self._waiting)} write(s) not "
+                "done; what the run committed is written again when it resumes"
+            )
+            waiting, self._waiting = self._waiting, {}
+        for fut in waiting.values():
+            fut.set_exception(self._dead)
+
+    def shutdown(self, wait: bool = True) -> None:
+        """Close the job pipe (the process ends after the jobs sent); ``wait``: until it has."""
+        if wait:
+            for fut in list(self._waiting.values()):
+                fut.exception()
+        with self._send_lock:
+            self._jobs.close()
+        if wait:
+            self._proc.join(timeout=30)
+        if self._proc.is_alive():
+            self._proc.kill()
+            self._proc.join()
+        self._results.close()
