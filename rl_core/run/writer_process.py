@@ -2,10 +2,11 @@
 thread of the flow's process takes part.
 
 A ``ProcessPoolExecutor`` hands each job to two threads of its own (its manager thread pickles it, a queue's
-feeder thread writes it), and each takes the interpreter lock from the stage that submitted the job: ~14 ms of
-the flow's thread an iteration here (``benchmarks/lineage_writes.py``). Here ``submit`` pickles the job and
-writes it to the pipe in the calling thread; results are read when someone waits for one (``Drained``'s
-``result``/``exception``, or ``drain``), and in passing at each ``submit`` (so the result pipe never fills).
+feeder thread writes it), and each takes the interpreter lock from the stages while they run. Here ``submit``
+pickles the job and writes it to the pipe in the calling thread (well under a millisecond an iteration:
+``benchmarks/lineage_writes.py``'s ``handoff_ms``); results are read when someone waits for one
+(``Drained``'s ``result``/``exception``, or ``drain``), and in passing at each ``submit`` (so the result pipe
+never fills).
 
     proc = WriterProcess(warm=("mlflow",), start=start_writer)
     fut = proc.submit(functools.partial(write, ...))   # a Drained future
