@@ -90,7 +90,11 @@ class WriterProcess:
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> Drained:
         fut = self.future()
-        self.drain(None, 0.0)  # results already in, so their pipe never fills
+        if self._read_lock.acquire(blocking=False):  # results already in, so their pipe never fills (not
+            try:  # when another thread is reading them: it is)
+                self._take_ready()
+            finally:
+                self._read_lock.release()
         with self._send_lock:
             if self._dead is not None:
                 fut.set_exception(self._dead)
@@ -106,20 +110,29 @@ class WriterProcess:
         seconds at most, then TimeoutError); if the process has died, every job still out fails naming it."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._read_lock:
-            while until is None or not until.done():
+            if until is None:
+                self._take_ready()
+                return
+            while not until.done():
                 left = POLL_S if deadline is None else max(0.0, min(POLL_S, deadline - time.monotonic()))
-                if self._results.poll(0.0 if until is None else left):
+                if self._results.poll(left):
                     if self._read():
                         continue
-                    self._fail_all()  # the pipe's end: the process is gone
-                    return
-                if not self._proc.is_alive():
-                    self._fail_all()
-                    return
-                if until is None:
-                    return
-                if deadline is not None and time.monotonic() >= deadline:
-                    raise TimeoutError(f"lineage writer: no result in {timeout} s")
+                elif self._proc.is_alive():
+                    if deadline is not None and time.monotonic() >= deadline:
+                        raise TimeoutError(f"lineage writer: no result in {timeout} s")
+                    continue
+                self._fail_all()  # the pipe's end, or the process gone: nothing more will come
+                if not until.done():  # (a future of no job sent)
+                    until.set_exception(self._dead)  # type: ignore[arg-type]
+                return
+
+    def _take_ready(self) -> None:
+        """Settle the results already in, without waiting (the read lock held)."""
+        while self._results.poll(0):
+            if not self._read():
+                self._fail_all()
+                return
 
     def _read(self) -> bool:
         """Settle the next result's future; False at the pipe's end."""
@@ -136,8 +149,9 @@ class WriterProcess:
         fut.set_result(value) if ok else fut.set_exception(value)
 
     def _fail_all(self) -> None:
-        while self._results.poll(0) and self._read():  # what it sent before it died
-            pass
+        with contextlib.suppress(OSError):
+            while self._results.poll(0) and self._read():  # what it sent before it died
+                pass
         self._proc.join(timeout=5)
         code = self._proc.exitcode
         with self._send_lock:
