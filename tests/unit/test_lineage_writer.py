@@ -159,3 +159,22 @@ def test_the_writer_process_takes_no_thread_of_the_flows_and_its_death_fails_wha
     assert isinstance(lost.exception(), RuntimeError)
     assert Path(log).read_text() == "ab"
     w.close()
+
+
+def _no_start(warm: tuple[str, ...]) -> None:
+    pass
+
+
+def test_a_wait_on_a_killed_writer_fails_naming_it_instead_of_hanging():
+    """SIGKILLed from outside (the OOM killer): a wait for any of its futures, even one no job was sent for,
+    ends with the process's failure; a later submit fails the same way."""
+    from rl_core.run.writer_process import WriterProcess
+
+    proc = WriterProcess((), _no_start)
+    assert proc.submit(os.getpid).result(timeout=60) != os.getpid()
+    proc._proc.kill()
+    with pytest.raises(RuntimeError, match=r"exited \(code -9\)"):
+        proc.future().result(timeout=30)
+    with pytest.raises(RuntimeError, match=r"exited \(code -9\)"):
+        proc.submit(os.getpid).result(timeout=30)
+    proc.shutdown()
