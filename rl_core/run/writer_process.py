@@ -30,13 +30,16 @@ POLL_S = 0.2  # how often a wait checks that the process still lives
 
 def serve(jobs: Any, results: Any, warm: tuple[str, ...], start: Callable[[tuple[str, ...]], None]) -> None:
     """In the writer process: ``start(warm)``, then each job in the order sent, its (id, succeeded, result or
-    exception) sent back, until the job pipe closes."""
+    exception) sent back, until told to stop (None) or the job pipe ends."""
     start(warm)
     while True:
         try:
-            seq, fn, args = jobs.recv()
-        except EOFError:  # the flow closed it (shutdown) or is gone
+            job = jobs.recv()
+        except EOFError:  # the flow is gone
             return
+        if job is None:  # shutdown (not the pipe's end: a process forked from the flow's may hold it open)
+            return
+        seq, fn, args = job
         try:
             out: tuple[int, bool, Any] = (seq, True, fn(*args))
         except Exception as exc:  # held for that job's future
@@ -164,11 +167,13 @@ class WriterProcess:
             fut.set_exception(self._dead)
 
     def shutdown(self, wait: bool = True) -> None:
-        """Close the job pipe (the process ends after the jobs sent); ``wait``: until it has."""
+        """Tell the process to end after the jobs sent, close the job pipe; ``wait``: until it has ended."""
         if wait:
             for fut in list(self._waiting.values()):
                 fut.exception()
         with self._send_lock:
+            with contextlib.suppress(OSError):
+                self._jobs.send(None)
             self._jobs.close()
         if wait:
             self._proc.join(timeout=30)
