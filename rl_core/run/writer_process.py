@@ -46,6 +46,8 @@ def serve(jobs: Any, results: Any, warm: tuple[str, ...], start: Callable[[tuple
             out = (seq, False, exc)
         try:
             results.send(out)
+        except OSError:  # the flow is gone
+            return
         except Exception as exc:  # a result or exception that does not pickle: say what it was
             results.send((seq, False, RuntimeError(f"lineage write {seq}: unpicklable outcome ({exc})")))
 

@@ -183,14 +183,17 @@ def test_a_wait_on_a_killed_writer_fails_naming_it_instead_of_hanging():
 def test_shutdown_ends_the_writer_even_while_another_process_holds_its_pipe_open():
     """A process forked from the flow's (a worker) inherits the job pipe: shutdown does not wait for the
     pipe's end, it tells the writer to stop, and the writer exits by itself (code 0, not killed after the
-    join's timeout)."""
+    join's timeout). A result that cannot come back is named instead."""
     import subprocess
+    import threading
     import time
 
     from rl_core.run.writer_process import WriterProcess
 
     proc = WriterProcess((), _no_start)
     assert proc.submit(os.getpid).result(timeout=60) != os.getpid()
+    with pytest.raises(RuntimeError, match="unpicklable outcome"):  # (a lock) named, the writer still up
+        proc.submit(threading.Lock).result(timeout=60)
     holder = subprocess.Popen(["sleep", "60"], pass_fds=(proc._jobs.fileno(),))
     try:
         t0 = time.monotonic()
