@@ -21,7 +21,7 @@ them (rl_core.pipeline.stages); the rollout and train engines are held by the ru
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from prefect.utilities.annotations import quote
@@ -29,7 +29,7 @@ from prefect.utilities.annotations import quote
 from rl_core.artifacts.manifest import Manifest
 from rl_core.pipeline.stages import ITERATION, STAGES
 from rl_core.schema.config import Config
-from tasks.common import close_run, create_iteration_run, lineage, lineage_writer, task_for
+from tasks.common import close_run, context, create_iteration_run, lineage, lineage_writer, task_for
 
 ROLLOUT_STAGES = ("generate", "execute_envs", "audit", "score_rewards")
 
@@ -53,7 +53,7 @@ def run_iterations(
 ) -> Iterator[tuple[int, dict[str, Manifest | None], str | None]]:
     """Run iterations 1..N; yields each one's manifests by stage (None: not due), in order, with its MLflow
     run (None without lineage)."""
-    lin, last = lineage(cfg), cfg.experiment.iterations
+    lin = lineage(cfg)
     upcoming: dict[int, Any] = {}  # iteration -> future of its MLflow run, created by the lineage thread
 
     def open_run(k: int, ahead: bool = False) -> str | None:
@@ -68,6 +68,16 @@ def run_iterations(
         fut = upcoming.pop(k, None)
         return fut.result() if fut is not None else create()
 
+    try:
+        yield from _iterations(cfg, run_id, lin, open_run)
+    finally:  # the last train stage's commit, when it is written behind (store.write_behind)
+        context(cfg, run_id).store.behind.settle()
+
+
+def _iterations(
+    cfg: Config, run_id: str, lin: Any, open_run: Callable[..., str | None]
+) -> Iterator[tuple[int, dict[str, Manifest | None], str | None]]:
+    last = cfg.experiment.iterations
     ahead: dict[int, tuple[str | None, dict[str, Any]]] = {}
     for k in range(1, last + 1):
         if lin:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+from collections.abc import Callable
 from typing import Any
 
 from rl_core.artifacts.faults import fault
@@ -187,7 +188,20 @@ def close_run(cfg: Config, run_id: str, iteration: int, mlflow_run: str, status:
         write_iteration_records, cfg, iteration, mlflow_run, records, status, sc.is_local, sc.retries,
         sc.retry_max_wait_s,
     )  # fmt: skip
-    return lineage_writer(cfg).submit(iteration, write)
+    writer = lineage_writer(cfg)
+    # A stage's records follow its commit (a train stage's may still be writing behind: store.write_behind):
+    # where the writer is a thread of this process (or the flow's own), it waits for it; a writer process
+    # cannot, so the flow does before handing the records over.
+    if writer.mode == "process":
+        sc.behind.settle()
+    else:
+        write = functools.partial(_after_commits, sc, write)
+    return writer.submit(iteration, write)
+
+
+def _after_commits(store: Any, write: Callable[[], None]) -> None:
+    store.behind.settle()
+    write()
 
 
 def write_iteration_records(

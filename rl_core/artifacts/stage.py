@@ -3,9 +3,10 @@
 A stage run is (run id, iteration, stage). ``run_stage`` looks for its manifest: when it exists and records
 the same inputs and config hash, the stage is done and its manifest is returned as is. Anything else in the
 folder is garbage from a crashed attempt and is cleared. The stage body gets one typed ``StageJob`` (its
-iteration, its inputs, the folder to write into), writes its outputs and returns their references; the
-manifest (inputs, outputs with sha256, config hash, code version, seeds, timings, metrics) is written last,
-atomically. Which stages exist, what each reads and writes: ``rl_core.pipeline.stages``.
+iteration, its inputs, the folder to write into), writes its outputs (or returns the writes still to do:
+``rl_core.artifacts.write_behind``) and returns their references; the manifest (inputs, outputs with sha256,
+config hash, code version, seeds, timings, metrics) is written last, atomically. Which stages exist, what
+each reads and writes: ``rl_core.pipeline.stages``.
 
     m = run_stage(store, "run1", 3, "generate", cfg_hash, {"policy": ckpt}, lambda job: body(ctx, job))
 """
@@ -42,6 +43,9 @@ class StageResult:
     outputs: dict[str, ArtifactRef]
     metrics: dict[str, Any] = field(default_factory=dict)
     seeds: dict[str, Any] = field(default_factory=dict)
+    # Writes of outputs not yet done (``Store.planned``: their references are in ``outputs``), done before
+    # the commit: on the store's write-behind thread when it has one (``Store.write_behind``), else at once.
+    pending: list[Callable[[], None]] = field(default_factory=list)
 
 
 @functools.cache
@@ -97,9 +101,6 @@ def run_stage(
     t0 = time.perf_counter()
     started = time.time()
     result = body(StageJob(iteration, inputs, uri))
-    fault(f"{stage}:outputs", iteration)
-    if guard is not None:
-        guard()
     manifest = Manifest(
         run_id=run_id,
         iteration=iteration,
@@ -112,6 +113,18 @@ def run_stage(
         metrics=result.metrics,
         timings=Timings(seconds=round(time.perf_counter() - t0, 4), started_at=started),
     )
-    store.write_manifest(uri, manifest)
-    fault(f"{stage}:committed", iteration)
+
+    def commit() -> None:
+        for write in result.pending:
+            write()
+        fault(f"{stage}:outputs", iteration)
+        if guard is not None:
+            guard()
+        store.write_manifest(uri, manifest)
+        fault(f"{stage}:committed", iteration)
+
+    if result.pending and store.write_behind:
+        store.behind.submit(uri, commit)  # reads of the stage's manifest or outputs wait for it
+    else:
+        commit()
     return manifest

@@ -16,6 +16,7 @@ corrupt or half-written artifact is reported with its path and never consumed.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import io
 import json
@@ -36,6 +37,7 @@ import tenacity
 from rl_core.artifacts.faults import fault, iteration_of
 from rl_core.artifacts.manifest import ArtifactRef, Manifest
 from rl_core.artifacts.memo import Memo, file_stats, settled
+from rl_core.artifacts.write_behind import WriteBehind
 
 MANIFEST = "_manifest.json"
 
@@ -139,6 +141,8 @@ class Store:
         self.retries, self.retry_max_wait_s = retries, retry_max_wait_s
         self.parsed = Memo(16)  # the stages of an iteration read its rollouts five times
         self.verified = Memo(64)  # local folders (checkpoints) by path and digest: their files' stats
+        self.behind = WriteBehind()  # stages whose outputs and manifest are still being written (run_stage)
+        self.write_behind = False  # whether run_stage may commit a stage's pending writes behind the flow
         options: dict[str, Any] = {}
         if self.protocol == "s3":
             # One attempt per call inside botocore/s3fs: the backoff is ours, so it is bounded and reported.
@@ -184,6 +188,16 @@ class Store:
         return self._io(f"stat {uri}", lambda: self.fs.exists(self._path(uri)))
 
     def write_bytes(self, uri: str, data: bytes) -> ArtifactRef:
+        self.put_bytes(uri, data)
+        return ArtifactRef(uri=uri, sha256=sha256_bytes(data))
+
+    def planned(self, uri: str, data: bytes) -> tuple[ArtifactRef, Callable[[], None]]:
+        """The reference ``data`` will have at ``uri``, and the write that puts it there: a stage body returns
+        such writes (``StageResult.pending``) for ``run_stage`` to do before its commit."""
+        return ArtifactRef(uri=uri, sha256=sha256_bytes(data)), functools.partial(self.put_bytes, uri, data)
+
+    def put_bytes(self, uri: str, data: bytes) -> None:
+        """Write ``data`` at ``uri`` (whole or not at all, as a reader sees it)."""
         path = self._path(uri)
         if self.is_local:
             # Write-then-rename so that a reader never sees a half-written file.
@@ -198,7 +212,6 @@ class Store:
             os.replace(tmp, path)
         else:
             self._io(f"write {uri}", lambda: self.fs.pipe_file(path, data))  # a single S3 PUT is atomic
-        return ArtifactRef(uri=uri, sha256=sha256_bytes(data))
 
     def create_exclusive(self, uri: str, data: bytes) -> bool:
         """Write ``uri`` only if nothing is there (True), else leave it alone (False): a conditional create
@@ -256,6 +269,7 @@ class Store:
 
     def read_bytes(self, ref: ArtifactRef | str) -> bytes:
         uri = ref.uri if isinstance(ref, ArtifactRef) else ref
+        self.behind.settle(uri)
         try:
             data = self._io(f"read {uri}", lambda: self.fs.cat_file(self._path(uri)))
         except FileNotFoundError as e:
@@ -317,6 +331,7 @@ class Store:
         """A verified local copy of a stored folder (the folder itself when the store is local)."""
         if ref.files is None:
             raise ArtifactError(f"artifact {ref.uri} is not a folder (its reference lists no files)")
+        self.behind.settle(ref.uri)
         files = ref.files
         if self.is_local:  # hashed again only when a file changed since (the stages read each several times)
             path, began = Path(self._path(ref.uri)), time.time_ns()
@@ -356,6 +371,7 @@ class Store:
 
     def read_manifest(self, stage_uri: str) -> Manifest | None:
         uri = f"{stage_uri}/{MANIFEST}"
+        self.behind.settle(uri)
         if not self.exists(uri):
             return None
         try:
@@ -372,6 +388,7 @@ class Store:
 
     def clear(self, uri: str) -> None:
         """Remove a stage folder's leftovers from a crashed attempt."""
+        self.behind.settle(uri)
         path = self._path(uri)
         if self.exists(uri):
             self._io(f"remove {uri}", lambda: self.fs.rm(path, recursive=True))

@@ -30,9 +30,12 @@ def store_root(cfg: Config) -> str:
 
 def open_store(cfg: Config, root: str | None = None) -> Store:
     """The run's store (or ``root``) with the config's S3 retry policy."""
-    return Store(
+    store = Store(
         root or store_root(cfg), retries=cfg.store.retries, retry_max_wait_s=cfg.store.retry_max_wait_s
     )
+    behind = cfg.store.write_behind
+    store.write_behind = not store.is_local if behind == "auto" else behind
+    return store
 
 
 def data_files(cfg: Config) -> dict[str, str]:
@@ -64,6 +67,7 @@ PLACEMENT = (
     ("model", "max_shard_size"),
     ("store", "lock_stale_after_s"),
     ("store", "lock_heartbeat_s"),
+    ("store", "write_behind"),
     ("rollout", "gpus"),
     ("rollout", "gpu_memory_utilization"),
     ("rollout", "reward_gpu_memory_utilization"),

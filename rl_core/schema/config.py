@@ -21,7 +21,7 @@ from rl_core.schema.config_alarms import AlarmsSection
 from rl_core.schema.config_cluster import ClusterSection
 from rl_core.schema.config_device import RolloutDeviceFields, TrainDeviceFields
 from rl_core.schema.config_eval import EvalSection, EvalSuite  # noqa: F401  (EvalSuite: part of the schema's API)
-from rl_core.schema.config_layout import CheckpointLayoutFields, StoreLockFields, TrainLayoutFields
+from rl_core.schema.config_layout import CheckpointLayoutFields, StorePlacementFields, TrainLayoutFields
 from rl_core.schema.config_pg import PolicyGradientFields
 from rl_core.schema.config_reward import AuditSettings, JudgeSettings, RewardModelSettings, check_reward_names
 from rl_core.schema.config_sampling import SamplingFields
@@ -312,7 +312,7 @@ class TrainSection(_Section, PolicyGradientFields, TrainLayoutFields, TrainDevic
         return self
 
 
-class StoreSection(_Section, StoreLockFields):
+class StoreSection(_Section, StorePlacementFields):
     uri: str = Field(
         "", description="Artifact store root: a path, file:// or s3:// URL. Empty = <state dir>/store."
     )

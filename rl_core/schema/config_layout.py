@@ -1,7 +1,7 @@
 """How the train stage lays out its work: processes (world size, tensor parallel) and sequence packing, the
 ``train`` section's layout fields (``rl_core.schema.config.TrainSection`` inherits them; part of the one
-schema, kept apart so that ``config.py`` stays readable); and the timing of the store's locks (``store``
-section).
+schema, kept apart so that ``config.py`` stays readable); and the timing of the store's locks and when the
+train stage's checkpoint is written (``store`` section).
 
     cfg = load_config("configs/smoke.yaml", ["train.world_size=2", "train.zero_stage=3"])
     cfg.train.launched   # True: each train stage is a torchrun job (rl_core/training/train_launch.py)
@@ -15,7 +15,7 @@ forwards.
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
@@ -116,9 +116,10 @@ class TrainLayoutFields(BaseModel):
         return self.world_size > 1 or self.tp_size > 1
 
 
-class StoreLockFields(BaseModel):
-    """The lock runs take on a shared base model's stage (``rl_core.artifacts.store_lock``): placement, not
-    what any stage computes (left out of the config hash)."""
+class StorePlacementFields(BaseModel):
+    """The lock runs take on a shared base model's stage (``rl_core.artifacts.store_lock``) and when the train
+    stage's checkpoint is written (``rl_core.artifacts.write_behind``): placement, not what any stage computes
+    (left out of the config hash)."""
 
     lock_stale_after_s: float = Field(
         60.0,
@@ -129,9 +130,16 @@ class StoreLockFields(BaseModel):
     lock_heartbeat_s: float = Field(
         10.0, gt=0, description="How often a lock's holder writes its heartbeat (<= a third of the above)."
     )
+    write_behind: Literal["auto"] | bool = Field(
+        "auto",
+        description="true: the train stage's checkpoint and optimizer state are written on a thread of "
+        "their own while the iteration's last stages go on, the stage committed once they are written and "
+        "nothing reading them before (rl_core.artifacts.write_behind); false: written in the stage; auto: "
+        "behind when the store is remote (S3: the writes wait on the network), in the stage when local.",
+    )
 
     @model_validator(mode="after")
-    def _lock_timing(self) -> StoreLockFields:
+    def _lock_timing(self) -> StorePlacementFields:
         if self.lock_heartbeat_s * 3 > self.lock_stale_after_s:
             raise ValueError(
                 f"store.lock_heartbeat_s ({self.lock_heartbeat_s}) must be at most a third of "

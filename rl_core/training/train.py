@@ -18,6 +18,7 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -77,15 +78,13 @@ def _engine_for(ctx: RunContext, policy: ArtifactRef, optimizer: ArtifactRef | N
     return engine
 
 
-# The optimizer artifact of a checkpoint stored in less than float32 (a bf16 folder stays bf16) also holds the
-# trainer's float32 weights under this key: a resumed run continues from them, not from the rounded
-# checkpoint, so it ends bit for bit where the uninterrupted run does.
+# The optimizer artifact beside a checkpoint stored in less than float32 (a bf16 folder stays bf16) holds the
+# float32 weights under this key: a resume continues from them, bit for bit where the uninterrupted run is.
 MASTERS = "fp32_master_weights"
 
 
 def optimizer_file(state: bytes, masters: dict[str, Any] | None) -> bytes:
-    """The optimizer artifact: the engine's state file (``optimizer_state()``), with ``masters`` when the
-    checkpoint beside it is rounded (None: the checkpoint is the float32 weights; the state as it is)."""
+    """The optimizer artifact: the engine's state file, with ``masters`` when the checkpoint is rounded."""
     if masters is None:
         return state
     return safe_state.dumps({"state": safe_state.loads(state, "optimizer state"), MASTERS: masters})
@@ -108,8 +107,7 @@ def _load_masters(model: Any, masters: dict[str, Any], what: str) -> None:
     if not all(isinstance(v, torch.Tensor) and v.dtype == torch.float32 for v in masters.values()):
         raise ValueError(f"{what}: the master weights are not all float32 tensors")
     missing, unexpected = model.load_state_dict(masters, strict=False)
-    # A tied output embedding may be named once: it is the same tensor as a loaded one.
-    own = model.state_dict()
+    own = model.state_dict()  # a tied output embedding may be named once: the same tensor as a loaded one
     loaded = {own[k].data_ptr() for k in masters if k in own}
     missing = [k for k in missing if own[k].data_ptr() not in loaded]
     if unexpected or missing:
@@ -253,22 +251,30 @@ def _carried(src: Path) -> list[Path]:
     return sorted(f for f in keep if not f.name.startswith("."))
 
 
-def store_checkpoint(ctx: RunContext, job: StageJob, weights: dict[str, Any]) -> ArtifactRef:
-    """Write the checkpoint folder: the input policy's files with the new weights, from memory straight into
-    the store (each file written and hashed once)."""
+def checkpoint_files(ctx: RunContext, job: StageJob, weights: dict[str, Any]) -> dict[str, bytes]:
+    """The new checkpoint folder's files: the input policy's with the new weights."""
     src = ctx.local_checkpoint(job.inputs["policy"])
-    files = {f.name: f.read_bytes() for f in _carried(src)}
-    files |= weight_files(weights, is_tied(src), ctx.cfg.model.max_shard_bytes)
-    return ctx.store.put_files(files, f"{job.out_uri}/checkpoint")
+    kept = {f.name: f.read_bytes() for f in _carried(src)}
+    return kept | weight_files(weights, is_tied(src), ctx.cfg.model.max_shard_bytes)
+
+
+def store_checkpoint(ctx: RunContext, job: StageJob, weights: dict[str, Any]) -> ArtifactRef:
+    """Write the checkpoint folder from memory straight into the store (each file written and hashed once)."""
+    return ctx.store.put_files(checkpoint_files(ctx, job, weights), f"{job.out_uri}/checkpoint")
 
 
 def _store(
     ctx: RunContext, job: StageJob, engine: Any, weights: dict[str, Any], masters: dict[str, Any] | None
-) -> tuple[ArtifactRef, ...]:
-    """Write the checkpoint folder and the optimizer state (with the float32 ``masters`` of a rounded one)."""
-    ref = store_checkpoint(ctx, job, weights)
+) -> tuple[ArtifactRef, ArtifactRef, list[Callable[[], None]]]:
+    """The checkpoint folder and optimizer state (with the float32 ``masters`` of a rounded one): references
+    hashed now, and the writes the stage's commit does (``StageResult.pending``)."""
+    uri, files = f"{job.out_uri}/checkpoint", sorted(checkpoint_files(ctx, job, weights).items())
+    planned = {rel: ctx.store.planned(f"{uri}/{rel}", data) for rel, data in files}
+    hashes = {rel: ref.sha256 for rel, (ref, _) in planned.items()}
     data = optimizer_file(engine.optimizer_state(), masters)
-    return ref, ctx.store.write_bytes(f"{job.out_uri}/optimizer.safetensors", data)
+    opt_ref, opt_write = ctx.store.planned(f"{job.out_uri}/optimizer.safetensors", data)
+    ref = ArtifactRef(uri=uri, sha256=dir_digest(hashes), files=hashes)
+    return ref, opt_ref, [w for _, w in planned.values()] + [opt_write]
 
 
 def checkpoint_weights(ctx: RunContext, job: StageJob, trained: dict[str, Any]) -> tuple[dict, dict | None]:
@@ -307,22 +313,21 @@ def _hold(ctx: RunContext, job: StageJob, weights: dict[str, Any]) -> tuple[Arti
     return ref, opt
 
 
-def _step(
-    ctx: RunContext, job: StageJob
-) -> tuple[ArtifactRef, ArtifactRef, dict[str, Any], dict[str, ArtifactRef]]:
-    """The update: the new checkpoint, optimizer state, metrics, and the algorithm's extra outputs (PPO's
-    critic, stored at every iteration)."""
+def _step(ctx: RunContext, job: StageJob) -> tuple[ArtifactRef, ArtifactRef, dict[str, Any], dict, list]:
+    """The update: the new checkpoint, optimizer state, metrics, the algorithm's extra outputs (PPO's
+    critic, stored at every iteration), and the writes of the stored ones still to do."""
     engine, metrics, extra = _update(ctx, job)
     weights, masters = checkpoint_weights(ctx, job, engine.weights())
+    writes: list[Callable[[], None]] = []
     if stores_checkpoint(ctx.cfg, job.iteration):
-        ref, opt_ref = _store(ctx, job, engine, weights, masters)
+        ref, opt_ref, writes = _store(ctx, job, engine, weights, masters)
     else:
         ref, opt_ref = _hold(ctx, job, weights)
     extra_refs = {k: ctx.store.write_bytes(f"{job.out_uri}/{k}.safetensors", v) for k, v in extra.items()}
     # As many as an asynchronous generate may still read (the policy max_staleness versions back), plus one.
     ctx.held.remember(weights_digest(ref.files), weights, keep=ctx.cfg.rollout.max_staleness + 2)
     ctx.held.train_holds = (ref.sha256, opt_ref.sha256)
-    return ref, opt_ref, metrics, extra_refs
+    return ref, opt_ref, metrics, extra_refs, writes
 
 
 def _unstored_chain(ctx: RunContext, ref: ArtifactRef) -> list[Manifest]:
@@ -362,7 +367,9 @@ def rebuild(ctx: RunContext, ref: ArtifactRef) -> None:
         log.info("rebuilding %s: re-running train of iterations %s", ref.uri, [m.iteration for m in chain])
         for m in chain:
             out = ctx.store.stage_uri(ctx.run_id, m.iteration, "train")
-            got, _, _, _ = _step(ctx, StageJob(m.iteration, m.inputs, out))
+            got, *_, writes = _step(ctx, StageJob(m.iteration, m.inputs, out))
+            for write in writes:  # (none: an unstored checkpoint is held, not written)
+                write()
             want = m.outputs["checkpoint"]
             if got.sha256 != want.sha256:
                 raise ArtifactError(
@@ -381,11 +388,12 @@ def train_body(ctx: RunContext, job: StageJob) -> StageResult:
 
         return launch_train(ctx, job)
     with ctx.held.train_lock:
-        ref, opt_ref, metrics, extra = _step(ctx, job)
+        ref, opt_ref, metrics, extra, writes = _step(ctx, job)
     return StageResult(
         outputs={"checkpoint": ref, "optimizer": opt_ref, **extra},
         metrics={**metrics, "policy_sha256": weights_digest(ref.files), "world_size": 1, "tp_size": 1},
         seeds={"train": derive_seed(ctx.cfg.experiment.seed, job.iteration, "train")},
+        pending=writes,
     )
 
 

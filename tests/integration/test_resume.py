@@ -232,3 +232,22 @@ def test_checkpoint_cadence_resumes_and_replays_by_rebuilding(reference, state):
         assert len(_drop_local_copies(run_dir)) == 2
         (report,) = replayed_identical(state, "c", 2, [stage]).values()
         assert not report["metrics_differing"], report
+
+
+@pytest.mark.slow
+def test_a_run_writing_behind_killed_before_its_train_commit_resumes_to_identical_weights(reference, state):
+    """``store.write_behind`` on the local store: the process is killed on the write-behind thread once the
+    checkpoint and optimizer state of iteration 2 are written, before the train stage's manifest. The stage
+    is not committed; the resume clears what it wrote, runs it again and ends with the uninterrupted run's
+    weights (which wrote in the stage: where the checkpoint is written changes no byte of it)."""
+    hashes, _ = reference(tuple(FOUR))
+    args = ["run", *SMOKE, *FOUR, "--set", "store.write_behind=true", "--run-id", "wb"]
+    killed = _cli(args, state, fault="train:outputs@2")
+    assert killed.returncode == -signal.SIGKILL, (killed.returncode, killed.stderr[-2000:])
+    done = committed_stages(show_json(state, "wb"))
+    assert (1, "train") in done and (2, "train") not in done, done
+    train = state / "store" / "wb" / "iter-0002" / "train"
+    assert (train / "optimizer.safetensors").is_file() and (train / "checkpoint").is_dir()
+    resumed = _cli(["resume", "wb"], state)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert [it["policy_sha256"] for it in show_json(state, "wb")["iterations"]] == hashes
