@@ -224,10 +224,17 @@ def resolve_inputs(
     return out
 
 
-def run_body(spec: StageSpec, ctx: RunContext, job: StageJob) -> StageResult:
+def run_body(spec: StageSpec, ctx: RunContext, job: StageJob, defer: bool = False) -> StageResult:
     """The stage's body, on the CPU threads its placement gives an iteration stage
     (``rl_core.models.placement.stage_threads``): the flow's tasks and replays both run bodies through here,
-    so a replayed stage computes as the run did."""
+    so a replayed stage computes as the run did. The writes of outputs it returns pending
+    (``StageResult.pending``) are done before this returns, unless ``defer`` (``run_stage`` commits after
+    them)."""
     threads = {} if spec.base else ctx.placement.threads
     with torch_threads(threads.get(spec.name, threads.get("*"))):
-        return spec.body(ctx, job)
+        result = spec.body(ctx, job)
+    if not defer:
+        for write in result.pending:
+            write()
+        result.pending = []
+    return result
