@@ -55,6 +55,7 @@ SMOKES: tuple[str, ...] = (
     "train_step",
     "vs_trl",
     "weight_sync",
+    "write_behind",
 )
 
 # Ratios defined by a held-out gain (iterations or seconds to it, a gain over GRPO's, a pass rate over the
