@@ -101,6 +101,10 @@ def run_stage(
     t0 = time.perf_counter()
     started = time.time()
     result = body(StageJob(iteration, inputs, uri))
+    behind, pending = store.write_behind, result.pending
+    if not behind:  # the writes are the stage's: in its seconds
+        for write in pending:
+            write()
     manifest = Manifest(
         run_id=run_id,
         iteration=iteration,
@@ -115,7 +119,7 @@ def run_stage(
     )
 
     def commit() -> None:
-        for write in result.pending:
+        for write in pending if behind else ():
             write()
         fault(f"{stage}:outputs", iteration)
         if guard is not None:
@@ -123,8 +127,8 @@ def run_stage(
         store.write_manifest(uri, manifest)
         fault(f"{stage}:committed", iteration)
 
-    if result.pending and store.write_behind:
-        store.behind.submit(uri, commit)  # reads of the stage's manifest or outputs wait for it
+    if behind and pending:  # its seconds are the flow's; every read of the stage waits for the commit
+        store.behind.submit(uri, commit)
     else:
         commit()
     return manifest
