@@ -94,6 +94,9 @@ class Lineage:
     def __init__(self, client: Any, experiment_id: str):
         self.client = client
         self.experiment_id = experiment_id
+        # run id -> {iteration: its MLflow run}: searched once per run in this process, then kept as this
+        # process creates them (a search per iteration was among the costliest of its MLflow calls)
+        self._iteration_runs: dict[str, dict[int, str]] = {}
 
     @classmethod
     def open(cls, cfg: Config) -> Lineage | None:
@@ -138,19 +141,39 @@ class Lineage:
             self.client.log_batch(run.info.run_id, params=params[i : i + 90])
         return run.info.run_id
 
+    def _runs_of(self, run_id: str) -> dict[int, str]:
+        """The iteration runs of ``run_id`` in MLflow by iteration: one search, then this process's record."""
+        if run_id not in self._iteration_runs:
+            query = f"tags.`rlfoundry.run_id` = '{run_id}' and tags.`rlfoundry.kind` = 'iteration'"
+            found: dict[int, str] = {}
+            token = None
+            while True:
+                page = self.client.search_runs(
+                    [self.experiment_id], filter_string=query, max_results=1000, page_token=token
+                )
+                for r in page:
+                    found.setdefault(int(r.data.tags["rlfoundry.iteration"]), r.info.run_id)
+                token = page.token
+                if not token:
+                    break
+            self._iteration_runs[run_id] = found
+        return self._iteration_runs[run_id]
+
     def iteration_run(self, parent: str, run_id: str, iteration: int, flow_run_id: str | None = None) -> str:
         tags = {
             "rlfoundry.run_id": run_id,
             "rlfoundry.iteration": str(iteration),
             "rlfoundry.kind": "iteration",
         }
-        found = self._find(**tags)
+        known = self._runs_of(run_id)
+        found = known.get(iteration)
         flow = {"prefect.flow_run_id": flow_run_id} if flow_run_id else {}
         if found is None:  # created with every tag at once (one call)
             tags |= {"mlflow.parentRunId": parent, **flow}
-            return self.client.create_run(
-                self.experiment_id, run_name=f"{run_id}/iter-{iteration:04d}", tags=tags
-            ).info.run_id
+            name = f"{run_id}/iter-{iteration:04d}"
+            run = self.client.create_run(self.experiment_id, run_name=name, tags=tags)
+            known[iteration] = run.info.run_id
+            return run.info.run_id
         if flow_run_id:  # (a resumed iteration: the flow run that now carries it)
             self.client.set_tag(found, "prefect.flow_run_id", flow_run_id)
         return found

@@ -75,3 +75,28 @@ def test_promotion_registers_once_and_moves_the_champion_only_up(lin):
     assert alias("champion").version == v3 and alias("champion").source == _ckpt(7).uri
     assert alias("champion").tags["rlfoundry.run_id"] == "t"
     assert len(lin.client.search_model_versions("name='rlfoundry-smoke'")) == 3
+
+
+def test_iteration_runs_are_searched_once_per_run_and_found_again_after_a_restart(lin, monkeypatch):
+    """A run's iteration runs: one search in a process, the runs it creates kept; a new process (a resume)
+    finds each one again instead of creating a second, even past a page of search results."""
+    parent = lin.client.create_run(lin.experiment_id).info.run_id
+    searches: list[str] = []
+    search = lin.client.search_runs
+    monkeypatch.setattr(
+        lin.client, "search_runs", lambda *a, **k: searches.append(k["filter_string"]) or search(*a, **k)
+    )
+    made = {k: lin.iteration_run(parent, "paged", k) for k in range(1, 6)}
+    assert len(set(made.values())) == 5 and len(searches) == 1
+    assert lin.iteration_run(parent, "paged", 3) == made[3] and len(searches) == 1
+    restarted = Lineage(lin.client, lin.experiment_id)
+    monkeypatch.setattr(
+        lin.client,
+        "search_runs",
+        lambda *a, **k: searches.append("x") or search(*a, **{**k, "max_results": 2}),
+    )  # pages of two: the search must follow the page token
+    assert {k: restarted.iteration_run(parent, "paged", k, "flow-2") for k in range(1, 7)} == made | {
+        6: restarted.iteration_run(parent, "paged", 6)
+    }
+    assert searches.count("x") == 3  # one search, in three pages
+    assert lin.client.get_run(made[2]).data.tags["prefect.flow_run_id"] == "flow-2"
