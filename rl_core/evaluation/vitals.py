@@ -216,11 +216,13 @@ def _throughput_rule(
     now = vitals.get("generate_tokens_per_s")
     if len(base) < r.baseline or now is None:
         return
-    limit = r.fraction * statistics.median(base)
+    first = statistics.median(base)
+    limit = r.fraction * first
     if now < limit:
         fire(
             "throughput",
-            f"generation {now:.4g} tokens/s < {r.fraction:g} x the first iterations' ({limit:.4g})",
+            f"generation {now:.4g} tokens/s < {limit:.4g} ({r.fraction:g} x the first iterations' median, "
+            f"{first:.4g})",
             now,
             limit,
         )

@@ -159,3 +159,8 @@ def test_the_iteration_log_line_reads_without_the_table():
     )
     want = "iteration 7: reward 0.5 | accuracy 0.25 | kl 0.01 | entropy 1.5 | truncation_rate 0 | seconds "
     assert line == want + "generate 1"
+
+
+def test_the_throughput_alarm_names_its_limit_and_the_first_iterations_median():
+    (alarm,) = check({"iteration": 4, "generate_tokens_per_s": 300.0}, HISTORY, AlarmsSection())
+    assert alarm["message"] == "generation 300 tokens/s < 500 (0.5 x the first iterations' median, 1000)"
