@@ -212,8 +212,8 @@ PROFILED = {
     ],
     "train": [
         "train_body", "_step", "_update", "_engine_for", "make_batch", "train_advantages", "ppo_update",
-        "backward_step", "backward", "step", "_hold", "store_checkpoint", "optimizer_state", "save_file",
-        "put_dir", "write_bytes", "weights", "weights_digest", "write_table",
+        "backward_step", "backward", "step", "_hold", "_store", "checkpoint_files", "optimizer_state",
+        "save_file", "put_dir", "put_bytes", "write_bytes", "weights", "weights_digest", "write_table",
     ],
 }  # fmt: skip
 
