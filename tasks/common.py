@@ -151,7 +151,7 @@ def run_table_stage(cfg: Config, run_id: str, name: str, iteration: int, mlflow_
     log.info("%s of iteration %d: started (%s)", name, iteration, spec.doc)
 
     def body(job: Any) -> Any:
-        return run_body(spec, ctx, job, defer=True)
+        return run_body(spec, ctx, job)
 
     if spec.base:  # built once by the runs that share it, under its lock in the store
         sc = ctx.cfg.store

@@ -17,6 +17,7 @@ import functools
 import subprocess
 import time
 from collections.abc import Callable, Collection
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,6 +69,37 @@ def committed(store: Store, run_id: str, iteration: int, stage: str) -> Manifest
     return store.read_manifest(store.stage_uri(run_id, iteration, stage))
 
 
+# Set by run_stage while it runs a body on a store that writes behind: the body may then leave the writes of
+# its outputs to the commit (``pending_or_done``). A body called by itself (a replay, a benchmark's loop of
+# bodies) writes them before it returns.
+_DEFER: ContextVar[bool] = ContextVar("rlfoundry_defer_writes", default=False)
+
+
+def pending_or_done(writes: list[Callable[[], None]]) -> list[Callable[[], None]]:
+    """``writes`` (``Store.planned``) for ``StageResult.pending`` when ``run_stage`` writes this stage behind
+    the flow; else done now, and none left."""
+    if _DEFER.get():
+        return writes
+    for write in writes:
+        write()
+    return []
+
+
+def _reused(
+    existing: Manifest, uri: str, config_hash: str, inputs: dict[str, ArtifactRef], accepted: Collection[str]
+) -> Manifest:
+    """The committed ``existing`` when it records these inputs under a known config, else the error."""
+    known = existing.config_hash == config_hash or existing.config_hash in accepted
+    if known and existing.same_inputs(inputs):
+        return existing.model_copy(update={"reused": True})
+    why = "other inputs than this run now gives it" if known else "a config this run does not record"
+    raise ArtifactError(
+        f"{uri} is committed with {why} (config hash {existing.config_hash[:12]}..., this run's "
+        f"{config_hash[:12]}...); committed work is never deleted: resume with the run's recorded "
+        "config, or start a new run"
+    )
+
+
 def run_stage(
     store: Store,
     run_id: str,
@@ -87,21 +119,16 @@ def run_stage(
     uri = store.stage_uri(run_id, iteration, stage)
     existing = store.read_manifest(uri)
     if existing is not None:
-        known = existing.config_hash == config_hash or existing.config_hash in accepted
-        if known and existing.same_inputs(inputs):
-            return existing.model_copy(update={"reused": True})
-        why = "other inputs than this run now gives it" if known else "a config this run does not record"
-        raise ArtifactError(
-            f"{uri} is committed with {why} (config hash {existing.config_hash[:12]}..., this run's "
-            f"{config_hash[:12]}...); committed work is never deleted: resume with the run's recorded "
-            "config, or start a new run"
-        )
+        return _reused(existing, uri, config_hash, inputs, accepted)
     store.clear(uri)
     fault(f"{stage}:start", iteration)
-    t0 = time.perf_counter()
-    started = time.time()
-    result = body(StageJob(iteration, inputs, uri))
-    behind, pending = store.write_behind, result.pending
+    t0, started, behind = time.perf_counter(), time.time(), store.write_behind
+    token = _DEFER.set(behind)
+    try:
+        result = body(StageJob(iteration, inputs, uri))
+    finally:
+        _DEFER.reset(token)
+    pending = result.pending
     if not behind:  # the writes are the stage's: in its seconds
         for write in pending:
             write()

@@ -224,17 +224,10 @@ def resolve_inputs(
     return out
 
 
-def run_body(spec: StageSpec, ctx: RunContext, job: StageJob, defer: bool = False) -> StageResult:
+def run_body(spec: StageSpec, ctx: RunContext, job: StageJob) -> StageResult:
     """The stage's body, on the CPU threads its placement gives an iteration stage
     (``rl_core.models.placement.stage_threads``): the flow's tasks and replays both run bodies through here,
-    so a replayed stage computes as the run did. The writes of outputs it returns pending
-    (``StageResult.pending``) are done before this returns, unless ``defer`` (``run_stage`` commits after
-    them)."""
+    so a replayed stage computes as the run did."""
     threads = {} if spec.base else ctx.placement.threads
     with torch_threads(threads.get(spec.name, threads.get("*"))):
-        result = spec.body(ctx, job)
-    if not defer:
-        for write in result.pending:
-            write()
-        result.pending = []
-    return result
+        return spec.body(ctx, job)

@@ -25,7 +25,7 @@ from typing import Any
 from rl_core.artifacts import safe_state
 from rl_core.artifacts.manifest import ArtifactRef, Manifest
 from rl_core.artifacts.seeding import derive_seed
-from rl_core.artifacts.stage import StageJob, StageResult, committed
+from rl_core.artifacts.stage import StageJob, StageResult, committed, pending_or_done
 from rl_core.artifacts.store import ArtifactError, dir_digest, sha256_bytes
 from rl_core.models.model import (
     folder_dtype,
@@ -393,7 +393,7 @@ def train_body(ctx: RunContext, job: StageJob) -> StageResult:
         outputs={"checkpoint": ref, "optimizer": opt_ref, **extra},
         metrics={**metrics, "policy_sha256": weights_digest(ref.files), "world_size": 1, "tp_size": 1},
         seeds={"train": derive_seed(ctx.cfg.experiment.seed, job.iteration, "train")},
-        pending=writes,
+        pending=pending_or_done(writes),  # left to the commit when run_stage writes behind, else done
     )
 
 

@@ -118,3 +118,25 @@ def test_auto_writes_behind_on_a_remote_store_only(tmp_path):
     assert open_store(remote).write_behind is True
     with pytest.raises(ValueError, match="write_behind"):
         Config.model_validate({"store": {"write_behind": "sometimes"}})
+
+
+def test_a_body_called_by_itself_writes_its_outputs_before_it_returns(tmp_path):
+    """A replay or a benchmark's loop calls a stage body without run_stage: the writes it would leave to the
+    commit are done at once (``pending_or_done``); under run_stage, on a store writing behind, they wait."""
+    from rl_core.artifacts.stage import pending_or_done
+
+    store = Store(str(tmp_path))
+    store.write_behind = True
+
+    def body(job):
+        ref, write = store.planned(f"{job.out_uri}/model.bin", b"w")
+        return StageResult(outputs={"checkpoint": ref}, pending=pending_or_done([write]))
+
+    alone = body(type("Job", (), {"out_uri": store.root + "/alone"})())
+    assert alone.pending == [] and store.read_bytes(alone.outputs["checkpoint"]) == b"w"
+    gate = threading.Event()
+    store.behind.submit("held", lambda: gate.wait(10))  # the writer thread busy: what follows waits for it
+    m = run_stage(store, "r", 1, "train", "h", {}, body)
+    assert not (tmp_path / "r" / "iter-0001" / "train" / "model.bin").exists()  # left to the commit
+    gate.set()
+    assert store.read_bytes(m.outputs["checkpoint"]) == b"w"
