@@ -2,10 +2,11 @@
 
 The train stage's checkpoint and optimizer state are ~13 MB a step at the default shape, ~40 MB written
 through the page cache with their temporary files and renames; the next stage that needs them is the next
-generate, which samples from the weights the train engine handed it in memory. So a stage body may return
-its writes instead of doing them (``StageResult.pending``), with the references (digests) they will have
-computed already; ``run_stage`` then hands them and the manifest's commit to this writer, one thread per
-store, in the order they were handed over, and returns the manifest.
+generate, which samples from the weights the train engine handed it in memory. So a stage body run by
+``run_stage`` on a store that writes behind returns its writes instead of doing them (``StageResult.pending``,
+``pending_or_done``: called by itself, as a replay does, it does them), with the references (digests) they
+will have computed already; ``run_stage`` then hands them and the manifest's commit to this writer, one
+thread per store, in the order they were handed over, and returns the manifest.
 
 Nothing reads a stage's outputs before its commit: a read of its manifest, of a file under its folder, or
 of its folder (``Store.read_manifest``, ``read_bytes``, ``local_dir``, ``clear``) waits for the commit
