@@ -7,9 +7,9 @@
 One flow run of one of ``benchmarks/vs_trl.py``'s workloads (its config and overrides, evaluation only at
 the start and the end, off the clock) whose store switches ``store.write_behind`` after every iteration:
 odd iterations write the checkpoint and optimizer state behind the flow (the stage hands its writes and its
-manifest's commit to the store's write-behind thread; the flow waits for it before handing the iteration
-on), even ones write them in the train stage, as before. The same bytes are written either way; the
-machine's drift moves both alike. The first pair is not timed (warm-up).
+manifest's commit to the store's write-behind thread; the flow waits for it where it next reads the stage
+or writes its lineage records), even ones write them in the train stage, as before. The same bytes are
+written either way; the machine's drift moves both alike. The first pair is not timed (warm-up).
 
 Reported per mode: the steps' seconds and their median, in how many adjacent pairs writing behind was the
 faster, the train stage's seconds from its manifests (behind: without the writes), and the milliseconds the
@@ -33,7 +33,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import add_smoke_flag, finish, result_file  # noqa: E402
+from benchmarks.common import add_smoke_flag, finish, result_file, smoke_state  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -81,14 +81,12 @@ def run(workload: str, iterations: int, sets: list[str], smoke: bool) -> dict[st
     from rl_core.artifacts.write_behind import WriteBehind
     from rl_core.run.context import RunContext
     from rl_core.run.runs import create_or_resume
-    from rl_core.schema.config import config_from_dict
+    from rl_core.schema.config import apply_overrides, config_from_dict
     from tasks import common
 
     ensure_api()
     base = workload_config(workload, iterations, smoke=smoke).model_dump(mode="json")
     base["experiment"]["name"] = "write_behind"
-    from rl_core.schema.config import apply_overrides
-
     cfg = config_from_dict(apply_overrides(base, sets), "write_behind")
     run_id = f"write-behind-{time.strftime('%Y%m%d-%H%M%S')}"
     ctx = RunContext(cfg, run_id)
@@ -152,8 +150,7 @@ def main() -> None:
         args.iterations = 4
     if args.iterations < 4 or args.iterations % 2:
         raise SystemExit(f"--iterations {args.iterations}: need an even number, at least 4")
-    if args.smoke and not os.environ.get("RLFOUNDRY_STATE_DIR"):
-        os.environ["RLFOUNDRY_STATE_DIR"] = tempfile.mkdtemp(prefix="rlf-smoke-write-behind-")
+    smoke_state(args.smoke, "write-behind")
     os.environ.setdefault("RLFOUNDRY_STATE_DIR", str(ROOT / ".state" / "write_behind"))
     os.environ.setdefault("TQDM_DISABLE", "1")
     with s3_store(args.s3) as store_sets:

@@ -1,12 +1,10 @@
 """Artifact store over fsspec: ``file://`` (or a plain path) by default, ``s3://bucket/prefix`` at scale.
 
-On s3:// every call is retried with exponential backoff while the endpoint is unreachable (connection
-refused, timeouts, 5xx); when the retries are spent a ``StoreUnavailable`` names the endpoint. Nothing is
-committed by a failed call, so ``rlfoundry resume`` continues once the server is back.
+On s3:// every call is retried with exponential backoff while the endpoint is unreachable (connection refused,
+timeouts, 5xx); then a ``StoreUnavailable`` names the endpoint. Nothing is committed by a failed call.
 
-A stage run owns ``<root>/<run id>/iter-<KKKK>/<stage>/``. Its ``_manifest.json`` is written last and
-atomically: it is the commit marker. Every artifact is recorded with its sha256 and verified on read, so a
-corrupt or half-written artifact is reported with its path and never consumed.
+A stage run owns ``<root>/<run id>/iter-<KKKK>/<stage>/``; its ``_manifest.json``, written last, atomically,
+commits it. Every artifact's sha256 is verified on read: a corrupt one is named by path, never consumed.
 
     store = Store("file:///tmp/rl")
     ref = store.write_table(store.stage_uri("run1", 3, "generate") + "/rollouts.parquet", df)
@@ -40,6 +38,7 @@ from rl_core.artifacts.memo import Memo, file_stats, settled
 from rl_core.artifacts.write_behind import WriteBehind
 
 MANIFEST = "_manifest.json"
+Write = Callable[[], None]  # a planned write (``Store.planned``), done before its stage commits
 
 
 class ArtifactError(RuntimeError):
@@ -191,9 +190,8 @@ class Store:
         self.put_bytes(uri, data)
         return ArtifactRef(uri=uri, sha256=sha256_bytes(data))
 
-    def planned(self, uri: str, data: bytes) -> tuple[ArtifactRef, Callable[[], None]]:
-        """The reference ``data`` will have at ``uri``, and the write that puts it there: a stage body returns
-        such writes (``StageResult.pending``) for ``run_stage`` to do before its commit."""
+    def planned(self, uri: str, data: bytes) -> tuple[ArtifactRef, Write]:
+        """The reference ``data`` will have at ``uri``, and the write that puts it there."""
         return ArtifactRef(uri=uri, sha256=sha256_bytes(data)), functools.partial(self.put_bytes, uri, data)
 
     def put_bytes(self, uri: str, data: bytes) -> None:
@@ -313,8 +311,16 @@ class Store:
     # -- folders (checkpoints) ----------------------------------------------------------------------
     def put_files(self, files: dict[str, bytes], uri: str) -> ArtifactRef:
         """Write a folder of ``files`` (relative name -> bytes); its reference, as ``put_dir`` gives it."""
-        hashes = {rel: self.write_bytes(f"{uri}/{rel}", data).sha256 for rel, data in sorted(files.items())}
-        return ArtifactRef(uri=uri, sha256=dir_digest(hashes), files=hashes)
+        ref, writes = self.planned_files(files, uri)
+        for write in writes:
+            write()
+        return ref
+
+    def planned_files(self, files: dict[str, bytes], uri: str) -> tuple[ArtifactRef, list[Write]]:
+        """``planned`` for a folder of ``files``: its reference, and its files' writes in name order."""
+        planned = {rel: self.planned(f"{uri}/{rel}", data) for rel, data in sorted(files.items())}
+        hashes = {rel: ref.sha256 for rel, (ref, _) in planned.items()}
+        return ArtifactRef(uri=uri, sha256=dir_digest(hashes), files=hashes), [w for _, w in planned.values()]
 
     def put_dir(self, local_dir: str | Path, uri: str) -> ArtifactRef:
         """Upload a local folder; returns its reference (folder digest and per-file hashes)."""

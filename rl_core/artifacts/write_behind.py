@@ -1,20 +1,22 @@
 """Write-behind commits: a stage's large outputs written while the flow goes on, its manifest committed after.
 
-The train stage's checkpoint and optimizer state are ~13 MB a step at the default shape, ~40 MB written
-through the page cache with their temporary files and renames; the next stage that needs them is the next
-generate, which samples from the weights the train engine handed it in memory. So a stage body run by
-``run_stage`` on a store that writes behind returns its writes instead of doing them (``StageResult.pending``,
-``pending_or_done``: called by itself, as a replay does, it does them), with the references (digests) they
-will have computed already; ``run_stage`` then hands them and the manifest's commit to this writer, one
-thread per store, in the order they were handed over, and returns the manifest.
+The train stage's checkpoint and optimizer state are written at every step; the next stage that needs them
+is the next generate, which samples from the weights the train engine handed it in memory. So a stage body
+run by ``run_stage`` on a store that writes behind returns its writes instead of doing them
+(``StageResult.pending``, ``pending_or_done``: called by itself, as a replay does, it does them), with the
+references (digests) they will have computed already; ``run_stage`` then hands them and the manifest's
+commit to this writer, one thread per store, in the order they were handed over, and returns the manifest.
 
 Nothing reads a stage's outputs before its commit: a read of its manifest, of a file under its folder, or
 of its folder (``Store.read_manifest``, ``read_bytes``, ``local_dir``, ``clear``) waits for the commit
 first (``settle``). A commit that failed (a full disk, an unreachable S3) fails that read, naming the stage
 and why; the stage was not committed, so a resume runs it again. A kill before the commit leaves the stage
 uncommitted, exactly as a kill during a synchronous write does: a resume re-runs it from its committed
-inputs, bit for bit. The writes are I/O and hashing, which release the interpreter lock, so unlike the
-lineage records (``rl_core.run.lineage_writer``) they take little of it from the stages beside them.
+inputs, bit for bit. The hashing stays in the stage (the manifest needs the digests); what moves is the I/O.
+Measured (``benchmarks/write_behind.py``): on S3, where the upload waits on the network, the step is shorter;
+on a local folder it is not (the writes are CPU copies into the page cache, and the thread gets the
+interpreter lock back only when the flow's thread gives it up), so ``store.write_behind: auto`` writes behind
+on a remote store only.
 """
 
 from __future__ import annotations

@@ -268,13 +268,10 @@ def _store(
 ) -> tuple[ArtifactRef, ArtifactRef, list[Callable[[], None]]]:
     """The checkpoint folder and optimizer state (with the float32 ``masters`` of a rounded one): references
     hashed now, and the writes the stage's commit does (``StageResult.pending``)."""
-    uri, files = f"{job.out_uri}/checkpoint", sorted(checkpoint_files(ctx, job, weights).items())
-    planned = {rel: ctx.store.planned(f"{uri}/{rel}", data) for rel, data in files}
-    hashes = {rel: ref.sha256 for rel, (ref, _) in planned.items()}
+    ref, writes = ctx.store.planned_files(checkpoint_files(ctx, job, weights), f"{job.out_uri}/checkpoint")
     data = optimizer_file(engine.optimizer_state(), masters)
     opt_ref, opt_write = ctx.store.planned(f"{job.out_uri}/optimizer.safetensors", data)
-    ref = ArtifactRef(uri=uri, sha256=dir_digest(hashes), files=hashes)
-    return ref, opt_ref, [w for _, w in planned.values()] + [opt_write]
+    return ref, opt_ref, [*writes, opt_write]
 
 
 def checkpoint_weights(ctx: RunContext, job: StageJob, trained: dict[str, Any]) -> tuple[dict, dict | None]:
