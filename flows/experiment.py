@@ -17,7 +17,7 @@ from prefect.runtime import flow_run
 from prefect.utilities.annotations import quote
 
 from flows.iteration import run_iterations
-from flows.observe import AlarmStop, report_iteration
+from flows.observe import AlarmStop, RecordWindow, attach_vitals, report_iteration
 from rl_core.artifacts.manifest import Manifest
 from rl_core.artifacts.report import emit, subscribe
 from rl_core.pipeline.stages import STAGES
@@ -76,25 +76,63 @@ def summarize(iteration: int, manifests: dict[str, Manifest | None]) -> dict[str
 
 
 def _report(
-    cfg: Config, run_id: str, parent: str | None, k: int, ms: dict[str, Manifest | None], it_run: str | None
+    cfg: Config,
+    run_id: str,
+    parent: str | None,
+    k: int,
+    ms: dict[str, Manifest | None],
+    it_run: str | None,
+    window: RecordWindow,
 ) -> None:
     """Iteration k's summary to the listeners (the CLI), MLflow's parent run and the Prefect UI; its alarms
-    (``flows.observe.report_iteration``: a stop alarm raises ``AlarmStop``)."""
+    (``flows.observe.report_iteration``: a stop alarm raises ``AlarmStop``). The parent run's row and the
+    vital-sign table go out together with those of the iterations ``window`` held (``RecordWindow``)."""
     lin = lineage(cfg)
     summary = summarize(k, ms)
-    if lin and parent:
-        row = {"mean_reward": summary["mean_reward"]}
-        if summary.get("eval"):
-            row.update({f"eval_{m}": v for m, v in summary["eval"].items() if isinstance(v, float)})
-        row.update({n: v for n, v in summary.get("vitals", {}).items() if n in SUMMARY_VITALS})
-        lineage_writer(cfg).submit(k, functools.partial(log_summary, cfg, parent, row, k))
     summary["mlflow_run"] = lin.link(it_run) if lin and it_run else None
-    emit(summary)
+    last = k == cfg.experiment.iterations
+    due = window.add(dict(summary), at_once=last or bool(summary.get("alarms")))
+    _write_rows(cfg, parent, k, due)
+    summary["tables"] = due  # (for the deployment's flow run: flows.observe.mirror)
+    try:
+        emit(summary)
+    finally:
+        summary.pop("tables")
 
     def later(fn: Any) -> Any:
         return lineage_writer(cfg).submit(k, fn)
 
-    report_iteration(run_id, k, summary, ms.get("vitals"), later, store_root(cfg))
+    report_iteration(run_id, k, summary, ms.get("vitals"), later, store_root(cfg), due)
+
+
+def _parent_row(summary: dict[str, Any]) -> dict[str, float]:
+    """What the experiment's MLflow run charts for an iteration: its mean reward, eval metrics and the
+    SUMMARY_VITALS."""
+    row = {"mean_reward": summary["mean_reward"]}
+    if summary.get("eval"):
+        row.update({f"eval_{m}": v for m, v in summary["eval"].items() if isinstance(v, float)})
+    row.update({n: v for n, v in summary.get("vitals", {}).items() if n in SUMMARY_VITALS})
+    return row
+
+
+def _write_rows(cfg: Config, parent: str | None, k: int, due: list[dict[str, Any]]) -> None:
+    """The parent run's rows of the ``due`` iterations, in one MLflow call, on the lineage writer."""
+    if lineage(cfg) and parent and due:
+        rows = [(s["iteration"], _parent_row(s)) for s in due]
+        lineage_writer(cfg).submit(k, functools.partial(log_summary, cfg, parent, rows))
+
+
+def _write_held(cfg: Config, run_id: str, parent: str | None, window: RecordWindow) -> None:
+    """What ``window`` still holds (the run stops or fails): the parent run's rows, the vital-sign table."""
+    held = window.take()
+    if held:
+        k = held[-1]["iteration"]
+        _write_rows(cfg, parent, k, held)
+        from prefect.runtime import flow_run
+
+        here = flow_run.get_id()
+        if here:
+            lineage_writer(cfg).submit(k, functools.partial(attach_vitals, run_id, held, here))
 
 
 @flow(name="rl-experiment", flow_run_name="{run_id}", validate_parameters=False)
@@ -137,15 +175,20 @@ def _experiment(cfg: Config, run_id: str) -> dict[str, Any]:
     emit(summarize(0, {"init": init, "warmup": wu, "evaluate": ev0}))
     policy = wu.outputs["checkpoint"]
     last: dict[str, Manifest | None] = {"evaluate": ev0}
+    window = RecordWindow(cfg.tracking.summary_every_s)
     try:
         for k, ms, it_run in run_iterations(cfg, run_id, parent, str(flow_run.get_id() or "")):
             policy = ms["train"].outputs["checkpoint"]
-            _report(cfg, run_id, parent, k, ms, it_run)
+            _report(cfg, run_id, parent, k, ms, it_run, window)
             last = ms
     except AlarmStop:  # the iteration is committed: its lineage is written, the MLflow run marked stopped
+        _write_held(cfg, run_id, parent, window)
         lineage_writer(cfg).close()  # and its vital-sign tables attached
         if lin and parent:
             lin.finish(parent, "KILLED")
+        raise
+    except Exception:  # a stage failed: the committed iterations' records still go out
+        _write_held(cfg, run_id, parent, window)
         raise
     final_eval = (last.get("evaluate") or ev0).metrics
     lineage_writer(cfg).close()  # every record written, the writer (its process) ended

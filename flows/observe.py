@@ -1,16 +1,21 @@
 """What a run shows in the Prefect UI while it runs, and what its alarms do.
 
 The flow run's page gets a log line per status event and per iteration (reward, accuracy, KL, entropy,
-lengths, stage seconds), one per alarm (a warning, or an error when it stops the run), and per iteration a
-table artifact of its vital signs, its description naming the iteration's MLflow run. An alarm whose action
-is ``stop`` ends the flow run once its iteration is committed (``AlarmStop``); an iteration resumed with its
-vitals already committed does not stop again, so ``rlfoundry resume`` continues the run like any other.
+lengths, stage seconds), one per alarm (a warning, or an error when it stops the run), and a table artifact
+of the iterations' vital signs, a row per iteration, its description naming their MLflow runs. Iterations
+that end within ``tracking.summary_every_s`` of the last table share the next one (``RecordWindow``: a table
+is an API call of ~20 ms, as long as a whole small step's records); the first and the last iteration, and
+one with an alarm, get theirs at once. An alarm whose action is ``stop`` ends the flow run once its iteration
+is committed (``AlarmStop``); an iteration resumed with its vitals already committed does not stop again, so
+``rlfoundry resume`` continues the run like any other.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import time
+from collections.abc import Callable
 from typing import Any
 
 from rl_core.artifacts.manifest import Manifest
@@ -99,6 +104,37 @@ def alarms_shown_here() -> None:
                 h.addFilter(_not_an_alarm)
 
 
+class RecordWindow:
+    """An experiment's iteration summaries, held until they are written together: ``add`` returns the ones to
+    write now, every one held, when ``every_s`` passed since the last write (0: always), at the first
+    iteration, or when asked (``at_once``: the last iteration, an alarm); ``take`` the rest, at the end.
+
+    >>> clock = iter([0.0, 1.0, 2.0, 12.0, 13.0]).__next__
+    >>> w = RecordWindow(10.0, clock)
+    >>> [[s["iteration"] for s in w.add({"iteration": k})] for k in (1, 2, 3, 4)]
+    [[1], [], [], [2, 3, 4]]
+    >>> w.add({"iteration": 5}), [s["iteration"] for s in w.take()]
+    ([], [5])
+    """
+
+    def __init__(self, every_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.every_s, self.clock = every_s, clock
+        self.held: list[dict[str, Any]] = []
+        self.since: float | None = None  # when the last ones were written
+
+    def add(self, summary: dict[str, Any], at_once: bool = False) -> list[dict[str, Any]]:
+        self.held.append(summary)
+        now = self.clock()
+        if at_once or self.since is None or now - self.since >= self.every_s:
+            self.since = now
+            return self.take()
+        return []
+
+    def take(self) -> list[dict[str, Any]]:
+        out, self.held = self.held, []
+        return out
+
+
 def report_iteration(
     run_id: str,
     k: int,
@@ -106,21 +142,24 @@ def report_iteration(
     vitals: Manifest | None,
     later: Any = None,
     store_root: str | None = None,
+    tables: list[dict[str, Any]] | None = None,
 ) -> None:
-    """Log the iteration and its alarms to the flow run, and attach its vital signs as a table artifact;
-    raise ``AlarmStop`` if a stop alarm fired in vitals computed now (not reused from an earlier attempt).
-    ``later`` (a function taking a callable: the run's background writer, ``LineageWriter.submit`` bound to
-    the iteration) creates the artifact off the iteration's path (an API call of ~20 ms); the flow waits
-    for it before it ends."""
+    """Log the iteration and its alarms to the flow run, and attach the vital signs of ``tables`` (the
+    iterations whose table is due, ``RecordWindow``; default: this one) as a table artifact; raise
+    ``AlarmStop`` if a stop alarm fired in vitals computed now (not reused from an earlier attempt).
+    ``later`` (a function taking a callable: the run's lineage writer, ``LineageWriter.submit`` bound to the
+    iteration) creates the artifact where the lineage records are written; the flow waits for it before it
+    ends."""
     log_iteration(run_logger(), run_id, summary)
+    tables = [summary] if tables is None else tables
     if later is None:
-        attach_vitals(run_id, summary)
-    else:
+        attach_vitals(run_id, tables)
+    elif tables:
         from prefect.runtime import flow_run
 
         here = flow_run.get_id()
         if here:
-            later(functools.partial(attach_vitals, run_id, summary, here))
+            later(functools.partial(attach_vitals, run_id, tables, here))
     stops = [a for a in alarms_of(vitals) if a["action"] == "stop"]
     if stops and not vitals.reused:  # type: ignore[union-attr]
         names = ", ".join(a["name"] for a in stops)
@@ -138,35 +177,40 @@ def _command(verb: str, run_id: str, store_root: str | None) -> str:
     return run_command(verb, run_id, store_root) if store_root else f"rlfoundry {verb} {run_id}"
 
 
-def attach_vitals(run_id: str, summary: dict[str, Any], flow_run_id: Any = None) -> None:
-    """The iteration's vital signs and alarms as a table artifact of the current flow run, or of
-    ``flow_run_id`` (the deployment's flow run, which shows the experiment as its subflow); nothing outside a
-    flow run or without vitals."""
+def attach_vitals(run_id: str, summaries: list[dict[str, Any]], flow_run_id: Any = None) -> None:
+    """The vital signs and alarms of ``summaries`` (iterations, in order) as one table artifact of the
+    current flow run, or of ``flow_run_id`` (the deployment's flow run, which shows the experiment as its
+    subflow): a row per iteration, keyed ``iteration-0007`` for one, ``iterations-0002-0007`` for several;
+    nothing outside a flow run or without vitals."""
     from prefect.artifacts import TableArtifact
     from prefect.context import get_run_context
     from prefect.exceptions import MissingContextError
 
-    m, link = summary.get("vitals"), summary.get("mlflow_run")
     if flow_run_id is None:
         try:
             get_run_context()
         except MissingContextError:
             return
-    if not m:
+    summaries = [s for s in summaries if s.get("vitals")]
+    if not summaries:
         return
-    rows = [{"vital sign": key, "value": _fmt(m[key])} for key in TABLE_KEYS if m.get(key) is not None]
-    rows += [
-        {"vital sign": f"ALARM {a['name']} ({a['action']})", "value": a["message"]}
-        for a in summary.get("alarms", [])
-    ]
-    where = (
-        f"MLflow run [{link}]({link})" if link and link.startswith("http") else f"MLflow run {link or '-'}"
-    )
-    k = summary["iteration"]
+    rows = []
+    for s in summaries:
+        m = s["vitals"]
+        row = {"iteration": s["iteration"]} | {
+            key: _fmt(m[key]) for key in TABLE_KEYS if m.get(key) is not None
+        }
+        alarms = [f"ALARM {a['name']} ({a['action']}): {a['message']}" for a in s.get("alarms", [])]
+        rows.append(row | ({"alarms": "; ".join(alarms)} if alarms else {}))
+    first, last = summaries[0]["iteration"], summaries[-1]["iteration"]
+    links = [s["mlflow_run"] for s in summaries if s.get("mlflow_run")]
+    where = ", ".join(f"[{x}]({x})" if x.startswith("http") else x for x in links) or "-"
+    key = f"iteration-{last:04d}" if first == last else f"iterations-{first:04d}-{last:04d}"
+    what = f"iteration {last}" if first == last else f"iterations {first}-{last}"
     TableArtifact(
-        key=f"iteration-{k:04d}",
+        key=key,
         table=rows,
-        description=f"Vital signs of {run_id}, iteration {k}. {where}. `rlfoundry show {run_id}`",
+        description=f"Vital signs of {run_id}, {what}. MLflow run {where}. `rlfoundry show {run_id}`",
         flow_run_id=flow_run_id,
     ).create()
 
@@ -184,6 +228,7 @@ def mirror(run_id: str) -> Any:
             log.info(ev["text"])
         elif ev["kind"] == "iteration" and ev["iteration"] > 0:
             log_iteration(log, run_id, ev)
-            attach_vitals(run_id, ev, parent)
+            if ev.get("tables"):  # the iterations whose table is due (RecordWindow)
+                attach_vitals(run_id, ev["tables"], parent)
 
     return listen

@@ -233,6 +233,6 @@ def create_iteration_run(cfg: Config, parent: str, run_id: str, iteration: int, 
     return lineage(cfg).iteration_run(parent, run_id, iteration, flow_run_id)  # type: ignore[union-attr]
 
 
-def log_summary(cfg: Config, parent: str, row: dict[str, float], iteration: int) -> None:
-    """The iteration's summary on the experiment's MLflow run, where the lineage writer runs."""
-    lineage(cfg).log_summary(parent, row, iteration)  # type: ignore[union-attr]
+def log_summary(cfg: Config, parent: str, rows: list[tuple[int, dict[str, float]]]) -> None:
+    """Iterations' summaries (iteration, row) on the experiment's MLflow run, on the lineage writer."""
+    lineage(cfg).log_summary(parent, rows)  # type: ignore[union-attr]

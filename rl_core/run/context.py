@@ -75,6 +75,7 @@ PLACEMENT = (
     ("rollout", "chunked_prefill"),
     ("rollout", "cuda_graphs"),
     ("tracking", "writes"),
+    ("tracking", "summary_every_s"),
 )
 # How far a run goes and where it evaluates, not what any stage computes: extending a run (more iterations,
 # other evaluation points) needs no --force and keeps every committed stage.

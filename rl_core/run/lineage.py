@@ -291,13 +291,15 @@ class Lineage:
             self.client.set_registered_model_alias(name, "champion", version)
         return version
 
-    def log_summary(self, parent: str, metrics: dict[str, float], step: int) -> None:
+    def log_summary(self, parent: str, rows: list[tuple[int, dict[str, float]]]) -> None:
+        """Iterations' summary metrics on the experiment's run, each at its iteration as step: one
+        ``log_batch`` for all of them (~15-20 ms on SQLite whatever it holds) up to MLflow's 1,000 a call."""
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        self.client.log_batch(
-            parent, metrics=[Metric(metric_name(k), float(v), now, step) for k, v in metrics.items()]
-        )
+        metrics = [Metric(metric_name(k), float(v), now, step) for step, row in rows for k, v in row.items()]
+        for c in range(0, len(metrics), 1000):
+            self.client.log_batch(parent, metrics=metrics[c : c + 1000])
 
     def link(self, run: str) -> str:
         """Where to open ``run``: its page when the tracking server is one (http), else its id and store."""

@@ -21,7 +21,12 @@ from rl_core.schema.config_alarms import AlarmsSection
 from rl_core.schema.config_cluster import ClusterSection
 from rl_core.schema.config_device import RolloutDeviceFields, TrainDeviceFields
 from rl_core.schema.config_eval import EvalSection, EvalSuite  # noqa: F401  (EvalSuite: part of the schema's API)
-from rl_core.schema.config_layout import CheckpointLayoutFields, StorePlacementFields, TrainLayoutFields
+from rl_core.schema.config_layout import (
+    CheckpointLayoutFields,
+    StorePlacementFields,
+    TrackingPlacementFields,
+    TrainLayoutFields,
+)
 from rl_core.schema.config_pg import PolicyGradientFields
 from rl_core.schema.config_reward import AuditSettings, JudgeSettings, RewardModelSettings, check_reward_names
 from rl_core.schema.config_sampling import SamplingFields
@@ -324,14 +329,9 @@ class StoreSection(_Section, StorePlacementFields):
     )
 
 
-class TrackingSection(_Section):
+class TrackingSection(_Section, TrackingPlacementFields):
     mlflow_uri: str = Field("", description="MLflow tracking URI. Empty = sqlite:///<state dir>/mlflow.db.")
     enabled: bool = Field(True, description="Log lineage to MLflow.")
-    writes: Literal["auto", "inline", "background", "process"] = Field(
-        "auto",
-        description="Lineage writes inline, on a background thread or in a writer process; auto: inline when "
-        "MLflow and the store are local (CPU work), a thread across a network (rl_core.run.lineage).",
-    )
 
 
 class Config(_Section):

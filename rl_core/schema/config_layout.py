@@ -1,7 +1,8 @@
 """How the train stage lays out its work: processes (world size, tensor parallel) and sequence packing, the
 ``train`` section's layout fields (``rl_core.schema.config.TrainSection`` inherits them; part of the one
 schema, kept apart so that ``config.py`` stays readable); and the timing of the store's locks and when the
-train stage's checkpoint is written (``store`` section).
+train stage's checkpoint is written (``store`` section); where and when the lineage records are written
+(``tracking`` section).
 
     cfg = load_config("configs/smoke.yaml", ["train.world_size=2", "train.zero_stage=3"])
     cfg.train.launched   # True: each train stage is a torchrun job (rl_core/training/train_launch.py)
@@ -146,6 +147,25 @@ class StorePlacementFields(BaseModel):
                 f"store.lock_stale_after_s ({self.lock_stale_after_s})"
             )
         return self
+
+
+class TrackingPlacementFields(BaseModel):
+    """Where and when the lineage records are written (``tracking`` section): placement, not what any stage
+    computes (left out of the config hash)."""
+
+    writes: Literal["auto", "inline", "background", "process"] = Field(
+        "auto",
+        description="Lineage writes inline, on a background thread or in a writer process; auto: inline when "
+        "MLflow and the store are local (CPU work), a thread across a network (rl_core.run.lineage).",
+    )
+    summary_every_s: float = Field(
+        10.0,
+        ge=0,
+        description="Longest wait (seconds) before an iteration's summary on the experiment's MLflow run "
+        "and its vital-sign table in the Prefect UI are written: iterations that end sooner are written "
+        "together, one MLflow call and one table for all of them (flows.observe.RecordWindow). The first "
+        "and the last iteration, and one with an alarm, are written at once. 0: each as it ends.",
+    )
 
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(B|KB|MB|GB|TB)?\s*$", re.I)

@@ -51,6 +51,7 @@ SMOKES: tuple[str, ...] = (
     "rollout",
     "sandbox",
     "scaleout_model",
+    "summary_window",
     "train_layouts",
     "train_step",
     "vs_trl",

@@ -100,3 +100,51 @@ def test_iteration_runs_are_searched_once_per_run_and_found_again_after_a_restar
     }
     assert searches.count("x") == 3  # one search, in three pages
     assert lin.client.get_run(made[2]).data.tags["prefect.flow_run_id"] == "flow-2"
+
+
+def _iteration(k: int, alarms: list[dict]) -> dict[str, Manifest]:
+    def stage(name: str, metrics: dict) -> Manifest:
+        return Manifest(
+            run_id="win", iteration=k, stage=name, inputs={}, outputs={}, config_hash="h", code_version="c",
+            metrics=metrics, timings=Timings(seconds=0.1, started_at=0.0),
+        )  # fmt: skip
+
+    vitals = {"kl": 0.01 * k, "reward_std": 0.5, "alarms": len(alarms), "alarm_list": alarms}
+    return {"score_rewards": stage("score_rewards", {"mean_reward": k / 10}), "vitals": stage("vitals", vitals)}
+
+
+def test_iteration_summaries_within_the_window_go_to_the_parent_run_in_one_call(lin, monkeypatch):
+    """tracking.summary_every_s: the first iteration's row at once, then the rows of the iterations that end
+    within the window in one call, an alarm's and the last one's at once; every iteration's row charted."""
+    from flows.experiment import _report
+    from flows.observe import RecordWindow
+    from rl_core.artifacts.report import subscribe
+    from tasks.common import lineage
+
+    uri = lin.client.tracking_uri
+    cfg = load_config("configs/smoke.yaml", [f"tracking.mlflow_uri={uri}", "experiment.iterations=7"])
+    mine = lineage(cfg)
+    parent = mine.experiment_run("win", cfg, "base")
+    calls: list[list[int]] = []
+    log_batch = mine.client.log_batch
+
+    def counted(run: str, **kw):
+        if run == parent:
+            calls.append(sorted({m.step for m in kw["metrics"]}))
+        return log_batch(run, **kw)
+
+    monkeypatch.setattr(mine.client, "log_batch", counted)
+    tables: list[list[int]] = []
+    stop = subscribe(lambda ev: tables.append([s["iteration"] for s in ev["tables"]]))
+    warn = {"name": "kl_spike", "action": "warn", "message": "KL high", "value": 1.0, "threshold": 0.1}
+    window = RecordWindow(10.0, iter([0.0, 1.0, 2.0, 3.0, 4.0, 20.0, 21.0]).__next__)
+    try:
+        for k in range(1, 8):
+            _report(cfg, "win", parent, k, _iteration(k, [warn] if k == 3 else []), None, window)
+    finally:
+        stop()
+    # 1 at once; 2-3 with 3's alarm; 4-6 when the window passed at 6; 7, the last, at once
+    assert calls == [[1], [2, 3], [4, 5, 6], [7]] and tables == [[1], [], [2, 3], [], [], [4, 5, 6], [7]]
+    history = mine.client.get_metric_history(parent, "mean_reward")
+    assert sorted((m.step, m.value) for m in history) == [(k, k / 10) for k in range(1, 8)]
+    assert {m.step for m in mine.client.get_metric_history(parent, "alarms")} == set(range(1, 8))
