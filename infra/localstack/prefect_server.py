@@ -5,6 +5,10 @@ It is ``uvicorn prefect.server.api.server:create_app`` on 127.0.0.1 (the app run
 scheduler included), with SQLite under ``home``, analytics off and its own log file.
 
     url = ensure_api()   # PREFECT_API_URL if set, else a private server tied to this process
+
+A private server has no UI, and so none of the services that only feed one (``UI_ONLY_SERVICES``): a run
+started without ``rlfoundry up`` shows its flow run, logs and vital-sign tables when its state folder is later
+opened by the stack's UI, but not its task runs.
 """
 
 from __future__ import annotations
@@ -16,10 +20,20 @@ from pathlib import Path
 from infra.localstack.process import Server, clean_env, spawn
 from rl_core.artifacts.paths import free_port, state_dir
 
+# What a server without a UI (a run's private one) leaves out: the services that turn the client's events
+# into what only a UI shows (task runs and their states, the event feed, automations). Flow runs, their
+# states, logs and artifacts still go through the API. On this project's 2-core machines the task-run
+# recorder alone took ~115 ms of CPU per iteration of a small run beside its stages (a task run's three
+# state events, each an SQLite upsert), all three ~145 ms (docs/concepts/speed.md).
+UI_ONLY_SERVICES = ("TASK_RUN_RECORDER", "EVENT_PERSISTER", "TRIGGERS")
+
 
 def server_env(port: int, home: Path, *, ui: bool) -> dict[str, str]:
-    """The one Prefect server configuration; only the port, the home folder and the UI switch vary."""
+    """The one Prefect server configuration; only the port, the home folder and the UI switch vary (without
+    the UI, without the UI_ONLY_SERVICES)."""
+    off = {} if ui else {f"PREFECT_SERVER_SERVICES_{name}_ENABLED": "false" for name in UI_ONLY_SERVICES}
     return clean_env(
+        **off,
         PREFECT_HOME=str(home),
         PREFECT_UI_ENABLED="true" if ui else "false",
         PREFECT_UI_API_URL=f"http://127.0.0.1:{port}/api",  # else the UI calls the default port 4200
@@ -75,4 +89,7 @@ def ensure_api() -> str:
     log = state_dir() / "logs" / f"prefect-server-{port}.log"
     start(port, home, log, ui=False, tie_to_parent=True).wait_http(health_url(port), timeout_s=120)
     os.environ["PREFECT_API_URL"] = url = f"http://127.0.0.1:{port}/api"
+    if "prefect.context" in sys.modules:  # Prefect read its settings when imported (``start`` imports it):
+        # without this, its client would not see the URL and would start an ephemeral server of its own
+        sys.modules["prefect.context"].refresh_global_settings_context()
     return url

@@ -45,6 +45,7 @@ SMOKES: tuple[str, ...] = (
     "pg_family",
     "pixel_norm",
     "plot_curve",
+    "prefect_server",
     "reasoning_gym_curve",
     "reward_audit",
     "reward_server",
