@@ -12,21 +12,20 @@ MLflow UI walks from a checkpoint back to the rollouts and rewards that produced
 Stage and summary records go through a ``LineageWriter`` (``rl_core.run.lineage_writer``), in submission
 order; ``flush`` re-raises the first failure (the flow flushes each iteration's records one iteration later,
 and everything at its end).
-Where they are written is ``tracking.writes`` (``write_mode``): in the flow's thread at the iteration's end
-when MLflow and the store are on this machine, else on a background thread while the next stages run; or,
-opt-in, in a writer process.
+Where they are written is ``tracking.writes`` (``write_mode``): when MLflow and the store are on this
+machine, in a writer process for a run of PROCESS_FROM_ITERATIONS or more, else in the flow's thread at the
+iteration's end; across a network, on a background thread while the next stages run.
 
-Inline, because a local MLflow write is CPU work in Python (SQLAlchemy over SQLite, ~0.1 s an iteration), and
-a thread doing it beside the generate stage takes the interpreter lock from it over a hundred times per stage.
-The writer process shares no lock with the stages, and the flow's thread only hands it the iteration's records
-(pickled, one job an iteration: ~14 ms); but on this project's 2-core machines the CPU it takes beside the
-stages cost about what it saved (``benchmarks/lineage_writes.py``: process against inline in one run), so it
-is not the default. A remote MLflow or S3 is another matter: its writes wait on the network, without the
-lock, and a thread hides that wait. A write handed to the process is a picklable callable (a module-level
-function with its arguments: ``functools.partial``); the process opens its own MLflow client. If the flow is
-killed, the process ends with it, and what it had not written is written again by ``rlfoundry resume``, which
-logs every committed iteration's records anew (MLflow's own lineage of a committed train stage included, when
-it is missing).
+A local MLflow write is CPU work in Python (SQLAlchemy over SQLite, ~65 ms an iteration), and a thread doing
+it beside the generate stage takes the interpreter lock from it over a hundred times per stage. The writer
+process shares no lock with the stages, and the flow's thread only hands it the iteration's records (pickled,
+one job an iteration: ~0.4 ms): 9-14% shorter steps on this project's 2-core machines
+(``benchmarks/lineage_writes.py``: process against inline in one run), once its start is paid. A remote
+MLflow or S3 is another matter: its writes wait on the network, without the lock, and a thread hides that
+wait. A write handed to the process is a picklable callable (a module-level function with its arguments:
+``functools.partial``); the process opens its own MLflow client. If the flow is killed, the process ends with
+it, and what it had not written is written again by ``rlfoundry resume``, which logs every committed
+iteration's records anew (MLflow's own lineage of a committed train stage included, when it is missing).
 """
 
 from __future__ import annotations
@@ -53,16 +52,24 @@ def tracking_uri(cfg: Config) -> str:
     return cfg.tracking.mlflow_uri or f"sqlite:///{state_dir() / 'mlflow.db'}"
 
 
+# From how many iterations ``auto`` writes a local run's records in the writer process: its start (imports,
+# ~3.7 CPU seconds, beside the run's first stages) is won back at ~40-65 ms an iteration
+# (benchmarks/lineage_writes.py); shorter runs (the tests' smoke runs) write inline.
+PROCESS_FROM_ITERATIONS = 50
+
+
 def write_mode(cfg: Config) -> str:
     """Where ``cfg``'s lineage records are written (``tracking.writes``): ``inline`` (the flow's thread, at
     the iteration's end), ``background`` (a thread of the flow's process) or ``process`` (a writer process:
-    no interpreter lock shared with the stages, opt-in); auto: ``inline`` when the MLflow tracking store and
-    the artifact store are both on this machine (CPU work), ``background`` across a network (waits on a
-    socket, without the lock).
+    no interpreter lock shared with the stages); auto: when the MLflow tracking store and the artifact store
+    are both on this machine (CPU work), ``process`` for a run of PROCESS_FROM_ITERATIONS or more, else
+    ``inline``; ``background`` across a network (waits on a socket, without the lock).
 
     >>> from rl_core.schema.config import Config
     >>> write_mode(Config()), write_mode(Config.model_validate({"store": {"uri": "s3://b/p"}}))
-    ('inline', 'background')
+    ('process', 'background')
+    >>> write_mode(Config.model_validate({"experiment": {"iterations": 49}}))
+    'inline'
     >>> write_mode(Config.model_validate({"tracking": {"mlflow_uri": "http://127.0.0.1:5000"}}))
     'background'
     """
@@ -70,8 +77,9 @@ def write_mode(cfg: Config) -> str:
         return cfg.tracking.writes
     here = ("", "file", "sqlite")
     store = urlsplit(cfg.store.uri).scheme if cfg.store.uri else ""
-    local = urlsplit(tracking_uri(cfg)).scheme in here and store in here
-    return "inline" if local else "background"
+    if urlsplit(tracking_uri(cfg)).scheme not in here or store not in here:
+        return "background"
+    return "process" if cfg.experiment.iterations >= PROCESS_FROM_ITERATIONS else "inline"
 
 
 def metric_name(name: str) -> str:

@@ -41,8 +41,8 @@ def _settle(futures: list[Future[Any]], job: Future[Any]) -> None:
 
 # The writer process's CPU priority once started: beside the stages' threads at the same priority it cost more
 # than the writes themselves; at 19 it takes the cores the stages leave (benchmarks/lineage_writes.py). A
-# machine saturated by other work starves it, and the flow waits on its flush: ``tracking.writes: process``
-# is opt-in for that reason.
+# machine saturated by other work starves it, and the flow waits on its flush: set ``tracking.writes: inline``
+# there.
 WRITER_NICE = 19
 
 

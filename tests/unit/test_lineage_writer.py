@@ -60,9 +60,12 @@ def test_inline_writes_run_in_the_submitting_thread_in_order_and_hold_their_fail
 @pytest.mark.parametrize(
     ("given", "mode"),
     [
-        ({}, "inline"),  # MLflow on SQLite under the state dir, the store a local folder: CPU work
-        ({"tracking": {"mlflow_uri": "sqlite:////tmp/m.db"}, "store": {"uri": "/data/store"}}, "inline"),
-        ({"tracking": {"mlflow_uri": "file:///tmp/mlruns"}}, "inline"),
+        # MLflow on SQLite under the state dir, the store a local folder: CPU work, in the writer process
+        # from 50 iterations (its start is won back), inline for a shorter run
+        ({}, "process"),
+        ({"experiment": {"iterations": 49}}, "inline"),
+        ({"tracking": {"mlflow_uri": "sqlite:////tmp/m.db"}, "store": {"uri": "/data/store"}}, "process"),
+        ({"tracking": {"mlflow_uri": "file:///tmp/mlruns"}, "experiment": {"iterations": 2}}, "inline"),
         ({"tracking": {"writes": "process"}}, "process"),
         ({"tracking": {"mlflow_uri": "http://127.0.0.1:5000"}}, "background"),  # waits on a socket
         ({"tracking": {"mlflow_uri": "postgresql://mlflow@db/mlflow"}}, "background"),
