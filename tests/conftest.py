@@ -121,7 +121,9 @@ def prefect_api(session_home: Path):
 
     home = session_home
     port = free_port()
-    srv = prefect_server.start(port, home, home / "server.log", ui=True, tie_to_parent=True)
+    # (without the services that only feed a UI: no test reads task runs, and on 2 cores they took ~0.15 CPU
+    # seconds per iteration beside every run of the session: benchmarks/prefect_server.py)
+    srv = prefect_server.start(port, home, home / "server.log", ui=True, tie_to_parent=True, lean=True)
     try:
         srv.wait_http(prefect_server.health_url(port), timeout_s=120)
         _API["url"] = f"http://127.0.0.1:{port}/api"

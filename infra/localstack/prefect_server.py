@@ -28,10 +28,12 @@ from rl_core.artifacts.paths import free_port, state_dir
 UI_ONLY_SERVICES = ("TASK_RUN_RECORDER", "EVENT_PERSISTER", "TRIGGERS")
 
 
-def server_env(port: int, home: Path, *, ui: bool) -> dict[str, str]:
-    """The one Prefect server configuration; only the port, the home folder and the UI switch vary (without
-    the UI, without the UI_ONLY_SERVICES)."""
-    off = {} if ui else {f"PREFECT_SERVER_SERVICES_{name}_ENABLED": "false" for name in UI_ONLY_SERVICES}
+def server_env(port: int, home: Path, *, ui: bool, lean: bool | None = None) -> dict[str, str]:
+    """The one Prefect server configuration; only the port, the home folder, the UI switch and whether the
+    UI_ONLY_SERVICES run vary (``lean``, default: without the UI; the test suite's server has its UI for the
+    browser test, and no test reads task runs)."""
+    lean = not ui if lean is None else lean
+    off = {f"PREFECT_SERVER_SERVICES_{name}_ENABLED": "false" for name in UI_ONLY_SERVICES} if lean else {}
     return clean_env(
         **off,
         PREFECT_HOME=str(home),
@@ -46,7 +48,9 @@ def server_env(port: int, home: Path, *, ui: bool) -> dict[str, str]:
     )
 
 
-def start(port: int, home: Path, log: Path, *, ui: bool, tie_to_parent: bool) -> Server:
+def start(
+    port: int, home: Path, log: Path, *, ui: bool, tie_to_parent: bool, lean: bool | None = None
+) -> Server:
     """Start the server on 127.0.0.1:``port`` (not waiting for it: ``Server.wait_http(health_url(port))``)."""
     import prefect
 
@@ -69,7 +73,11 @@ def start(port: int, home: Path, log: Path, *, ui: bool, tie_to_parent: bool) ->
         "on",
     ]
     return spawn(
-        "Prefect server", cmd, env=server_env(port, home, ui=ui), log=log, tie_to_parent=tie_to_parent
+        "Prefect server",
+        cmd,
+        env=server_env(port, home, ui=ui, lean=lean),
+        log=log,
+        tie_to_parent=tie_to_parent,
     )
 
 
