@@ -76,7 +76,11 @@ def arm(workload: str, iterations: int, smoke: bool, run_id: str) -> dict[str, A
     steps = [b - a for a, b in zip(clock, clock[1:], strict=False)][1:] or [clock[-1]]
     first = 1 if iterations > 1 else 0
     server_s = (marks[iterations] - marks[first]) / max(iterations - first, 1)
-    return {"step_s": round(statistics.median(steps), 4), "server_cpu_s": round(server_s, 4), "setup_s": out["setup_s"]}
+    return {
+        "step_s": round(statistics.median(steps), 4),
+        "server_cpu_s": round(server_s, 4),
+        "setup_s": out["setup_s"],
+    }
 
 
 def run(workload: str, iterations: int, rounds: int, smoke: bool) -> dict[str, Any]:

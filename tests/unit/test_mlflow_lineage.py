@@ -110,7 +110,10 @@ def _iteration(k: int, alarms: list[dict]) -> dict[str, Manifest]:
         )  # fmt: skip
 
     vitals = {"kl": 0.01 * k, "reward_std": 0.5, "alarms": len(alarms), "alarm_list": alarms}
-    return {"score_rewards": stage("score_rewards", {"mean_reward": k / 10}), "vitals": stage("vitals", vitals)}
+    return {
+        "score_rewards": stage("score_rewards", {"mean_reward": k / 10}),
+        "vitals": stage("vitals", vitals),
+    }
 
 
 def test_iteration_summaries_within_the_window_go_to_the_parent_run_in_one_call(lin, monkeypatch):
