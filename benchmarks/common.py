@@ -119,6 +119,32 @@ def finish(result: dict[str, object], out: Path | None, as_json: bool, smoke: bo
         print(json.dumps(result))
 
 
+def workload_config_for(name: str, workload: str, iterations: int, sets: list[str], smoke: bool) -> Any:
+    """One of ``benchmarks/vs_trl.py``'s workloads as the config of a benchmark that runs the experiment flow
+    in its own process: experiment ``name``, ``sets`` on top."""
+    from benchmarks.vs_trl import workload_config
+    from rl_core.schema.config import apply_overrides, config_from_dict
+
+    base = workload_config(workload, iterations, smoke=smoke).model_dump(mode="json")
+    base["experiment"]["name"] = name
+    return config_from_dict(apply_overrides(base, sets), name)
+
+
+def new_run(cfg: Any, name: str) -> tuple[str, Any]:
+    """A new run of ``cfg`` on this process's Prefect server (``ensure_api``): its id and context."""
+    import time
+
+    from infra.localstack.prefect_server import ensure_api
+    from rl_core.run.context import RunContext
+    from rl_core.run.runs import create_or_resume
+
+    ensure_api()
+    run_id = f"{name.replace('_', '-')}-{time.strftime('%Y%m%d-%H%M%S')}"
+    ctx = RunContext(cfg, run_id)
+    create_or_resume(ctx, "new")
+    return run_id, ctx
+
+
 def default_policy(overrides: list[str]) -> tuple[Any, list[dict], Any, Any]:
     """configs/default.yaml (with ``overrides``), its training tasks, and a fresh tokenizer and model built
     from them as the init stage does: the policy the engine benchmarks measure."""

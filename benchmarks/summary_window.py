@@ -32,7 +32,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import add_smoke_flag, finish, result_file, smoke_state  # noqa: E402
+from benchmarks.common import add_smoke_flag, finish, new_run, result_file, smoke_state, workload_config_for  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -69,22 +69,12 @@ class BlockWindow:
 
 def run(workload: str, iterations: int, block: int, sets: list[str], smoke: bool) -> dict[str, Any]:
     import flows.experiment as experiment
-    from benchmarks.vs_trl import workload_config
-    from infra.localstack.prefect_server import ensure_api
     from rl_core.artifacts.report import subscribe
-    from rl_core.run.context import RunContext
-    from rl_core.run.runs import create_or_resume
-    from rl_core.schema.config import apply_overrides, config_from_dict
 
-    ensure_api()
-    base = workload_config(workload, iterations, smoke=smoke).model_dump(mode="json")
-    base["experiment"]["name"] = "summary_window"
-    cfg = config_from_dict(apply_overrides(base, sets), "summary_window")
+    cfg = workload_config_for("summary_window", workload, iterations, sets, smoke)
     if not cfg.tracking.enabled:
         raise SystemExit("summary_window: tracking.enabled is false; there is nothing to write")
-    run_id = f"summary-window-{time.strftime('%Y%m%d-%H%M%S')}"
-    ctx = RunContext(cfg, run_id)
-    create_or_resume(ctx, "new")
+    run_id, ctx = new_run(cfg, "summary_window")
     stamps: dict[int, tuple[float, float]] = {}
     written: dict[int, int] = {}  # iteration -> how many rows went out with it
 

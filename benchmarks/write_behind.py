@@ -33,7 +33,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import add_smoke_flag, finish, result_file, smoke_state  # noqa: E402
+from benchmarks.common import add_smoke_flag, finish, new_run, result_file, smoke_state, workload_config_for  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -73,24 +73,14 @@ def s3_store(on: bool) -> Iterator[list[str]]:
 
 
 def run(workload: str, iterations: int, sets: list[str], smoke: bool) -> dict[str, Any]:
-    from benchmarks.vs_trl import workload_config
     from flows.experiment import experiment_flow
-    from infra.localstack.prefect_server import ensure_api
     from rl_core.artifacts.report import subscribe
     from rl_core.artifacts.stage import committed
     from rl_core.artifacts.write_behind import WriteBehind
-    from rl_core.run.context import RunContext
-    from rl_core.run.runs import create_or_resume
-    from rl_core.schema.config import apply_overrides, config_from_dict
     from tasks import common
 
-    ensure_api()
-    base = workload_config(workload, iterations, smoke=smoke).model_dump(mode="json")
-    base["experiment"]["name"] = "write_behind"
-    cfg = config_from_dict(apply_overrides(base, sets), "write_behind")
-    run_id = f"write-behind-{time.strftime('%Y%m%d-%H%M%S')}"
-    ctx = RunContext(cfg, run_id)
-    create_or_resume(ctx, "new")
+    cfg = workload_config_for("write_behind", workload, iterations, sets, smoke)
+    run_id, ctx = new_run(cfg, "write_behind")
     stamps: dict[int, tuple[float, float]] = {}
     waited: dict[int, float] = {}
     settle = WriteBehind.settle

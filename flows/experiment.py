@@ -17,7 +17,7 @@ from prefect.runtime import flow_run
 from prefect.utilities.annotations import quote
 
 from flows.iteration import run_iterations
-from flows.observe import AlarmStop, RecordWindow, attach_vitals, report_iteration
+from flows.observe import AlarmStop, RecordWindow, attach_later, report_iteration
 from rl_core.artifacts.manifest import Manifest
 from rl_core.artifacts.report import emit, subscribe
 from rl_core.pipeline.stages import STAGES
@@ -123,16 +123,14 @@ def _write_rows(cfg: Config, parent: str | None, k: int, due: list[dict[str, Any
 
 
 def _write_held(cfg: Config, run_id: str, parent: str | None, window: RecordWindow) -> None:
-    """What ``window`` still holds (the run stops or fails): the parent run's rows, the vital-sign table."""
+    """What ``window`` still holds (the run stops or fails), handed to the lineage writer: the parent run's
+    rows, the vital-sign table. (A run that fails does not wait for the writer: what it had not written is
+    written again by ``rlfoundry resume``, as every committed iteration's records are.)"""
     held = window.take()
     if held:
         k = held[-1]["iteration"]
         _write_rows(cfg, parent, k, held)
-        from prefect.runtime import flow_run
-
-        here = flow_run.get_id()
-        if here:
-            lineage_writer(cfg).submit(k, functools.partial(attach_vitals, run_id, held, here))
+        attach_later(run_id, held, functools.partial(lineage_writer(cfg).submit, k))
 
 
 @flow(name="rl-experiment", flow_run_name="{run_id}", validate_parameters=False)

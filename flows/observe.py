@@ -154,12 +154,8 @@ def report_iteration(
     tables = [summary] if tables is None else tables
     if later is None:
         attach_vitals(run_id, tables)
-    elif tables:
-        from prefect.runtime import flow_run
-
-        here = flow_run.get_id()
-        if here:
-            later(functools.partial(attach_vitals, run_id, tables, here))
+    else:
+        attach_later(run_id, tables, later)
     stops = [a for a in alarms_of(vitals) if a["action"] == "stop"]
     if stops and not vitals.reused:  # type: ignore[union-attr]
         names = ", ".join(a["name"] for a in stops)
@@ -169,6 +165,16 @@ def report_iteration(
             f"{stops[0]['message']}. Look: {look}; continue: {go} "
             f"(optionally --set alarms.{stops[0]['name']}.action=warn)"
         )
+
+
+def attach_later(run_id: str, summaries: list[dict[str, Any]], later: Any) -> None:
+    """``attach_vitals`` for the current flow run, handed to ``later`` (the lineage writer's submit); nothing
+    outside a flow run or without ``summaries``."""
+    from prefect.runtime import flow_run
+
+    here = flow_run.get_id()
+    if summaries and here:
+        later(functools.partial(attach_vitals, run_id, summaries, here))
 
 
 def _command(verb: str, run_id: str, store_root: str | None) -> str:
