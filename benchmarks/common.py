@@ -17,6 +17,7 @@ import platform
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
@@ -156,3 +157,78 @@ def default_policy(overrides: list[str]) -> tuple[Any, list[dict], Any, Any]:
     tasks = make_env(cfg.task.env, cfg.task.env_args).tasks("train", cfg.task, 0)
     tok = build_tokenizer([t["prompt"] for t in tasks] + [t["answer"] for t in tasks], cfg.model.vocab_size)
     return cfg, tasks, tok, build_model(cfg.model, tok, seed=0)
+
+
+def abba(arms: tuple[str, str], rounds: int) -> list[str]:
+    """Two arms' order over ``rounds`` rounds: ABBA, so that both see the machine's drift alike.
+
+    >>> abba(("full", "private"), 3)
+    ['full', 'private', 'private', 'full', 'full', 'private']
+    """
+    return [arms[i] if r % 2 == 0 else arms[1 - i] for r in range(rounds) for i in (0, 1)]
+
+
+def run_arms(
+    bench: str,
+    order: list[str],
+    cmd_for: Callable[[str, int], list[str]],
+    env_for: Callable[[str], dict[str, str]],
+    again: Callable[[dict[str, Any]], bool] = lambda got: False,
+) -> dict[str, dict[str, list[Any]]]:
+    """Each arm of ``order`` as a process of its own (``cmd_for(arm, position)``, ``env_for(arm)``) whose
+    last line of output is one JSON object; by arm, each figure's values in order and their median
+    (``median_<figure>``). An arm for which ``again(figures)`` holds is run again, its figures dropped (it
+    built what the others find)."""
+    import json
+    import statistics
+
+    by: dict[str, dict[str, list[Any]]] = {arm: {} for arm in order}
+    i = 0
+    while i < len(order):
+        arm = order[i]
+        done = subprocess.run(cmd_for(arm, i), env=env_for(arm), capture_output=True, text=True, timeout=3600)
+        if done.returncode != 0:
+            raise SystemExit(f"{bench}: the {arm} arm failed:\n{done.stderr[-3000:]}")
+        got = json.loads(done.stdout.strip().splitlines()[-1])
+        print(f"{arm}: {got}", flush=True)
+        if again(got):
+            continue
+        i += 1
+        for k, v in got.items():
+            by[arm].setdefault(k, []).append(v)
+    return {
+        arm: seen | {f"median_{k}": round(statistics.median(v), 4) for k, v in seen.items()}
+        for arm, seen in by.items()
+    }
+
+
+def arms_args(ap: argparse.ArgumentParser, iterations: int, rounds: int, out: str) -> None:
+    """The options of a benchmark of two arms that run one of ``vs_trl.py``'s workloads (``run_arms``)."""
+    ap.add_argument("--workload", default="64x1", help="a workload of benchmarks/vs_trl.py (default 64x1)")
+    ap.add_argument("--iterations", type=int, default=iterations, help="RL steps per arm")
+    ap.add_argument("--rounds", type=int, default=rounds, help="rounds of the two arms, ABBA")
+    ap.add_argument("--json", action="store_true", help="print the JSON result as the last line")
+    ap.add_argument("--out", type=Path, help=f"result file (default benchmarks/results/{out})")
+    ap.add_argument("--run-id", help=argparse.SUPPRESS)
+    add_smoke_flag(ap)
+
+
+def arms_setup(ap: argparse.ArgumentParser, bench: str) -> argparse.Namespace:
+    """Parse a two-arm benchmark's options (``arms_args``; ``--smoke``: 2 steps, one round), its state
+    folder set (``.state/<bench>``; a temporary one in the smoke)."""
+    args = ap.parse_args()
+    if args.smoke:
+        args.iterations, args.rounds = 2, 1
+    smoke_state(args.smoke, bench.replace("_", "-"))
+    os.environ.setdefault("RLFOUNDRY_STATE_DIR", str(ROOT / ".state" / bench))
+    os.environ.setdefault("TQDM_DISABLE", "1")
+    if not args.arm and args.iterations < 2:
+        raise SystemExit(f"--iterations {args.iterations}: need at least 2 (step 1 starts the engines)")
+    return args
+
+
+def arms_result_file(args: argparse.Namespace, bench: str) -> Path | None:
+    """Where a two-arm benchmark writes its result: ``<bench>.json`` for 64 x 1, else ``<bench>_<workload>``
+    (``--out``: there)."""
+    name = bench + (f"_{args.workload}" if args.workload != "64x1" else "") + ".json"
+    return result_file(args.out, ROOT / "benchmarks" / "results" / name, args.smoke)

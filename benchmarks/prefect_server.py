@@ -24,7 +24,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -32,30 +31,22 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import add_smoke_flag, finish, result_file, smoke_state  # noqa: E402
+from benchmarks.common import abba, arms_args, arms_result_file, arms_setup, finish, run_arms  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVERS = ("full", "private")
-
-
-def order(rounds: int) -> list[str]:
-    """The arms' order: ABBA, round after round.
-
-    >>> order(2)
-    ['full', 'private', 'private', 'full']
-    """
-    return [SERVERS[i] if r % 2 == 0 else SERVERS[1 - i] for r in range(rounds) for i in (0, 1)]
+PID_ENV = "RLFOUNDRY_BENCH_SERVER_PID"  # the arm's server process, whose CPU it reads
 
 
 def arm(workload: str, iterations: int, smoke: bool, run_id: str) -> dict[str, Any]:
     """In the arm's process: the workload's flow against PREFECT_API_URL; the steps' seconds and the
-    server's CPU seconds (its pid: RLFOUNDRY_BENCH_SERVER_PID) at each iteration event."""
+    server's CPU seconds (its pid: PID_ENV) at each iteration event."""
     import psutil
 
     from benchmarks import vs_trl
     from rl_core.artifacts.report import subscribe
 
-    tether = psutil.Process(int(os.environ["RLFOUNDRY_BENCH_SERVER_PID"]))
+    tether = psutil.Process(int(os.environ[PID_ENV]))
     server = [tether, *tether.children(recursive=True)]  # (the tether, and the server it started)
     marks: dict[int, float] = {}
 
@@ -95,51 +86,32 @@ def run(workload: str, iterations: int, rounds: int, smoke: bool) -> dict[str, A
         servers[name] = start(port, where, where / "server.log", ui=name == "full", tie_to_parent=True)
     for name, srv in servers.items():
         srv.wait_http(health_url(ports[name]), timeout_s=120)
-    by: dict[str, dict[str, list[float]]] = {name: {} for name in SERVERS}
+
+    def cmd(name: str, i: int) -> list[str]:
+        run_id = f"prefect-server-{name}-{time.strftime('%Y%m%d-%H%M%S')}-{i}"
+        out = [sys.executable, __file__, "--arm", "--workload", workload, "--iterations", str(iterations)]
+        return [*out, "--run-id", run_id, *(["--smoke"] if smoke else [])]
+
+    def env(name: str) -> dict[str, str]:  # (each arm against its own server)
+        pid = str(servers[name].pid)
+        return {**os.environ, "PREFECT_API_URL": f"http://127.0.0.1:{ports[name]}/api", PID_ENV: pid}
+
     try:
-        for i, name in enumerate(order(rounds)):
-            env = {**os.environ, "PREFECT_API_URL": f"http://127.0.0.1:{ports[name]}/api"}
-            env["RLFOUNDRY_BENCH_SERVER_PID"] = str(servers[name].pid)
-            run_id = f"prefect-server-{name}-{time.strftime('%Y%m%d-%H%M%S')}-{i}"
-            cmd = [sys.executable, __file__, "--arm", "--workload", workload, "--iterations", str(iterations)]
-            cmd += ["--run-id", run_id, *(["--smoke"] if smoke else [])]
-            done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600)
-            if done.returncode != 0:
-                raise SystemExit(f"prefect_server: the {name} arm failed:\n{done.stderr[-3000:]}")
-            got = json.loads(done.stdout.strip().splitlines()[-1])
-            print(f"{name}: {got}", flush=True)
-            for k, v in got.items():
-                by[name].setdefault(k, []).append(v)
+        by = run_arms("prefect_server", abba(SERVERS, rounds), cmd, env)
     finally:
         for srv in servers.values():
             srv.stop()
-    out: dict[str, Any] = {"workload": workload, "iterations": iterations, "rounds": rounds}
-    for name, seen in by.items():
-        out[name] = seen | {f"median_{k}": round(statistics.median(v), 4) for k, v in seen.items()}
-    return out
+    return {"workload": workload, "iterations": iterations, "rounds": rounds, **by}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--workload", default="64x1", help="a workload of benchmarks/vs_trl.py (default 64x1)")
-    ap.add_argument("--iterations", type=int, default=24, help="RL steps per arm")
-    ap.add_argument("--rounds", type=int, default=2, help="rounds of the two arms, ABBA")
-    ap.add_argument("--json", action="store_true", help="print the JSON result as the last line")
-    ap.add_argument("--out", type=Path, help="result file (default benchmarks/results/prefect_server.json)")
+    arms_args(ap, iterations=24, rounds=2, out="prefect_server.json")
     ap.add_argument("--arm", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--run-id", help=argparse.SUPPRESS)
-    add_smoke_flag(ap)
-    args = ap.parse_args()
-    if args.smoke:
-        args.iterations, args.rounds = 2, 1
-    smoke_state(args.smoke, "prefect-server")
-    os.environ.setdefault("RLFOUNDRY_STATE_DIR", str(ROOT / ".state" / "prefect_server"))
-    os.environ.setdefault("TQDM_DISABLE", "1")
+    args = arms_setup(ap, "prefect_server")
     if args.arm:
         print(json.dumps(arm(args.workload, args.iterations, args.smoke, args.run_id)))
         return
-    if args.iterations < 2:
-        raise SystemExit(f"--iterations {args.iterations}: need at least 2 (step 1 starts the engines)")
     result = {"benchmark": "prefect_server", **run(args.workload, args.iterations, args.rounds, args.smoke)}
     full, private = result["full"]["median_step_s"], result["private"]["median_step_s"]
     result["ratio"] = round(full / private, 4)
@@ -149,8 +121,7 @@ def main() -> None:
         f"ratio {result['ratio']}",
         flush=True,
     )
-    name = "prefect_server" + (f"_{args.workload}" if args.workload != "64x1" else "") + ".json"
-    out = result_file(args.out, ROOT / "benchmarks" / "results" / name, args.smoke)
+    out = arms_result_file(args, "prefect_server")
     finish(result, out, args.json, args.smoke)
 
 

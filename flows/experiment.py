@@ -22,8 +22,9 @@ from rl_core.artifacts.manifest import Manifest
 from rl_core.artifacts.report import emit, subscribe
 from rl_core.pipeline.stages import STAGES
 from rl_core.run.context import store_root
+from rl_core.run.lineage_jobs import lineage, log_summary
 from rl_core.schema.config import Config
-from tasks.common import close_run, context, lineage, lineage_writer, log_summary, run_logger, task_for
+from tasks.common import close_run, context, lineage_writer, run_logger, task_for
 from tasks.generate import start_rollout_engine
 
 
@@ -146,6 +147,8 @@ def experiment_flow(cfg: Config, run_id: str) -> dict[str, Any]:
 
 def _experiment(cfg: Config, run_id: str) -> dict[str, Any]:
     lin = lineage(cfg)
+    if lin:
+        lineage_writer(cfg).start()  # its process imports while the engines start
     ctx = context(cfg, run_id)
     parent = lin.experiment_run(run_id, cfg, ctx.base_id) if lin else None
     if lin and parent:

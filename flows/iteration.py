@@ -28,8 +28,9 @@ from prefect.utilities.annotations import quote
 
 from rl_core.artifacts.manifest import Manifest
 from rl_core.pipeline.stages import ITERATION, STAGES
+from rl_core.run.lineage_jobs import create_iteration_run, lineage
 from rl_core.schema.config import Config
-from tasks.common import close_run, context, create_iteration_run, lineage, lineage_writer, task_for
+from tasks.common import close_run, context, lineage_writer, task_for
 
 ROLLOUT_STAGES = ("generate", "execute_envs", "audit", "score_rewards")
 

@@ -19,7 +19,6 @@ from collections.abc import Callable
 from typing import Any
 
 from rl_core.artifacts.manifest import Manifest
-from tasks.common import run_logger
 
 # The vital signs of an iteration's artifact table, in this order (those the iteration has).
 TABLE_KEYS = (
@@ -150,6 +149,8 @@ def report_iteration(
     ``later`` (a function taking a callable: the run's lineage writer, ``LineageWriter.submit`` bound to the
     iteration) creates the artifact where the lineage records are written; the flow waits for it before it
     ends."""
+    from tasks.common import run_logger  # (here: the lineage writer imports this module, not the stages)
+
     log_iteration(run_logger(), run_id, summary)
     tables = [summary] if tables is None else tables
     if later is None:
@@ -226,6 +227,8 @@ def mirror(run_id: str) -> Any:
     alarms and vital-sign tables on the calling flow run: the deployment's flow run, whose page is the one a
     researcher who started the run from the UI has open (the experiment itself is its subflow)."""
     from prefect.runtime import flow_run
+
+    from tasks.common import run_logger
 
     log, parent = run_logger(), flow_run.get_id()
 

@@ -16,11 +16,11 @@ from typing import Any
 from rl_core.artifacts.faults import fault
 from rl_core.artifacts.manifest import Manifest
 from rl_core.artifacts.stage import committed, run_stage
-from rl_core.artifacts.store import with_retries
 from rl_core.artifacts.store_lock import run_shared_stage
 from rl_core.pipeline.stages import STAGES, run_body
 from rl_core.run.context import RunContext
-from rl_core.run.lineage import Lineage, write_mode
+from rl_core.run.lineage import write_mode
+from rl_core.run.lineage_jobs import lineage, prepare_writer, write_iteration_records
 from rl_core.run.lineage_writer import LineageWriter
 from rl_core.schema.config import Config, config_hash
 
@@ -81,18 +81,12 @@ def replay_hooks(ctx: RunContext) -> None:
 
 
 @functools.cache
-def _lineage(cfg_json: str) -> Lineage | None:
-    return Lineage.open(Config.model_validate_json(cfg_json))
-
-
-def lineage(cfg: Config) -> Lineage | None:
-    return _lineage(cfg.model_dump_json())
-
-
-@functools.cache
 def _writer(cfg_json: str) -> LineageWriter:
-    warm = ("tasks.common", "flows.observe", "mlflow.tracking")  # what its writes import, at its start
-    return LineageWriter(write_mode(Config.model_validate_json(cfg_json)), warm)
+    cfg = Config.model_validate_json(cfg_json)
+    # what its writes import and open, at its start (rl_core.run.lineage_jobs; flows.observe's vital-sign
+    # tables: Prefect's artifacts)
+    modules = ("mlflow.tracking", "mlflow.entities", "flows.observe", "prefect.artifacts")
+    return LineageWriter(write_mode(cfg), (functools.partial(prepare_writer, cfg, modules),))
 
 
 def lineage_writer(cfg: Config) -> LineageWriter:
@@ -202,37 +196,3 @@ def close_run(cfg: Config, run_id: str, iteration: int, mlflow_run: str, status:
 def _after_commits(store: Any, write: Callable[[], None]) -> None:
     store.behind.settle()
     write()
-
-
-def write_iteration_records(
-    cfg: Config,
-    iteration: int,
-    mlflow_run: str,
-    records: list[Manifest],
-    status: str,
-    local: bool,
-    attempts: int,
-    max_wait_s: float,
-) -> None:
-    """An iteration's stage records and its MLflow run's end, where the lineage writer runs them."""
-    lin = lineage(cfg)
-    if records and local:
-        lin.log_stages(mlflow_run, records)  # type: ignore[union-attr]
-    elif records:  # MLflow artifacts live beside the store: the same retry policy, the same clear failure
-        with_retries(
-            lambda: lin.log_stages(mlflow_run, records),  # type: ignore[union-attr]
-            what=f"MLflow artifact upload for iteration {iteration}",
-            attempts=attempts,
-            max_wait_s=max_wait_s,
-        )
-    lin.finish(mlflow_run, status)  # type: ignore[union-attr]
-
-
-def create_iteration_run(cfg: Config, parent: str, run_id: str, iteration: int, flow_run_id: str) -> str:
-    """Iteration ``iteration``'s MLflow child run (found when it exists), where the lineage writer runs."""
-    return lineage(cfg).iteration_run(parent, run_id, iteration, flow_run_id)  # type: ignore[union-attr]
-
-
-def log_summary(cfg: Config, parent: str, rows: list[tuple[int, dict[str, float]]]) -> None:
-    """Iterations' summaries (iteration, row) on the experiment's MLflow run, on the lineage writer."""
-    lineage(cfg).log_summary(parent, rows)  # type: ignore[union-attr]

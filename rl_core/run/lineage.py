@@ -20,7 +20,8 @@ A local MLflow write is CPU work in Python (SQLAlchemy over SQLite, ~65 ms an it
 it beside the generate stage takes the interpreter lock from it over a hundred times per stage. The writer
 process shares no lock with the stages, and the flow's thread only hands it the iteration's records (pickled,
 one job an iteration: ~0.4 ms): 9-14% shorter steps on this project's 2-core machines
-(``benchmarks/lineage_writes.py``: process against inline in one run), once its start is paid. A remote
+(``benchmarks/lineage_writes.py``: process against inline in one run); it starts with the flow, ready
+before the first write (``benchmarks/lineage_short_runs.py``: short runs whole). A remote
 MLflow or S3 is another matter: its writes wait on the network, without the lock, and a thread hides that
 wait. A write handed to the process is a picklable callable (a module-level function with its arguments:
 ``functools.partial``); the process opens its own MLflow client. If the flow is killed, the process ends with
@@ -52,10 +53,11 @@ def tracking_uri(cfg: Config) -> str:
     return cfg.tracking.mlflow_uri or f"sqlite:///{state_dir() / 'mlflow.db'}"
 
 
-# From how many iterations ``auto`` writes a local run's records in the writer process: its start (imports,
-# ~3.7 CPU seconds, beside the run's first stages) is won back at ~40-65 ms an iteration
-# (benchmarks/lineage_writes.py); shorter runs (the tests' smoke runs) write inline.
-PROCESS_FROM_ITERATIONS = 50
+# From how many iterations ``auto`` writes a local run's records in the writer process. It starts with the
+# flow, its imports and MLflow's store opened (~2.9 CPU seconds) while the engines start, and saves ~40-65 ms
+# of each step (benchmarks/lineage_writes.py): runs of 8 steps ended sooner with it, whole
+# (benchmarks/lineage_short_runs.py); shorter ones (the tests' smoke runs, 1-5 iterations) write inline.
+PROCESS_FROM_ITERATIONS = 8
 
 
 def write_mode(cfg: Config) -> str:
@@ -68,7 +70,7 @@ def write_mode(cfg: Config) -> str:
     >>> from rl_core.schema.config import Config
     >>> write_mode(Config()), write_mode(Config.model_validate({"store": {"uri": "s3://b/p"}}))
     ('process', 'background')
-    >>> write_mode(Config.model_validate({"experiment": {"iterations": 49}}))
+    >>> write_mode(Config.model_validate({"experiment": {"iterations": 7}}))
     'inline'
     >>> write_mode(Config.model_validate({"tracking": {"mlflow_uri": "http://127.0.0.1:5000"}}))
     'background'

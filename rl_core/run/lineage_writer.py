@@ -46,16 +46,17 @@ def _settle(futures: list[Future[Any]], job: Future[Any]) -> None:
 WRITER_NICE = 19
 
 
-def _start_writer(warm: tuple[str, ...]) -> None:
-    """In the writer process: import what its writes need (``warm``, at normal priority: seconds of CPU it
-    spends once, not behind every stage), then lower its priority (``WRITER_NICE``), and exit as soon as the
-    flow's process is gone (even SIGKILLed), as the environment pool's workers do."""
+def _start_writer(warm: tuple[Any, ...]) -> None:
+    """In the writer process: import and open what its writes need (``warm``: module names and picklable
+    callables, in order, at normal priority: seconds of CPU it spends once, not behind every stage), then
+    lower its priority (``WRITER_NICE``), and exit as soon as the flow's process is gone (even SIGKILLed), as
+    the environment pool's workers do."""
     import importlib
 
     from envs.sandbox.pool import exit_with_parent
 
-    for name in warm:
-        importlib.import_module(name)
+    for item in warm:
+        importlib.import_module(item) if isinstance(item, str) else item()
     os.nice(WRITER_NICE)
     exit_with_parent()
 
@@ -75,10 +76,10 @@ class LineageWriter:
     ['a', 'b']
     """
 
-    def __init__(self, mode: str = "background", warm: tuple[str, ...] = ()) -> None:
+    def __init__(self, mode: str = "background", warm: tuple[Any, ...] = ()) -> None:
         if mode not in ("background", "inline", "process"):
             raise ValueError(f"tracking.writes: unknown lineage write mode {mode!r}")
-        self.mode, self.warm = mode, warm  # warm: modules the writer process imports when it starts
+        self.mode, self.warm = mode, warm  # warm: what the writer process imports or calls at its start
         self._pool: Any = None
         self._pending: list[tuple[int, Future[Any]]] = []
         self._lock = threading.Lock()  # stages of two iterations may submit at once (asynchronous RL)
@@ -89,6 +90,12 @@ class LineageWriter:
     @property
     def inline(self) -> bool:
         return self.mode == "inline"
+
+    def start(self) -> None:
+        """Start the writer process now (``process``; else nothing): its imports (``warm``) then take the core
+        the run's own start leaves, before the first write waits on them."""
+        if self.mode == "process":
+            self._executor()
 
     def _executor(self) -> Any:
         if self._pool is None:  # (again after close: a flow run after another in one process)

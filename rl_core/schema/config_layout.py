@@ -156,7 +156,7 @@ class TrackingPlacementFields(BaseModel):
     writes: Literal["auto", "inline", "background", "process"] = Field(
         "auto",
         description="Lineage writes inline, on a background thread or in a writer process; auto: when MLflow "
-        "and the store are local (CPU work), the process for runs of 50 iterations or more, else inline; a "
+        "and the store are local (CPU work), the process for runs of 8 iterations or more, else inline; a "
         "thread across a network (rl_core.run.lineage).",
     )
     summary_every_s: float = Field(

@@ -36,6 +36,7 @@ SMOKES: tuple[str, ...] = (
     "engine_start",
     "gpu_check",
     "judge",
+    "lineage_short_runs",
     "lineage_writes",
     "logprob_head",
     "miniwob_curve",

@@ -7,6 +7,7 @@ import functools
 import os
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -61,9 +62,10 @@ def test_inline_writes_run_in_the_submitting_thread_in_order_and_hold_their_fail
     ("given", "mode"),
     [
         # MLflow on SQLite under the state dir, the store a local folder: CPU work, in the writer process
-        # from 50 iterations (its start is won back), inline for a shorter run
+        # from 8 iterations (its start is won back), inline for a shorter run
         ({}, "process"),
-        ({"experiment": {"iterations": 49}}, "inline"),
+        ({"experiment": {"iterations": 8}}, "process"),
+        ({"experiment": {"iterations": 7}}, "inline"),
         ({"tracking": {"mlflow_uri": "sqlite:////tmp/m.db"}, "store": {"uri": "/data/store"}}, "process"),
         ({"tracking": {"mlflow_uri": "file:///tmp/mlruns"}, "experiment": {"iterations": 2}}, "inline"),
         ({"tracking": {"writes": "process"}}, "process"),
@@ -164,7 +166,7 @@ def test_the_writer_process_takes_no_thread_of_the_flows_and_its_death_fails_wha
     w.close()
 
 
-def _no_start(warm: tuple[str, ...]) -> None:
+def _no_start(warm: tuple[Any, ...]) -> None:
     pass
 
 
@@ -205,3 +207,27 @@ def test_shutdown_ends_the_writer_even_while_another_process_holds_its_pipe_open
     finally:
         holder.kill()
         holder.wait()
+
+
+def _writer_state() -> tuple[bool, int]:
+    import sys
+
+    from rl_core.run.lineage_jobs import _lineage
+
+    return "torch" in sys.modules, _lineage.cache_info().currsize
+
+
+def test_the_runs_writer_process_starts_ready_without_the_stages(tmp_path: Path):
+    """``start`` spawns the run's writer process before any write; it opens the run's MLflow lineage at its
+    start (not in the first write, at its low priority), and imports neither torch nor the stages (seconds
+    of CPU beside the engines' start)."""
+    from rl_core.schema.config import load_config
+    from tasks.common import lineage_writer
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    cfg = load_config("configs/smoke.yaml", [f"tracking.mlflow_uri={uri}", "tracking.writes=process"])
+    w = lineage_writer(cfg)
+    w.start()
+    assert w._pool is not None  # spawned before any write
+    assert w.submit(1, _writer_state).result(timeout=120) == (False, 1)
+    w.close()

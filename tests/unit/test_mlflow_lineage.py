@@ -122,7 +122,7 @@ def test_iteration_summaries_within_the_window_go_to_the_parent_run_in_one_call(
     from flows.experiment import _report
     from flows.observe import RecordWindow
     from rl_core.artifacts.report import subscribe
-    from tasks.common import lineage
+    from rl_core.run.lineage_jobs import lineage
 
     uri = lin.client.tracking_uri
     cfg = load_config("configs/smoke.yaml", [f"tracking.mlflow_uri={uri}", "experiment.iterations=7"])
