@@ -145,15 +145,23 @@ def experiment_flow(cfg: Config, run_id: str) -> dict[str, Any]:
         stop()
 
 
-def _experiment(cfg: Config, run_id: str) -> dict[str, Any]:
+def _open(cfg: Config, run_id: str) -> tuple[Any, Any, str | None, str | None]:
+    """The run's context, its lineage (None with tracking off), its experiment's MLflow run and the base
+    stages' run. The lineage writer's process (``tracking.writes``) is started first: it imports while the
+    context is built and the engines start."""
     lin = lineage(cfg)
     if lin:
-        lineage_writer(cfg).start()  # its process imports while the engines start
+        lineage_writer(cfg).start()
     ctx = context(cfg, run_id)
-    parent = lin.experiment_run(run_id, cfg, ctx.base_id) if lin else None
-    if lin and parent:
-        lin.client.set_tag(parent, "prefect.flow_run_id", flow_run.get_id() or "")
-    base_run = lin.iteration_run(parent, run_id, 0, flow_run.get_id()) if lin and parent else None
+    if not lin:
+        return ctx, None, None, None
+    parent = lin.experiment_run(run_id, cfg, ctx.base_id)
+    lin.client.set_tag(parent, "prefect.flow_run_id", flow_run.get_id() or "")
+    return ctx, lin, parent, lin.iteration_run(parent, run_id, 0, flow_run.get_id())
+
+
+def _experiment(cfg: Config, run_id: str) -> dict[str, Any]:
+    ctx, lin, parent, base_run = _open(cfg, run_id)
     emit(
         {
             "kind": "status",
