@@ -28,7 +28,7 @@ from typing import Any, NoReturn
 POLL_S = 0.2  # how often a wait checks that the process still lives
 
 
-def serve(jobs: Any, results: Any, warm: tuple[str, ...], start: Callable[[tuple[str, ...]], None]) -> None:
+def serve(jobs: Any, results: Any, warm: tuple[Any, ...], start: Callable[[tuple[Any, ...]], None]) -> None:
     """In the writer process: ``start(warm)``, then each job in the order sent, its (id, succeeded, result or
     exception) sent back, until told to stop (None) or the job pipe ends."""
     start(warm)
@@ -84,7 +84,7 @@ class Drained(Future):
 class WriterProcess:
     """One spawned process running jobs (picklable callables) in the order they were submitted."""
 
-    def __init__(self, warm: tuple[str, ...], start: Callable[[tuple[str, ...]], None]) -> None:
+    def __init__(self, warm: tuple[Any, ...], start: Callable[[tuple[Any, ...]], None]) -> None:
         ctx = mp.get_context("spawn")
         jobs_out, self._jobs = ctx.Pipe(duplex=False)
         self._results, results_in = ctx.Pipe(duplex=False)
