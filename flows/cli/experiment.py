@@ -144,7 +144,7 @@ def launch(
     from envs.base import EnvUnavailable
     from infra.localstack.prefect_server import ensure_api
     from rl_core.artifacts.report import subscribe
-    from rl_core.artifacts.store import StoreUnavailable
+    from rl_core.artifacts.retries import StoreUnavailable
     from rl_core.run.context import RunContext
     from rl_core.run.runs import RunError, create_or_resume, new_run_id, run_command
     from rl_core.schema.config import ConfigError

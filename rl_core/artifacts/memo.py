@@ -1,10 +1,12 @@
 """What a ``Store`` (rl_core.artifacts.store) remembers between calls in one process: an LRU of what it worked
-out (parsed tables, verified folders) that a pickled store does not carry, and the file stats that say a
-verified folder is unchanged."""
+out (parsed tables, verified folders, files read) that a pickled store does not carry, and the file stats
+that say a verified folder or a file read before is unchanged."""
 
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -56,3 +58,51 @@ SETTLE_NS = 50_000_000
 def settled(stats: tuple, since_ns: int) -> bool:
     """Whether every file of ``stats`` was last written at least ``SETTLE_NS`` before ``since_ns``."""
     return all(mtime < since_ns - SETTLE_NS for *_, mtime in stats)
+
+
+Stats = tuple[int, int, int]  # (inode, size, mtime in ns) of one file
+
+
+class Seen:
+    """Local files read before, by path: their stats then and what was made of them (a manifest's JSON, the
+    digest a table's bytes were verified against). The stages of an iteration read ~30 manifests and ~10
+    tables, each several times; a file whose stats are those it was read with is not opened again (one
+    ``stat`` instead of an open, a read and a hash), with the same rule as verified folders: only a file last
+    written ``SETTLE_NS`` before its read is remembered. What it holds is shared by every reader: callers
+    build their own objects from it, never change it."""
+
+    def __init__(self, size: int):
+        self.memo = Memo(size)
+
+    def stats(self, path: str) -> Stats | None:
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            return None
+        return st.st_ino, st.st_size, st.st_mtime_ns
+
+    def get(self, path: str, stats: Stats) -> Any:
+        """What was made of ``path`` when it had these ``stats``; None if it was not remembered so."""
+        hit = self.memo.get(path)
+        return hit[1] if hit is not None and hit[0] == stats else None
+
+    def put(self, path: str, stats: Stats, began_ns: int, value: Any) -> None:
+        """Remember ``value``, made of ``path`` read after it was seen with ``stats`` at ``began_ns``."""
+        if stats[2] < began_ns - SETTLE_NS:
+            self.memo.put(path, (stats, value))
+
+    def read(self, path: str, make: Callable[[], Any]) -> Any:
+        """``make()`` (what reading ``path`` gives), or what it gave before while the file is unchanged;
+        None when there is no file."""
+        began = time.time_ns()
+        stats = self.stats(path)
+        if stats is None:
+            return None
+        value = self.get(path, stats)
+        if value is None:
+            value = make()
+            self.put(path, stats, began, value)
+        return value
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Seen, (self.memo.size,))

@@ -1,10 +1,12 @@
 """Artifact store over fsspec: ``file://`` (or a plain path) by default, ``s3://bucket/prefix`` at scale.
 
 On s3:// every call is retried with exponential backoff while the endpoint is unreachable (connection refused,
-timeouts, 5xx); then a ``StoreUnavailable`` names the endpoint. Nothing is committed by a failed call.
+timeouts, 5xx); then a ``StoreUnavailable`` names the endpoint (rl_core.artifacts.retries). Nothing is
+committed by a failed call.
 
 A stage run owns ``<root>/<run id>/iter-<KKKK>/<stage>/``; its ``_manifest.json``, written last, atomically,
-commits it. Every artifact's sha256 is verified on read: a corrupt one is named by path, never consumed.
+commits it. Every artifact's sha256 is verified on read: a corrupt one is named by path, never consumed. A
+local file whose stats are those of a verified read before (rl_core.artifacts.memo) is not read again.
 
     store = Store("file:///tmp/rl")
     ref = store.write_table(store.stage_uri("run1", 3, "generate") + "/rollouts.parquet", df)
@@ -18,7 +20,6 @@ import functools
 import hashlib
 import io
 import json
-import logging
 import os
 import shutil
 import tempfile
@@ -30,83 +31,20 @@ from typing import Any, TypeVar
 import fsspec
 import pandas as pd
 import pydantic
-import tenacity
 
 from rl_core.artifacts.faults import fault, iteration_of
 from rl_core.artifacts.manifest import ArtifactRef, Manifest
-from rl_core.artifacts.memo import Memo, file_stats, settled
+from rl_core.artifacts.memo import Memo, Seen, file_stats, settled
+from rl_core.artifacts.retries import with_retries
 from rl_core.artifacts.write_behind import WriteBehind
 
 MANIFEST = "_manifest.json"
 Write = Callable[[], None]  # a planned write (``Store.planned``), done before its stage commits
+T = TypeVar("T")
 
 
 class ArtifactError(RuntimeError):
     """An artifact is missing, corrupt or unreadable; the message names its URI."""
-
-
-class StoreUnavailable(RuntimeError):
-    """The object store did not answer after every retry; the message names the endpoint."""
-
-
-T = TypeVar("T")
-log = logging.getLogger("rlfoundry.store")
-
-
-def transient(exc: BaseException) -> bool:
-    """A failure worth retrying: the endpoint is unreachable, timed out or answered 5xx."""
-    seen: set[int] = set()
-    e: BaseException | None = exc
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        if isinstance(e, ConnectionError | TimeoutError):
-            return True
-        mod = type(e).__module__
-        name = type(e).__name__
-        if mod.startswith(("botocore", "aiohttp")) and (
-            "Connect" in name or "Timeout" in name or name in ("HTTPClientError", "ServerDisconnectedError")
-        ):
-            return True
-        status = getattr(e, "response", None)
-        if isinstance(status, dict) and status.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) >= 500:
-            return True
-        e = e.__cause__ or e.__context__
-    return False
-
-
-def s3_endpoint() -> str:
-    return (
-        os.environ.get("AWS_ENDPOINT_URL_S3")
-        or os.environ.get("AWS_ENDPOINT_URL")
-        or "the default AWS S3 endpoint"
-    )
-
-
-def with_retries(fn: Callable[[], T], *, what: str, attempts: int, max_wait_s: float) -> T:
-    """Call ``fn`` until it succeeds or ``attempts`` transient failures have passed (backoff 0.5 s doubling
-    up to ``max_wait_s``); then raise StoreUnavailable naming the endpoint. Other errors pass through."""
-    try:
-        for attempt in tenacity.Retrying(
-            stop=tenacity.stop_after_attempt(attempts),
-            wait=tenacity.wait_exponential(multiplier=0.5, max=max_wait_s),
-            retry=tenacity.retry_if_exception(transient),
-            before_sleep=lambda rs: log.warning(
-                "S3 endpoint %s: %s failed (attempt %d/%d), retrying",
-                s3_endpoint(),
-                what,
-                rs.attempt_number,
-                attempts,
-            ),
-        ):
-            with attempt:
-                return fn()
-    except tenacity.RetryError as e:
-        last = e.last_attempt.exception()
-        raise StoreUnavailable(
-            f"S3 endpoint {s3_endpoint()} unreachable: {what} failed {attempts} times "
-            f"({type(last).__name__}: {last})"
-        ) from last
-    raise AssertionError("unreachable")
 
 
 def sha256_bytes(data: bytes) -> str:
@@ -140,6 +78,7 @@ class Store:
         self.retries, self.retry_max_wait_s = retries, retry_max_wait_s
         self.parsed = Memo(16)  # the stages of an iteration read its rollouts five times
         self.verified = Memo(64)  # local folders (checkpoints) by path and digest: their files' stats
+        self.seen = Seen(256)  # local manifests and tables read before, while unchanged on disk
         self.behind = WriteBehind()  # stages whose outputs and manifest are still being written (run_stage)
         self.write_behind = False  # whether run_stage may commit a stage's pending writes behind the flow
         options: dict[str, Any] = {}
@@ -292,12 +231,19 @@ class Store:
         return self.write_bytes(uri, buf.getvalue()).model_copy(update={"rows": len(df)})
 
     def read_table(self, ref: ArtifactRef | str) -> pd.DataFrame:
-        """The table, read and verified against its digest at every call; a table whose verified bytes were
-        parsed before (the stages of an iteration read its rollouts five times) comes from the parse cache
-        (``self.parsed``), as a copy."""
-        data = self.read_bytes(ref)
+        """The table, verified against its digest; one whose verified bytes were parsed before (the stages
+        of an iteration read its rollouts five times) comes from the parse cache (``self.parsed``), as a copy.
+        A local file is read and hashed again unless its stats are those it was verified with (``seen``)."""
         uri = ref.uri if isinstance(ref, ArtifactRef) else ref
         digest = ref.sha256 if isinstance(ref, ArtifactRef) else ""
+        self.behind.settle(uri)
+        path, began = self._path(uri) if digest and self.is_local else "", time.time_ns()
+        stats = self.seen.stats(path) if path else None
+        if stats and self.seen.get(path, stats) == digest and (df := self.parsed.get(digest)) is not None:
+            return df.copy()
+        data = self.read_bytes(ref)
+        if stats:
+            self.seen.put(path, stats, began, digest)
         if digest and (df := self.parsed.get(digest)) is not None:
             return df.copy()
         try:
@@ -378,10 +324,12 @@ class Store:
     def read_manifest(self, stage_uri: str) -> Manifest | None:
         uri = f"{stage_uri}/{MANIFEST}"
         self.behind.settle(uri)
-        if not self.exists(uri):
-            return None
-        try:
-            return Manifest.model_validate(self.read_json(uri))
+        try:  # a local one unchanged since it was read is not read again (``self.seen``)
+            if self.is_local:
+                data = self.seen.read(self._path(uri), lambda: self.read_json(uri))
+            else:
+                data = self.read_json(uri) if self.exists(uri) else None
+            return None if data is None else Manifest.model_validate(data)
         except (json.JSONDecodeError, UnicodeDecodeError, pydantic.ValidationError) as e:
             raise ArtifactError(f"manifest corrupt: {uri}: {e}") from e
 

@@ -13,7 +13,7 @@ import functools
 import importlib
 
 from rl_core.artifacts.manifest import Manifest
-from rl_core.artifacts.store import with_retries
+from rl_core.artifacts.retries import with_retries
 from rl_core.run.lineage import Lineage
 from rl_core.schema.config import Config
 

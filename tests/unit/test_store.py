@@ -109,6 +109,57 @@ def test_a_verified_folder_is_hashed_again_only_when_a_file_changed(tmp_path, mo
         s.local_dir(ref, tmp_path / "cache")
 
 
+def _age(*files: Path) -> None:
+    """Set the files' mtime 10 s back: written well before the next read (``memo.SETTLE_NS``)."""
+    import os
+    import time
+
+    old = time.time() - 10
+    for f in files:
+        os.utime(f, (old, old))
+
+
+def test_a_manifest_or_table_unchanged_since_its_read_is_not_read_again(tmp_path, monkeypatch):
+    """Local manifests and tables read before are not opened again while their stats are those they were read
+    with (``Store.seen``): each reader still gets its own objects; one just written is read every time; one
+    rewritten in place (same size), replaced, corrupted or removed is read again and reported; a store sent
+    to another process starts without them."""
+    s = Store(str(tmp_path))
+    uri = s.stage_uri("r", 1, "train")
+    ran = run_stage(s, "r", 1, "train", "c", {}, lambda job: StageResult(outputs={}, metrics={"loss": 1.5}))
+    ref = s.write_table(s.root + "/r/t.parquet", pd.DataFrame({"a": [1, 2]}))
+    reads: list[str] = []
+    real = s.read_bytes
+    monkeypatch.setattr(s, "read_bytes", lambda r: reads.append(getattr(r, "uri", r)) or real(r))
+    for _ in range(2):  # just written: read each time
+        assert s.read_manifest(uri).metrics == {"loss": 1.5} and s.read_table(ref)["a"].tolist() == [1, 2]
+    assert len(reads) == 4
+    manifest, table = tmp_path / "r" / "iter-0001" / "train" / "_manifest.json", tmp_path / "r" / "t.parquet"
+    _age(manifest, table)
+    reads.clear()
+    first = s.read_manifest(uri)
+    first.metrics["loss"] = 9.0
+    for _ in range(3):
+        again = s.read_manifest(uri)
+        assert again == ran.model_copy(update={"metrics": {"loss": 1.5}}) and again is not first
+        assert s.read_table(ref)["a"].tolist() == [1, 2]
+    assert len(reads) == 2  # once each, then by their stats
+    assert len(s.seen.memo.items) == 2
+    monkeypatch.delattr(s, "read_bytes")
+    assert not pickle.loads(pickle.dumps(s)).seen.memo.items
+    manifest.write_text(manifest.read_text().replace('"loss": 1.5', '"loss": 2.5'))  # in place, same size
+    assert s.read_manifest(uri).metrics == {"loss": 2.5}
+    table.write_bytes(table.read_bytes()[:-1] + b"X")
+    with pytest.raises(ArtifactError, match=r"corrupt: .*r/t\.parquet"):
+        s.read_table(ref)
+    manifest.write_text("{not json")
+    _age(manifest)
+    with pytest.raises(ArtifactError, match="manifest corrupt"):
+        s.read_manifest(uri)
+    manifest.unlink()
+    assert s.read_manifest(uri) is None
+
+
 def test_run_stage_commits_then_skips(tmp_path):
     s = Store(str(tmp_path))
     calls = []

@@ -1,0 +1,75 @@
+"""Calls to a remote store (S3) retried with exponential backoff while the endpoint is unreachable; then a
+``StoreUnavailable`` names the endpoint (rl_core.artifacts.store)."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from typing import TypeVar
+
+import tenacity
+
+
+class StoreUnavailable(RuntimeError):
+    """The object store did not answer after every retry; the message names the endpoint."""
+
+
+T = TypeVar("T")
+log = logging.getLogger("rlfoundry.store")
+
+
+def transient(exc: BaseException) -> bool:
+    """A failure worth retrying: the endpoint is unreachable, timed out or answered 5xx."""
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, ConnectionError | TimeoutError):
+            return True
+        mod = type(e).__module__
+        name = type(e).__name__
+        if mod.startswith(("botocore", "aiohttp")) and (
+            "Connect" in name or "Timeout" in name or name in ("HTTPClientError", "ServerDisconnectedError")
+        ):
+            return True
+        status = getattr(e, "response", None)
+        if isinstance(status, dict) and status.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) >= 500:
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
+def s3_endpoint() -> str:
+    return (
+        os.environ.get("AWS_ENDPOINT_URL_S3")
+        or os.environ.get("AWS_ENDPOINT_URL")
+        or "the default AWS S3 endpoint"
+    )
+
+
+def with_retries(fn: Callable[[], T], *, what: str, attempts: int, max_wait_s: float) -> T:
+    """Call ``fn`` until it succeeds or ``attempts`` transient failures have passed (backoff 0.5 s doubling
+    up to ``max_wait_s``); then raise StoreUnavailable naming the endpoint. Other errors pass through."""
+    try:
+        for attempt in tenacity.Retrying(
+            stop=tenacity.stop_after_attempt(attempts),
+            wait=tenacity.wait_exponential(multiplier=0.5, max=max_wait_s),
+            retry=tenacity.retry_if_exception(transient),
+            before_sleep=lambda rs: log.warning(
+                "S3 endpoint %s: %s failed (attempt %d/%d), retrying",
+                s3_endpoint(),
+                what,
+                rs.attempt_number,
+                attempts,
+            ),
+        ):
+            with attempt:
+                return fn()
+    except tenacity.RetryError as e:
+        last = e.last_attempt.exception()
+        raise StoreUnavailable(
+            f"S3 endpoint {s3_endpoint()} unreachable: {what} failed {attempts} times "
+            f"({type(last).__name__}: {last})"
+        ) from last
+    raise AssertionError("unreachable")
