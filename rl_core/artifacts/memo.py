@@ -60,35 +60,30 @@ def settled(stats: tuple, since_ns: int) -> bool:
     return all(mtime < since_ns - SETTLE_NS for *_, mtime in stats)
 
 
-Stats = tuple[int, int, int]  # (inode, size, mtime in ns) of one file
-
-
 class Seen:
     """Local files read before, by path: their stats then and what was made of them (a manifest's JSON, the
     digest a table's bytes were verified against). The stages of an iteration read ~30 manifests and ~10
     tables, each several times; a file whose stats are those it was read with is not opened again (one
-    ``stat`` instead of an open, a read and a hash), with the same rule as verified folders: only a file last
-    written ``SETTLE_NS`` before its read is remembered. What it holds is shared by every reader: callers
-    build their own objects from it, never change it."""
+    ``stat`` instead of an open, a read and a hash), by the rule of verified folders (``file_stats``,
+    ``settled``). What it holds is shared by every reader: callers build their own objects from it, never
+    change it."""
 
     def __init__(self, size: int):
         self.memo = Memo(size)
 
-    def stats(self, path: str) -> Stats | None:
-        try:
-            st = os.stat(path)
-        except FileNotFoundError:
-            return None
-        return st.st_ino, st.st_size, st.st_mtime_ns
+    def stats(self, path: str) -> tuple | None:
+        """``file_stats`` of the one file ``path``; None when it is missing."""
+        p = Path(path)
+        return file_stats(p.parent, [p.name])
 
-    def get(self, path: str, stats: Stats) -> Any:
+    def get(self, path: str, stats: tuple) -> Any:
         """What was made of ``path`` when it had these ``stats``; None if it was not remembered so."""
         hit = self.memo.get(path)
         return hit[1] if hit is not None and hit[0] == stats else None
 
-    def put(self, path: str, stats: Stats, began_ns: int, value: Any) -> None:
+    def put(self, path: str, stats: tuple, began_ns: int, value: Any) -> None:
         """Remember ``value``, made of ``path`` read after it was seen with ``stats`` at ``began_ns``."""
-        if stats[2] < began_ns - SETTLE_NS:
+        if settled(stats, began_ns):
             self.memo.put(path, (stats, value))
 
     def read(self, path: str, make: Callable[[], Any]) -> Any:
