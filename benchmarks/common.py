@@ -202,6 +202,18 @@ def run_arms(
     }
 
 
+def repeats_parser(doc: str | None, out: Path) -> argparse.ArgumentParser:
+    """The options of a benchmark that repeats its arms on the default policy: ``--repeats``, ``--set``,
+    ``--json``, ``--out`` (default ``out``) and ``--smoke``."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--set", dest="overrides", action="append", default=[], help="Config override")
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--out", type=Path, help=f"result file (default {out.relative_to(out.parents[2])})")
+    add_smoke_flag(ap)
+    return ap
+
+
 def arms_args(ap: argparse.ArgumentParser, iterations: int, rounds: int, out: str) -> None:
     """The options of a benchmark of two arms that run one of ``vs_trl.py``'s workloads (``run_arms``)."""
     ap.add_argument("--workload", default="64x1", help="a workload of benchmarks/vs_trl.py (default 64x1)")

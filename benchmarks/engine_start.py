@@ -29,7 +29,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import SMOKE_SHAPE, add_smoke_flag, finish, python, smoke_state  # noqa: E402
+from benchmarks.common import SMOKE_SHAPE, finish, python, repeats_parser, smoke_state  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "results" / "engine_start.json"
 # What a flow's process has imported when its first engine starts (the CLI's own imports aside).
@@ -80,15 +80,10 @@ def _in_subprocess(name: str, folder: str, max_model_len: int) -> dict[str, floa
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--set", dest="overrides", action="append", default=[], help="Config override")
-    ap.add_argument("--json", action="store_true")
-    ap.add_argument("--out", type=Path, help=f"result file (default {OUT.relative_to(OUT.parents[2])})")
+    ap = repeats_parser(__doc__, OUT)
     ap.add_argument("--arm", choices=("frozen", "unfrozen"), help=argparse.SUPPRESS)
     ap.add_argument("--folder", help=argparse.SUPPRESS)
     ap.add_argument("--max-model-len", type=int, default=64, help=argparse.SUPPRESS)
-    add_smoke_flag(ap)
     args = ap.parse_args()
     if args.arm:
         print(json.dumps(arm(args.arm, args.folder, args.max_model_len)))

@@ -83,7 +83,7 @@ class RewardServer:
             "--max-model-len",
             str(max_len),
             "--distributed-executor-backend",
-            "uni",  # the model runs in the engine's own process: one process fewer to start
+            "uni",  # the model in the engine core's process (on the CPU with vllm_server_env's setting)
             "--seed",
             "0",
             "--max-num-seqs",
@@ -92,7 +92,7 @@ class RewardServer:
         ]
 
     def _env(self) -> dict[str, str]:
-        env = vllm_server_env()
+        env = vllm_server_env(on_gpu=bool(self.gpus))
         if self.gpus:  # its GPU only (rl_core.models.placement)
             env["CUDA_VISIBLE_DEVICES"] = cuda_visible(self.gpus, dict(os.environ))
         return env

@@ -34,9 +34,14 @@ from rl_core.models.engine_view import engine_folder
 from rl_core.models.vllm_args import cuda_visible, rollout_server_args, vllm_flags
 
 
-def vllm_server_env(**extra: str) -> dict[str, str]:
+def vllm_server_env(*, on_gpu: bool, **extra: str) -> dict[str, str]:
     """The environment of a vLLM server process: this one's, cleaned (``clean_env``) and without what an
-    engine or a launcher in this process set (LD_LIBRARY_PATH, single-process mode, ranks); plus ``extra``."""
+    engine or a launcher in this process set (LD_LIBRARY_PATH, single-process mode, ranks); plus ``extra``.
+
+    On the CPU (``on_gpu`` False) the model runs in the engine core's process: vLLM's CPU platform swaps the
+    in-engine executor for a worker process of its own unless ``VLLM_ENABLE_V1_MULTIPROCESSING`` is 0
+    (``vllm/platforms/cpu.py``), and the API server keeps its engine core in a process of its own either way
+    (vLLM's AsyncLLM always does). One process fewer to spawn and import: ``benchmarks/server_start.py``."""
     env = clean_env(
         VLLM_NO_USAGE_STATS="1",
         VLLM_LOGGING_LEVEL="WARNING",
@@ -45,6 +50,8 @@ def vllm_server_env(**extra: str) -> dict[str, str]:
     )
     for k in ("LD_LIBRARY_PATH", "VLLM_ENABLE_V1_MULTIPROCESSING", "LOCAL_WORLD_SIZE", "RANK", "WORLD_SIZE"):
         env.pop(k, None)
+    if not on_gpu:
+        env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     return env
 
 
@@ -99,7 +106,9 @@ class RolloutServers:
         checkpoint from it themselves), the token, and on a GPU machine its share of rollout.gpus only."""
         store_env = {k: v for k, v in os.environ.items() if k.startswith("AWS_")}
         env = vllm_server_env(
-            VLLM_SERVER_DEV_MODE="1", **{TOKEN_ENV: self.token, **store_env, **self.extra_env}
+            on_gpu=bool(self.gpus),
+            VLLM_SERVER_DEV_MODE="1",
+            **{TOKEN_ENV: self.token, **store_env, **self.extra_env},
         )
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH", "")) if p)
         if self.gpus:

@@ -53,6 +53,7 @@ SMOKES: tuple[str, ...] = (
     "rollout",
     "sandbox",
     "scaleout_model",
+    "server_start",
     "summary_window",
     "train_layouts",
     "train_step",

@@ -76,6 +76,8 @@ def test_cpu_servers_keep_the_cpu_command():
     )
     assert cmd[cmd.index("--served-model-name") :] == want
     assert servers.gpus == () and "CUDA_VISIBLE_DEVICES" not in servers._env(0)
+    # the model in the engine core's process: vLLM's CPU platform starts a worker process of its own otherwise
+    assert servers._env(0)["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
     # without a placement (a caller that has none): the same CPU arguments
     bare = RolloutServers("/ckpt", cfg.rollout, max_model_len=64)
     assert bare.device_args == cpu_vllm_args(64, cfg.rollout.kv_cache_mb) == servers.device_args
@@ -83,6 +85,7 @@ def test_cpu_servers_keep_the_cpu_command():
 
 def test_gpu_servers_split_the_engine_gpus_and_see_only_their_own(monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # as an in-process engine of this one sets it
     cfg = _cfg(train={"world_size": 1}, rollout={"gpus": [1, 2, 3], "servers": 3})
     placed = plan(cfg, FOUR_H200)
     assert placed.server_gpus == ((1,), (2,), (3,)) and placed.trainer_gpus == (0,)
@@ -91,6 +94,7 @@ def test_gpu_servers_split_the_engine_gpus_and_see_only_their_own(monkeypatch):
     assert {"--gpu-memory-utilization", "--no-enforce-eager", "--enable-chunked-prefill"} <= set(cmd)
     assert "--kv-cache-memory-bytes" not in cmd and "--no-enable-sleep-mode" in cmd  # own GPUs: no sleep
     assert [servers._env(i)["CUDA_VISIBLE_DEVICES"] for i in range(3)] == ["1", "2", "3"]
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in servers._env(0)  # on a GPU: vLLM's own default
     # two servers over two GPUs each: tensor parallel 2
     two = plan(_cfg(rollout={"gpus": [0, 1, 2, 3], "servers": 2}), Machine.described("H200", 5))
     assert two.server_gpus == ((0, 1), (2, 3)) and two.vllm["tensor_parallel_size"] == 2
@@ -211,6 +215,8 @@ def test_the_reward_server_keeps_its_cpu_command_and_gets_a_share_on_a_gpu(tmp_p
     cmd = gpu._command(8002)
     assert cmd[cmd.index("--gpu-memory-utilization") + 1] == "0.1" and "--no-enable-chunked-prefill" in cmd
     assert "--kv-cache-memory-bytes" not in cmd and gpu._env()["CUDA_VISIBLE_DEVICES"] == "3"
+    assert cpu._env()["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in gpu._env()
     # it is in that GPU's memory plan, awake in both phases
     entry = placed.memory["gpus"]["3"]
     assert entry["reward_server_gib"] == pytest.approx(13.98, abs=0.01)
