@@ -5,8 +5,6 @@ the prefix-cache hit rate reported, nothing left running; and a run on them that
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,9 +13,7 @@ from infra.rollout_servers import RolloutServers
 from rl_core.generation.rollout import Request, SamplingSpec
 from rl_core.generation.rollout_server import ServerEngine
 from rl_core.schema.config import RolloutSection
-from tests.conftest import ENGINE_PROMPTS, replayed_identical, run_cli, show_json
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.conftest import ENGINE_PROMPTS, cli_env, replayed_identical, run_cli, run_script, show_json
 
 
 @pytest.fixture(scope="module")
@@ -33,26 +29,13 @@ def checkpoints(tmp_path_factory):
     return load_tokenizer(a), str(a), str(b)
 
 
-_IN_PROCESS = """
-import json, sys
-from rl_core.models.vllm_args import cpu_vllm_args
-from rl_core.generation.rollout import Request, SamplingSpec, VLLMEngine
-a = json.load(sys.stdin)
-eng = VLLMEngine(
-    a["ckpt"], dtype="float32", max_model_len=256, device_args=cpu_vllm_args(256, 64), multiprocess=False
-)
-out = eng.generate([Request(r[0], r[1]) for r in a["reqs"]], SamplingSpec(**a["spec"]))
-print(json.dumps([[[c.token_ids, c.logprobs, c.finish_reason] for c in cs] for cs in out]))
-"""
-
-
-def _in_process(ckpt: str, reqs: list[Request], spec: SamplingSpec) -> list:
-    """The in-process engine's completions, in a process of its own (a second vLLM engine in this one would
-    re-create torch.distributed's world under a later DeepSpeed engine of the same pytest worker)."""
+def _in_process(ckpt: str, reqs: list[Request], spec: SamplingSpec, scratch: Path) -> list:
+    """The in-process engine's completions, in a process of its own (tests/engine_probe.py, a child of the
+    suite's fork server)."""
     arg = {"ckpt": ckpt, "reqs": [[r.prompt_ids, r.seed] for r in reqs], "spec": spec.__dict__}
-    out = subprocess.run(
-        [sys.executable, "-c", _IN_PROCESS], input=json.dumps(arg), capture_output=True, text=True, cwd=ROOT
-    )
+    argfile = scratch / f"probe-{len(list(scratch.glob('probe-*')))}.json"
+    argfile.write_text(json.dumps(arg))
+    out = run_script("tests/engine_probe.py", [str(argfile)], cli_env(scratch / "probe-state"), timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -120,13 +103,13 @@ def test_servers_match_the_in_process_engine_take_weights_and_survive_a_kill(che
             token=servers.token,
             store_root=store.root,
         )
-        first = _in_process(a, reqs, spec)
+        first = _in_process(a, reqs, spec, tmp_path)
         assert _same(remote.generate(reqs, spec), first)
         remote.load_weights(tmp_path / "not-a-folder-the-servers-see", ref=ref_b)
         fetched = own_cache / "rlfoundry" / "server-checkpoints" / ref_b.sha256
         got = {p.relative_to(fetched).as_posix() for p in fetched.rglob("*") if p.is_file()} - {".complete"}
         assert got == set(ref_b.files)
-        second = _in_process(b, reqs, spec)
+        second = _in_process(b, reqs, spec, tmp_path)
         assert [x[0] for g in second for x in g] != [x[0] for g in first for x in g]
         assert _same(remote.generate(reqs, spec), second)
         servers.servers[1].kill()  # an outage: the next batch restarts it on B's weights

@@ -116,40 +116,15 @@ def test_run_and_replay_on_s3(s3, s3_run, tmp_path):
     env, r = s3_run
     assert SECRET not in r.stdout + r.stderr
     assert not (tmp_path / "store").exists()  # nothing went to the local default store
-    show = subprocess.run(
-        [sys.executable, "-m", "flows.cli", "show", "s3run", "--json", "--store", "s3://rlf-test/runs"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    # children of the fork server (tests/forkserver.py): the commands as programs, their imports done once
+    show = cli(["show", "s3run", "--json", "--store", "s3://rlf-test/runs"], env, timeout=300)
     data = json.loads(show.stdout)
     assert data["iterations_committed"] == 2
     assert data["iterations"][0]["stages"]["train"]["artifacts"]["checkpoint"].startswith(
         "s3://rlf-test/runs/s3run/"
     )
-    rep = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "flows.cli",
-            "replay",
-            "s3run",
-            "--iteration",
-            "1",
-            "--stage",
-            "train",
-            "--json",
-            "--store",
-            "s3://rlf-test/runs",
-        ],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    replay = ["replay", "s3run", "--iteration", "1", "--stage", "train", "--json"]
+    rep = cli([*replay, "--store", "s3://rlf-test/runs"], env, timeout=600)
     assert rep.returncode == 0, rep.stdout[-2000:] + rep.stderr[-2000:]
     assert json.loads(rep.stdout)["identical"] is True
     import s3fs
