@@ -7,21 +7,16 @@ long as the process. The same engine on a GPU: infra/gpu_check.sh."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.conftest import cli_env, run_script
 
 pytestmark = pytest.mark.slow
 
 
-def test_bf16_trainer_keeps_float32_masters_and_resumes_exactly():
-    out = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "bf16_probe.py")], capture_output=True, text=True, timeout=300
-    )
+def test_bf16_trainer_keeps_float32_masters_and_resumes_exactly(tmp_path):
+    out = run_script("tests/bf16_probe.py", [], cli_env(tmp_path / "state"), timeout=300)  # a fork child
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert set(result) == {"zero1", "zero2"}

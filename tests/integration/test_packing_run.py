@@ -5,18 +5,15 @@ losses within fp32 tolerance and the same weights within 1e-5, through the recom
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
 from safetensors.torch import load_file
 
-from tests.conftest import cli_env, run_cli
+from tests.conftest import cli_env, run_cli, run_script
 from tests.integration.test_multiturn import SMALL
 
-ROOT = Path(__file__).resolve().parents[2]
 # Several optimizer steps (4 mini-batches x 2 epochs), the anchor recomputed, a KL term to the reference; the
 # briefly warmed-up policy of SMALL (a reward signal; episodes of several turns, observations masked).
 SETS = [
@@ -59,14 +56,9 @@ def test_packed_train_stage_matches_the_padded_one(tmp_path):
     assert "reference" in manifest["inputs"]
     rollouts = pd.read_parquet(it / "generate" / "rollouts.parquet")
     assert (rollouts["loss_mask"].map(sum) < rollouts["completion_ids"].map(len)).any()  # observations
-    p = subprocess.run(
-        [sys.executable, "-c", PADDED_TRAIN, str(tmp_path / "store" / "packed" / "run.json")],
-        cwd=ROOT,
-        env=cli_env(tmp_path),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    script = tmp_path / "padded_train.py"  # a child of the suite's fork server, as run_cli's commands
+    script.write_text(PADDED_TRAIN)
+    p = run_script(str(script), [str(tmp_path / "store" / "packed" / "run.json")], cli_env(tmp_path), 600)
     assert p.returncode == 0, p.stderr[-3000:]
     padded = json.loads(p.stdout.strip().splitlines()[-1])
     packed = manifest["metrics"]
