@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import shutil
 import signal
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,7 +14,6 @@ from flows.cli import app
 from tests.conftest import cli, cli_env, committed_stages, replayed_identical, show_json
 
 ROOT = Path(__file__).resolve().parents[2]
-CLI = [sys.executable, "-m", "flows.cli"]
 # No lineage is read here: MLflow off (a fresh MLflow database costs each process its schema migrations).
 SMOKE = ["configs/smoke.yaml", *("--set", "rollout.engine=hf", "--set", "tracking.enabled=false")]
 # Four iterations: the chain's kill points lie in the first two, the cadence test below needs four, and an

@@ -18,7 +18,6 @@ from tests.conftest import cli, cli_env, committed_stages, replay_cli, show_json
 from tests.machine import fingerprint, pinned, same_machine
 
 ROOT = Path(__file__).resolve().parents[2]
-CLI = [sys.executable, "-m", "flows.cli"]
 
 
 def _run(args, state, timeout=900, fresh=False):

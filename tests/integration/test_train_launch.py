@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,6 @@ import pytest
 from tests.conftest import cli, cli_env
 
 ROOT = Path(__file__).resolve().parents[2]
-CLI = [sys.executable, "-m", "flows.cli"]
 # 32 completions per iteration in mini-batches of 8: 4 optimizer steps per train stage; the HF engine starts
 # in a second (the rollout engine is not what is under test).
 SMOKE = [
