@@ -68,6 +68,10 @@ def _write_identity(path: Path, access_key: str, secret_key: str) -> None:
     path.write_text(json.dumps(ident))
 
 
+# Seconds between SIGTERM and SIGKILL for a SeaweedFS server (``S3Server.stop``; ``rlfoundry down`` too).
+STOP_TIMEOUT_S = 3.0
+
+
 @dataclass
 class S3Server:
     server: Server
@@ -134,4 +138,4 @@ class S3Server:
         # holds its metadata subscription open, so waiting longer only delays the kill. What it acknowledged
         # is on disk by then (volumes and the filer's journaled store: restarting after a SIGKILL is what
         # tests/integration/test_s3_store.py's outage does).
-        self.server.stop(timeout_s=3)
+        self.server.stop(timeout_s=STOP_TIMEOUT_S)
