@@ -37,35 +37,31 @@ def one_start(
     arm: str, folder: str, max_model_len: int, logs: Path, prompts: list[list[int]]
 ) -> tuple[dict[str, float], list]:
     """Start one server in ``arm``, generate a seeded batch, stop it: the seconds and the completions."""
-    import infra.rollout_servers as rs
+    from infra.rollout_servers import RolloutServers
     from rl_core.generation.rollout import Request, SamplingSpec
     from rl_core.generation.rollout_server import ServerEngine
     from rl_core.schema.config import RolloutSection
 
-    code_env = rs.vllm_server_env
+    class WorkerProcess(RolloutServers):
+        """The code before: vLLM's CPU default (``VLLM_ENABLE_V1_MULTIPROCESSING`` unset, i.e. 1)."""
 
-    def worker_process_env(*, on_gpu: bool, **extra: str) -> dict[str, str]:
-        env = code_env(on_gpu=on_gpu, **extra)
-        env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # vLLM's default: 1
-        return env
+        def _env(self, i: int) -> dict[str, str]:
+            env = super()._env(i)
+            env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+            return env
 
-    rs.vllm_server_env = code_env if arm == "in_engine" else worker_process_env  # type: ignore[assignment]
+    kind = RolloutServers if arm == "in_engine" else WorkerProcess
+    servers = kind(folder, RolloutSection(kv_cache_mb=64), max_model_len=max_model_len, logs=logs)
+    t0 = time.perf_counter()
+    urls = servers.start(1)
+    t1 = time.perf_counter()
     try:
-        servers = rs.RolloutServers(
-            folder, RolloutSection(kv_cache_mb=64), max_model_len=max_model_len, logs=logs
-        )
-        t0 = time.perf_counter()
-        urls = servers.start(1)
-        t1 = time.perf_counter()
-        try:
-            engine = ServerEngine(urls, folder, allowed_token_ids=None, token=servers.token)
-            reqs = [Request(p, seed=i) for i, p in enumerate(prompts)]
-            out = engine.generate(reqs, SamplingSpec(n=4, temperature=1.0, max_tokens=8))
-            t2 = time.perf_counter()
-        finally:
-            servers.stop()
+        engine = ServerEngine(urls, folder, allowed_token_ids=None, token=servers.token)
+        reqs = [Request(p, seed=i) for i, p in enumerate(prompts)]
+        out = engine.generate(reqs, SamplingSpec(n=4, temperature=1.0, max_tokens=8))
+        t2 = time.perf_counter()
     finally:
-        rs.vllm_server_env = code_env  # type: ignore[assignment]
+        servers.stop()
     got = [[[c.token_ids, c.logprobs] for c in cs] for cs in out]
     return {"start_s": t1 - t0, "generate_s": t2 - t1}, got
 

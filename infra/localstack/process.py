@@ -59,6 +59,8 @@ class Server:
     create_time: float
     log: Path
     proc: subprocess.Popen | None = field(default=None, repr=False, compare=False)
+    # seconds ``stop`` waits between SIGTERM and SIGKILL (a server whose graceful stop never ends gets less)
+    stop_grace_s: float = 6.0
 
     def record(self, **extra: Any) -> dict[str, Any]:
         """JSON-able identity, for ``from_record`` in a later command."""
@@ -67,12 +69,14 @@ class Server:
             "pid": self.pid,
             "create_time": self.create_time,
             "log": str(self.log),
+            "stop_grace_s": self.stop_grace_s,
             **extra,
         }
 
     @classmethod
     def from_record(cls, rec: dict[str, Any]) -> Server:
-        return cls(rec.get("name", "server"), rec["pid"], rec["create_time"], Path(rec["log"]))
+        name, grace = rec.get("name", "server"), float(rec.get("stop_grace_s", 6.0))  # older records: 6 s
+        return cls(name, rec["pid"], rec["create_time"], Path(rec["log"]), stop_grace_s=grace)
 
     def _process(self) -> psutil.Process | None:
         """The live process with this identity, or None (gone, a zombie, or the pid now names another)."""
@@ -106,8 +110,10 @@ class Server:
             time.sleep(0.3)
         raise ServerError(f"{self.name} not answering at {url} after {timeout_s:.0f} s; see {self.log}")
 
-    def stop(self, timeout_s: float = 6.0) -> bool:
-        """SIGTERM to its process group, SIGKILL to what is left after ``timeout_s``; True if it ran."""
+    def stop(self, timeout_s: float | None = None) -> bool:
+        """SIGTERM to its process group, SIGKILL to what is left after ``timeout_s`` (default: its
+        ``stop_grace_s``); True if it ran."""
+        timeout_s = self.stop_grace_s if timeout_s is None else timeout_s
         leader = self._process()
         if leader is None:
             self._reap()

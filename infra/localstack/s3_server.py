@@ -68,8 +68,8 @@ def _write_identity(path: Path, access_key: str, secret_key: str) -> None:
     path.write_text(json.dumps(ident))
 
 
-# Seconds between SIGTERM and SIGKILL for a SeaweedFS server (``S3Server.stop``; ``rlfoundry down`` too).
-STOP_TIMEOUT_S = 3.0
+# Seconds between SIGTERM and SIGKILL for a SeaweedFS server (``S3Server.stop`` below).
+STOP_GRACE_S = 3.0
 
 
 @dataclass
@@ -121,6 +121,7 @@ class S3Server:
         # for STS service" at every start; the key only signs requests between its own components.
         env = clean_env(WEED_JWT_FILER_SIGNING_KEY=secrets.token_hex(16))
         srv = spawn("S3 server (SeaweedFS)", cmd, env=env, log=data_dir / "weed.log")
+        srv.stop_grace_s = STOP_GRACE_S  # kept in its record: `rlfoundry down` stops it the same way
         endpoint = f"http://127.0.0.1:{ports['s3']}"
         try:
             srv.wait_http(endpoint, timeout_s=timeout_s, any_status=True)  # 403 without credentials: up
@@ -138,4 +139,4 @@ class S3Server:
         # holds its metadata subscription open, so waiting longer only delays the kill. What it acknowledged
         # is on disk by then (volumes and the filer's journaled store: restarting after a SIGKILL is what
         # tests/integration/test_s3_store.py's outage does).
-        self.server.stop(timeout_s=STOP_TIMEOUT_S)
+        self.server.stop()  # after STOP_GRACE_S

@@ -257,23 +257,16 @@ def reward_server_urls() -> list[str]:
 
 def down() -> dict[str, bool]:
     """Stop the servers recorded by ``up`` (and their children), rollout and reward servers included, all at
-    once (each waits its own grace before SIGKILL: SeaweedFS never finishes its graceful stop); returns
-    {service: was running}, in the records' order."""
+    once (each after its own grace: ``Server.stop_grace_s``); returns {service: was running}, in the records'
+    order."""
     from concurrent.futures import ThreadPoolExecutor
-
-    from infra.localstack.s3_server import STOP_TIMEOUT_S
 
     records = dict(_read("stack.json").get("services", {}))
     for kind in ("rollout", "reward"):
         records.update({f"{kind}-{i}": r for i, r in enumerate(_read(f"{kind}.json").get("servers", []))})
-    grace = {"s3": STOP_TIMEOUT_S}  # the others: Server.stop's own
-
-    def stop(name: str) -> bool:
-        server = Server.from_record(records[name])
-        return server.stop(grace[name]) if name in grace else server.stop()
-
     with ThreadPoolExecutor(max_workers=max(1, len(records))) as pool:
-        stopped = dict(zip(records, pool.map(stop, records), strict=True))
+        ran = pool.map(lambda rec: Server.from_record(rec).stop(), records.values())
+        stopped = dict(zip(records, ran, strict=True))
     (stack_dir() / "stack.json").unlink(missing_ok=True)
     (stack_dir() / "rollout.json").unlink(missing_ok=True)
     (stack_dir() / "reward.json").unlink(missing_ok=True)

@@ -33,7 +33,7 @@ def _in_process(ckpt: str, reqs: list[Request], spec: SamplingSpec, scratch: Pat
     """The in-process engine's completions, in a process of its own (tests/engine_probe.py, a child of the
     suite's fork server)."""
     arg = {"ckpt": ckpt, "reqs": [[r.prompt_ids, r.seed] for r in reqs], "spec": spec.__dict__}
-    argfile = scratch / f"probe-{len(list(scratch.glob('probe-*')))}.json"
+    argfile = scratch / f"probe-{Path(ckpt).name}.json"
     argfile.write_text(json.dumps(arg))
     out = run_script("tests/engine_probe.py", [str(argfile)], cli_env(scratch / "probe-state"), timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]

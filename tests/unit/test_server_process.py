@@ -40,6 +40,12 @@ def test_a_reused_pid_is_left_alone():
         stale.kill()
         assert other.poll() is None
         assert Server.from_record(stale.record()) == stale
+        # its grace travels with its record (a later `rlfoundry down` waits what its starter chose), and a
+        # record written before the field existed gets the default
+        quick = Server.from_record({**stale.record(), "stop_grace_s": 3.0})
+        assert quick.stop_grace_s == 3.0 and Server.from_record(quick.record()).stop_grace_s == 3.0
+        old = {k: v for k, v in stale.record().items() if k != "stop_grace_s"}
+        assert Server.from_record(old).stop_grace_s == 6.0
     finally:
         other.kill()
         other.wait()
