@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import random
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -50,9 +51,13 @@ ROLLOUT_COLUMNS = [
 MULTI_TURN_COLUMNS = ["turns", "actions", "observations"]
 
 
-def policy_engine(ctx: RunContext, ckpt: ArtifactRef, iteration: int | None = None) -> Any:
-    """The run's rollout engine (started on first use, held by the context), synced to the checkpoint."""
-    local = ctx.local_checkpoint(ckpt)
+def policy_engine(
+    ctx: RunContext, ckpt: ArtifactRef, iteration: int | None = None, local: Path | None = None
+) -> Any:
+    """The run's rollout engine (started on first use, held by the context), synced to the checkpoint;
+    ``local``: its folder, where the caller has it verified already (``RunContext.local_checkpoint`` hashes a
+    folder written moments ago again, its weights file whole)."""
+    local = local or ctx.local_checkpoint(ckpt)
     if ctx.held.rollout is None:
         ctx.held.rollout = _servers(ctx, local) or start_engine(
             ctx.placement.rollout_engine,
@@ -198,7 +203,7 @@ def sample_table(
     # One user of the engine at a time (asynchronous RL generates the next iteration while this one
     # evaluates), each with the weights it asked for.
     with ctx.held.engine_lock:
-        engine = engine or policy_engine(ctx, ckpt, iteration)
+        engine = engine or policy_engine(ctx, ckpt, iteration, local)
         engine.stats()  # the engine's counters so far are its earlier users': this batch's start here
         reqs = [
             Request(ids, s, im, u)

@@ -44,12 +44,13 @@ def _split_dim(local: torch.Size, full: torch.Size) -> int | None:
 
 
 def _state_of(ds: Any, p: torch.nn.Parameter, key: str) -> torch.Tensor:
-    """The data-parallel-full (still tensor-parallel-local) ``key`` state of parameter ``p``."""
+    """The data-parallel-full (still tensor-parallel-local) ``key`` state of parameter ``p``: maybe the
+    engine's own tensor, which ``gather_optimizer_state`` serializes at once (``safe_state.dumps`` copies)."""
     if ds.cfg.zero_stage == 0:
-        return ds.optimizer.state[p][key].detach().clone()
+        return ds.optimizer.state[p][key].detach()
     from deepspeed.utils import safe_get_full_optimizer_state
 
-    return safe_get_full_optimizer_state(p, key).detach().cpu().clone()
+    return safe_get_full_optimizer_state(p, key).detach().cpu()
 
 
 def _step_of(ds: Any) -> int:
