@@ -35,6 +35,7 @@ import pydantic
 from rl_core.artifacts.faults import fault, iteration_of
 from rl_core.artifacts.manifest import ArtifactRef, Manifest
 from rl_core.artifacts.memo import Memo, Seen, file_stats, settled
+from rl_core.artifacts.page_cache import WrittenPages
 from rl_core.artifacts.retries import with_retries
 from rl_core.artifacts.write_behind import WriteBehind
 
@@ -81,6 +82,7 @@ class Store:
         self.seen = Seen(256)  # local manifests and tables read before, while unchanged on disk
         self.behind = WriteBehind()  # stages whose outputs and manifest are still being written (run_stage)
         self.write_behind = False  # whether run_stage may commit a stage's pending writes behind the flow
+        self.pages = WrittenPages()  # large local files written: their pages handed back once on disk
         options: dict[str, Any] = {}
         if self.protocol == "s3":
             # One attempt per call inside botocore/s3fs: the backoff is ours, so it is bounded and reported.
@@ -147,6 +149,7 @@ class Store:
                 fault("write", iteration_of(uri))
                 f.write(half[len(data) // 2 :])
             os.replace(tmp, path)
+            self.pages.wrote(path, len(data))
         else:
             self._io(f"write {uri}", lambda: self.fs.pipe_file(path, data))  # a single S3 PUT is atomic
 

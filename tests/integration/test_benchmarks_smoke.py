@@ -43,6 +43,7 @@ SMOKES: tuple[str, ...] = (
     "miniwob_env",
     "orchestration",
     "packing",
+    "page_cache",
     "pg_family",
     "pixel_norm",
     "plot_curve",
