@@ -304,6 +304,8 @@ def _hold(ctx: RunContext, job: StageJob, weights: dict[str, Any]) -> tuple[Arti
         (tmp / ".complete").touch()
         shutil.rmtree(dest, ignore_errors=True)
         os.replace(tmp, dest)
+        for n, b in data.items():  # their pages handed back once on disk, as the store's (page_cache)
+            ctx.store.pages.wrote(str(dest / n), len(b))
     name = f"optimizer state after iteration {job.iteration} with checkpoint {ref.sha256}"
     uri = f"{job.out_uri}/optimizer.safetensors"
     opt = ArtifactRef(uri=uri, sha256=sha256_bytes(name.encode()), stored=False)
