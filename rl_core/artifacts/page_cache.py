@@ -1,4 +1,4 @@
-"""Large files a local store wrote, handed out of the page cache once they are on disk.
+"""Large state files a local store wrote, handed out of the page cache once they are on disk.
 
 The train stage writes its checkpoint and optimizer state at every step (12.7 MB for the default 1M-parameter
 policy; gigabytes for a real one), and the run reads them again only within the next iteration (its generate,
@@ -7,11 +7,12 @@ checkpoints fill it, pushing out what is read again (models, datasets), and ever
 kernel has not handed out before, which a virtual machine's host must fault in: on this project's 2-core
 machines a step's 12.7 MB took 22.5 ms so, 4.8 ms into pages handed back (``benchmarks/page_cache.py``).
 
-So after each large write the store asks the kernel to write the file back now (``POSIX_FADV_DONTNEED`` on a
-file still dirty starts its writeback without waiting), and at each later large write hands back the pages of
-the files written at least ``after_s`` before (written back by then; a file still being written back keeps its
-pages, as it would have anyway). The next writes reuse those pages. Nothing about a file changes but where its
-bytes are read from.
+So after each large write of a state file (weights, optimizer or critic state: ``.safetensors``, which the
+run holds in memory; not the tables, manifests and images the next stages read) the store asks the kernel
+to write the file back now (``POSIX_FADV_DONTNEED`` on a file still dirty starts its writeback without
+waiting), and at each later such write hands back the pages of the state files written at least ``after_s``
+before (written back by then; a file still being written back keeps its pages, as it would have anyway). The
+next writes reuse those pages. Nothing about a file changes but where its bytes are read from.
 
     pages = WrittenPages()
     pages.wrote("/store/run/iter-0003/train/optimizer.safetensors", 8_454_664)
@@ -43,19 +44,21 @@ def drop_pages(path: str) -> None:
 
 
 class WrittenPages:
-    """The large files one local store wrote lately, whose pages it hands back (thread-safe: the write-behind
-    thread writes too). ``min_bytes``: smaller files (manifests, tables) stay cached, the next stages read
-    them; ``after_s``: how long a file's writeback is given before its pages are handed back."""
+    """The large state files one local store wrote lately, whose pages it hands back (thread-safe: the
+    write-behind thread writes too). ``suffixes``: the names of state files; ``min_bytes``: smaller ones stay
+    cached; ``after_s``: how long a file's writeback is given before its pages are handed back."""
 
-    def __init__(self, min_bytes: int = 1 << 20, after_s: float = 0.05):
-        self.min_bytes, self.after_s = min_bytes, after_s
+    def __init__(
+        self, min_bytes: int = 1 << 20, after_s: float = 0.05, suffixes: tuple[str, ...] = (".safetensors",)
+    ):
+        self.min_bytes, self.after_s, self.suffixes = min_bytes, after_s, suffixes
         self._lock = threading.Lock()
         self._written: list[tuple[str, float]] = []  # (path, when written), oldest first
 
     def wrote(self, path: str, size: int) -> None:
-        """After ``size`` bytes were written at ``path``: for a large file, hand back the pages of the large
-        files written ``after_s`` or more before it, then start its own writeback."""
-        if size < self.min_bytes:
+        """After ``size`` bytes were written at ``path``: for a large state file, hand back the pages of those
+        written ``after_s`` or more before it, then start its own writeback."""
+        if size < self.min_bytes or not path.endswith(self.suffixes):
             return
         now = time.monotonic()
         with self._lock:
@@ -67,4 +70,4 @@ class WrittenPages:
 
     def __reduce__(self) -> tuple[Any, ...]:
         # a store sent to another process starts with none: its files are the ones it writes itself
-        return (WrittenPages, (self.min_bytes, self.after_s))
+        return (WrittenPages, (self.min_bytes, self.after_s, self.suffixes))
