@@ -5,7 +5,7 @@ policy; gigabytes for a real one), and the run reads them again only within the 
 its train stage's input check); a replay or a resume reads them from disk. Left in the page cache, a run's
 checkpoints fill it, pushing out what is read again (models, datasets), and every new write takes pages the
 kernel has not handed out before, which a virtual machine's host must fault in: on this project's 2-core
-machines a step's 12.7 MB took 22.5 ms so, 4.8 ms into pages handed back (``benchmarks/page_cache.py``).
+machines a step's 12.7 MB took 22.8 ms so, 4.8 ms into pages handed back (``benchmarks/page_cache.py``).
 
 So after each large write of a state file (weights, optimizer or critic state: ``.safetensors``, which the
 run holds in memory; not the tables, manifests and images the next stages read) the store asks the kernel
