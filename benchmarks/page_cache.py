@@ -2,7 +2,7 @@
 large files back to the kernel once they are on disk (``rl_core.artifacts.page_cache``) or keeping them all
 cached (the code before).
 
-    .venv/bin/python benchmarks/page_cache.py --json            # 60 steps per arm, ABBA, 20 s apart
+    .venv/bin/python benchmarks/page_cache.py --json            # 60 steps per arm, ABBA x 2, 20 s apart
     .venv/bin/python benchmarks/page_cache.py --smoke --json    # the smoke shape, 3 steps, no pause
 
 Each step writes the files the train stage writes for the default policy (``configs/default.yaml``: its
@@ -20,7 +20,6 @@ less when the pages are handed back).
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import statistics
@@ -32,7 +31,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import SMOKE_SHAPE, abba, add_smoke_flag, finish, result_file, smoke_state  # noqa: E402
+from benchmarks.common import SMOKE_SHAPE, abba, finish, repeats_parser, result_file, smoke_state  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "results" / "page_cache.json"
 ARMS = ("handed_back", "kept")
@@ -97,18 +96,14 @@ def one_arm(arm: str, files: dict[str, bytes], steps: int, gap_ms: float, root: 
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = repeats_parser(__doc__, OUT)  # --repeats: rounds of the two arms, ABBA
+    ap.set_defaults(repeats=2)
     ap.add_argument("--steps", type=int, default=60, help="steps per arm")
-    ap.add_argument("--rounds", type=int, default=2, help="rounds of the two arms, ABBA")
     ap.add_argument("--gap-ms", type=float, default=150.0, help="busy milliseconds between two steps' writes")
     ap.add_argument("--pause", type=float, default=20.0, help="seconds between two arms")
-    ap.add_argument("--set", dest="overrides", action="append", default=[], help="Config override")
-    ap.add_argument("--json", action="store_true", help="print the JSON result as the last line")
-    ap.add_argument("--out", type=Path, help="result file (default benchmarks/results/page_cache.json)")
-    add_smoke_flag(ap)
     args = ap.parse_args()
     if args.smoke:
-        args.steps, args.rounds, args.pause, args.overrides = 3, 1, 0.0, [*SMOKE_SHAPE, *args.overrides]
+        args.steps, args.repeats, args.pause, args.overrides = 3, 1, 0.0, [*SMOKE_SHAPE, *args.overrides]
     smoke_state(args.smoke, "page-cache")
     from rl_core.artifacts.paths import state_dir
 
@@ -116,7 +111,7 @@ def main() -> None:
     root.mkdir(parents=True, exist_ok=True)
     files = step_files(args.overrides)
     runs: dict[str, list[dict[str, Any]]] = {a: [] for a in ARMS}
-    for i, arm in enumerate(abba(ARMS, args.rounds)):
+    for i, arm in enumerate(abba(ARMS, args.repeats)):
         if i:
             time.sleep(args.pause)
         runs[arm].append(one_arm(arm, files, args.steps, args.gap_ms, root))
