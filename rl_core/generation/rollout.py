@@ -11,6 +11,7 @@ size. An engine lives across iterations; ``load_weights`` syncs a new checkpoint
 from __future__ import annotations
 
 import gc
+import inspect
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -97,7 +98,8 @@ class VLLMEngine:
         os.environ.update({k: os.environ.get(k, v) for k, v in QUIET.items()})
         from vllm import LLM
 
-        from rl_core.models.model import load_tokenizer, stop_ids
+        from rl_core.models.engine_view import engine_folder
+        from rl_core.models.model import is_tied, load_tokenizer, stop_ids
         from rl_core.models.vision import allowed_token_ids, is_vlm, vllm_image_args
 
         # What the trainer's logits allow (rl_core.models.vision.suppress): never the image placeholder.
@@ -105,17 +107,12 @@ class VLLMEngine:
         self.images = is_vlm(ckpt_dir)
         # The model's own EOS ids (generation config and tokenizer), whatever vLLM's tokenizer would say.
         self.stop = stop_ids(ckpt_dir, load_tokenizer(ckpt_dir))
-        from rl_core.models.engine_view import engine_folder
-        from rl_core.models.model import is_tied
-
         # the engine loads an untied view of a tied model (rl_core.models.engine_view)
         self.tied = is_tied(ckpt_dir)
-        # vLLM collects garbage five times while it starts: each full collection walks this process's whole
-        # heap (torch, transformers, DeepSpeed and vLLM themselves: ~880k objects; the start took 3.4 s, not
-        # 1.6 s, on a 2-core CPU: benchmarks/engine_start.py). One collection here, then what is alive moves
-        # to the permanent generation, so the engine's collections walk only what it allocates. Nothing more
-        # stays uncollected than vLLM itself leaves so: it freezes the whole heap once the engine is up, and
-        # unfreezes it when it shuts down.
+        # vLLM collects garbage five times while it starts, each time walking this process's whole heap
+        # (~880k objects: the start took 3.4 s, not 1.6 s, on a 2-core CPU: benchmarks/engine_start.py). One
+        # collection here, then what is alive moves to the permanent generation, so its collections walk only
+        # what it allocates (vLLM itself freezes the whole heap once up, and unfreezes it at shutdown).
         gc.collect()
         gc.freeze()
         with captured_stderr(), visible_gpus(gpus):
@@ -215,8 +212,7 @@ class VLLMEngine:
 
     def sleep(self) -> None:
         """Colocated with the trainer on one GPU (rl_core.models.placement): give the GPU back while it trains
-        —
-        vLLM's sleep mode, level 1: weights offloaded to host memory, KV cache freed. A no-op elsewhere."""
+        (vLLM's sleep mode, level 1: weights offloaded to host memory, KV cache freed). A no-op elsewhere."""
         if self.sleeps and not self.asleep:
             self.llm.sleep(level=1)
             self.asleep = True
@@ -251,6 +247,9 @@ class HFEngine:
         self.eos = set(stop_ids(ckpt_dir, self.tokenizer))
         self.pad = pad_id(self.tokenizer)
         self.never = unsampleable_ids(self.model)
+        # each step's logits at its last position only, as transformers' generate does: no B x T x V
+        keeps = "logits_to_keep" in inspect.signature(self.model.forward).parameters
+        self.last_only: dict[str, int] = {"logits_to_keep": 1} if keeps else {}
 
     def generate(self, requests: list[Request], spec: SamplingSpec) -> list[list[Completion]]:
         """``spec.n`` completions per request, each from its own generator (seeded by request and sample).
@@ -297,6 +296,7 @@ class HFEngine:
                     position_ids=pos,
                     past_key_values=past,
                     use_cache=True,
+                    **self.last_only,
                     **(vision if past is None else {}),
                 )
                 past = o.past_key_values

@@ -24,8 +24,7 @@ from typing import Any
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from rl_core.models.vision import suppress, unsampleable_ids
-from rl_core.training.losses import entropy_from_logits, token_logprobs
+from rl_core.models.vision import NEVER, unsampleable_ids
 
 # configs that change the logits after the head: such a model keeps the whole-logits path
 _LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
@@ -53,14 +52,51 @@ def chunk_positions(module: Any, budget_mb: float) -> int:
     return max(1, int(budget_mb * 2**20 // (3 * 4 * vocab)))
 
 
-def _chunk(
-    head: Any, hidden: torch.Tensor, targets: torch.Tensor, temperature: float, never: list[int], ent: bool
-) -> tuple[torch.Tensor, torch.Tensor]:
-    logits = suppress(head(hidden), never)
-    lp = token_logprobs(logits, targets, temperature)
+def logits_stats(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float = 1.0,
+    never: list[int] | None = None,
+    entropy: bool = False,
+    own: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log p(target) per position from ``logits`` ``[..., V]`` aligned with ``targets`` ``[...]`` after the
+    ``never`` columns are set to ``NEVER`` and the temperature applied (and the entropies, without grad, when
+    asked), from one float32 log-softmax: bit for bit what ``suppress``, ``token_logprobs`` and
+    ``entropy_from_logits`` give, with fewer vocabulary-wide tensors (no division at temperature 1, one
+    log-softmax for both, the entropy's product in place). ``own``: nothing else reads ``logits`` and its
+    maker does not keep it for a backward (a ``Linear``'s output, or any tensor without grad), so the
+    suppression and the temperature are written into it.
+
+    >>> lp, ent = logits_stats(torch.tensor([[0.0, 0.0, 5.0]]), torch.tensor([0]), never=[2], entropy=True)
+    >>> round(float(lp[0]), 4), round(float(ent[0]), 4)
+    (-0.6931, 0.6931)
+    """
+    if never:
+        idx = torch.tensor(never, device=logits.device)
+        logits = logits.index_fill_(-1, idx, NEVER) if own else logits.index_fill(-1, idx, NEVER)
+        own = True
+    x = logits.float()
+    own = own or x is not logits
+    if temperature != 1.0:  # x / 1.0 is x, bit for bit: no copy for it
+        x = x.div_(temperature) if own else x / temperature
+    logp = torch.log_softmax(x, dim=-1)
+    lp = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    if not entropy:
+        return lp, None
     with torch.no_grad():
-        e = entropy_from_logits(logits, temperature) if ent else lp.new_zeros(lp.shape)
-    return lp, e
+        return lp, -logp.exp().mul_(logp).sum(-1)
+
+
+def _chunk(
+    head: Any, hidden: torch.Tensor, targets: torch.Tensor, temperature: float, never: list[int], ent: list[bool]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    # the head's output is this chunk's own, and a Linear keeps its input, not its output, for the backward
+    lp, e = logits_stats(head(hidden), targets, temperature, never, ent[0], own=True)
+    # ``ent`` ([take the entropies]) is cleared after the first run: the backward's recompute of a
+    # checkpointed chunk needs only the logprobs (the entropies, without grad, are kept from the forward)
+    ent[0] = False
+    return lp, e if e is not None else lp.new_zeros(lp.shape)
 
 
 def chunked_stats(
@@ -79,7 +115,7 @@ def chunked_stats(
     lps, ents = [], []
     grad = torch.is_grad_enabled() and hidden.requires_grad
     for i in range(0, b * t, chunk):
-        args = (head, flat_h[i : i + chunk], flat_t[i : i + chunk], temperature, never or [], entropy)
+        args = (head, flat_h[i : i + chunk], flat_t[i : i + chunk], temperature, never or [], [entropy])
         lp, e = checkpoint(_chunk, *args, use_reentrant=False) if grad else _chunk(*args)
         lps.append(lp)
         ents.append(e)

@@ -25,14 +25,8 @@ import torch
 from rl_core.models.vision import model_inputs, rows_of, suppress, unsampleable_ids
 from rl_core.training.algorithms import algorithm
 from rl_core.training.collectives import allreduce_sum
-from rl_core.training.logprobs import chunk_positions, token_stats
-from rl_core.training.losses import (
-    PolicyTerms,
-    entropy_from_logits,
-    importance_weights,
-    policy_loss,
-    token_logprobs,
-)
+from rl_core.training.logprobs import chunk_positions, logits_stats, token_stats
+from rl_core.training.losses import PolicyTerms, importance_weights, policy_loss
 from rl_core.training.micro_batches import rank_micro_batches
 from rl_core.training.packing import packed_logits, packed_outputs
 
@@ -139,12 +133,18 @@ def _logits(
     pixels: dict[str, torch.Tensor] | None = None,
     pack: int | None = None,
 ) -> torch.Tensor:
-    """``[B, T-1, V]`` next-token logits; on packed rows of ``pack`` tokens unless it is None."""
+    """``[B, T-1, V]`` next-token logits, the unsampleable ids suppressed; on packed rows of ``pack`` tokens
+    unless it is None."""
+    return suppress(_model_logits(module, ids, attn, pixels, pack), unsampleable_ids(module))
+
+
+def _model_logits(
+    module: Any, ids: torch.Tensor, attn: torch.Tensor, pixels: dict[str, Any] | None, pack: int | None
+) -> torch.Tensor:
     if pack is not None:
-        return suppress(packed_logits(module, ids, attn, pack, pixels), unsampleable_ids(module))
+        return packed_logits(module, ids, attn, pack, pixels)
     vision = model_inputs(module, ids, attn, pixels)
-    logits = module(input_ids=ids, attention_mask=attn, use_cache=False, **vision).logits[:, :-1]
-    return suppress(logits, unsampleable_ids(module))
+    return module(input_ids=ids, attention_mask=attn, use_cache=False, **vision).logits[:, :-1]
 
 
 def _stats(
@@ -163,10 +163,10 @@ def _stats(
 
         fwd = None if pack is None else packed
         return token_stats(module, ids, attn, batch.temperature, chunk, entropy, fwd)
-    logits = _logits(module, ids, attn, pixels, batch.pack_tokens)
-    with torch.no_grad():
-        ent = entropy_from_logits(logits, batch.temperature) if entropy else None
-    return token_logprobs(logits, ids[:, 1:], batch.temperature), ent
+    logits = _model_logits(module, ids, attn, pixels, batch.pack_tokens)
+    # without grad the model's logits are this call's own (with grad its backward may read them: copies)
+    own = not torch.is_grad_enabled()
+    return logits_stats(logits, ids[:, 1:], batch.temperature, unsampleable_ids(module), entropy, own)
 
 
 def _pixels(batch: Batch, rows: Any, device: Any) -> dict[str, torch.Tensor] | None:

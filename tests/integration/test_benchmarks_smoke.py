@@ -35,6 +35,8 @@ SMOKES: tuple[str, ...] = (
     "curriculum",
     "engine_start",
     "gpu_check",
+    "head_stats",
+    "hf_generate",
     "judge",
     "lineage_short_runs",
     "lineage_writes",

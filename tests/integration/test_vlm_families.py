@@ -60,7 +60,8 @@ def test_idefics3_on_vllm_gives_the_trainer_its_own_inputs(tmp_path):
     from rl_core.models.model import load_model, load_tokenizer, prompt_ids
     from rl_core.models.vision import expanded_ids, image_token_id, with_image_marker
     from rl_core.schema.config import RolloutSection
-    from rl_core.training.ppo import _logits, make_batch, token_logprobs
+    from rl_core.training.losses import token_logprobs
+    from rl_core.training.ppo import _logits, make_batch
 
     folder = write_idefics3_folder(tmp_path / "idefics3")
     tok = load_tokenizer(folder)
@@ -126,7 +127,8 @@ def test_qwen_vl_families_on_the_hf_engine_give_the_trainer_its_own_inputs(tmp_p
         with_image_marker,
     )
     from rl_core.schema.config import RolloutSection
-    from rl_core.training.ppo import _logits, make_batch, token_logprobs
+    from rl_core.training.losses import token_logprobs
+    from rl_core.training.ppo import _logits, make_batch
     from tests.model_folders import write_qwen_vl_folder
 
     folder = write_qwen_vl_folder(tmp_path / kind, kind)

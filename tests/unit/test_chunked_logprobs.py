@@ -72,6 +72,30 @@ def test_autograd_keeps_no_vocabulary_wide_tensor_past_a_chunk():
     assert 0 < chunk < positions and saved_rows <= chunk  # the head's weight [V, H] is V rows of H, not kept
 
 
+def test_the_backwards_recompute_takes_no_entropy_again(monkeypatch: pytest.MonkeyPatch):
+    """Entropies are taken once per chunk, in the forward: the backward's recompute of a checkpointed chunk
+    asks for the logprobs only (the default ``old_logprobs: engine`` takes the first epoch's entropies from
+    these forwards)."""
+    from rl_core.training import logprobs
+
+    model = _policy().train()
+    b = make_batch(_frame(), pad_id=1, logits_mb=TINY_MB)
+    asked: list[bool] = []
+    real = logprobs.logits_stats
+
+    def spy(*a, **k):
+        asked.append(a[4])  # entropy
+        return real(*a, **k)
+
+    monkeypatch.setattr(logprobs, "logits_stats", spy)
+    lp, ent = _stats(model, b, b.input_ids, torch.arange(len(b)), None, entropy=True)
+    chunks = len(asked)
+    assert chunks == lp.numel() and all(asked)  # TINY_MB: a chunk a position, each with its entropy
+    lp.sum().backward()
+    assert len(asked) == 2 * chunks and not any(asked[chunks:])  # each recomputed, without its entropy
+    assert ent is not None and torch.isfinite(ent).all()
+
+
 def test_a_ppo_update_through_chunks_ends_on_the_same_weights(monkeypatch: pytest.MonkeyPatch):
     calls = []
     real = ppo.token_stats

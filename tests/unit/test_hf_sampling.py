@@ -74,3 +74,34 @@ def test_the_engine_samples_on_the_models_device_and_copies_back_only_tokens(tmp
         assert len(c.token_ids) == len(c.logprobs) <= 16
         stops = [t for t in c.token_ids if t in engine.eos]
         assert stops == ([c.token_ids[-1]] if c.finish_reason == "stop" else [])
+
+
+def test_the_head_runs_on_the_last_position_only_and_the_draws_are_unchanged(tmp_path, monkeypatch):
+    """Each step asks the model for its last position's logits only (``logits_to_keep=1``, as transformers'
+    generate does): the prompt's step no longer computes batch x prompt x vocabulary logits it throws away.
+    The completions and their logprob bits are those of the whole-logits forward."""
+    from rl_core.generation.rollout import HFEngine, Request, SamplingSpec
+    from tests.model_folders import write_qwen3_folder
+
+    engine = HFEngine(write_qwen3_folder(tmp_path / "m"))
+    assert engine.last_only == {"logits_to_keep": 1}
+    widths: list[int] = []
+    forward = type(engine.model).forward
+
+    def spy(self, *a, **k):
+        out = forward(self, *a, **k)
+        widths.append(out.logits.shape[1])
+        return out
+
+    monkeypatch.setattr(type(engine.model), "forward", spy)
+    reqs = [Request([5, 6, 2, 9, 4, 4, 8], seed=1), Request([7, 3], seed=2)]
+    got = {}
+    for keep in ({"logits_to_keep": 1}, {}):
+        engine.last_only = keep
+        widths.clear()
+        for t in (1.0, 0.0):
+            out = engine.generate(reqs, SamplingSpec(n=3, temperature=t, max_tokens=12))
+            got[(bool(keep), t)] = [(c.token_ids, c.logprobs) for cs in out for c in cs]
+        assert widths[0] == (1 if keep else 7)  # the prompt's step: the padded prompt is 7 wide
+    assert got[(True, 1.0)] == got[(False, 1.0)]
+    assert got[(True, 0.0)] == got[(False, 0.0)]
