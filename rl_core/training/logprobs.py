@@ -89,7 +89,7 @@ def logits_stats(
 
 
 def _chunk(
-    head: Any, hidden: torch.Tensor, targets: torch.Tensor, temperature: float, never: list[int], ent: list[bool]
+    head: Any, hidden: torch.Tensor, targets: torch.Tensor, temperature: float, never: list[int], ent: list
 ) -> tuple[torch.Tensor, torch.Tensor]:
     # the head's output is this chunk's own, and a Linear keeps its input, not its output, for the backward
     lp, e = logits_stats(head(hidden), targets, temperature, never, ent[0], own=True)
