@@ -72,7 +72,7 @@ def arm(name: str, rows: int, width: int, vocab: int, repeats: int, chunk_mb: fl
     clock = []
     for i in range(repeats + 1):
         t0 = time.perf_counter()
-        lp, _ = _stats(model, batch, batch.input_ids, every, None, entropy=False)
+        lp, _ = _stats(model, batch, every, None, entropy=False)
         (lp * batch.loss_mask).sum().backward()
         model.zero_grad(set_to_none=True)
         if i:

@@ -114,10 +114,13 @@ class PolicyTerms:
         return adv.to(self.logp.dtype)
 
 
-LossFn = Callable[[PolicyTerms], tuple[torch.Tensor, dict[str, float]]]
+# A surrogate's statistics: numbers, or 0-dim tensors left on the device (the built-ins': the update reads
+# them once its mini-batch has stepped, not after each micro-batch's loss)
+Stats = dict[str, float | torch.Tensor]
+LossFn = Callable[[PolicyTerms], tuple[torch.Tensor, Stats]]
 
 
-def clipped_surrogate(x: PolicyTerms) -> tuple[torch.Tensor, dict[str, float]]:
+def clipped_surrogate(x: PolicyTerms) -> tuple[torch.Tensor, Stats]:
     """PPO-clip per token: ``max(-A r, -A clip(r, 1 - clip_low, 1 + clip_high))``, ``r = pi / pi_old``
     (GRPO, Dr.GRPO, DAPO, RLOO, PPO). Returns the aggregated loss and ``clip_frac`` (share of loss tokens
     that took the clipped branch), ``ratio_mean``."""
@@ -131,12 +134,12 @@ def clipped_surrogate(x: PolicyTerms) -> tuple[torch.Tensor, dict[str, float]]:
     pg_loss = aggregate(per_token, x.mask, x.aggregation, x.max_tokens, x.total)
     with torch.no_grad():
         return pg_loss, {
-            "clip_frac": float(masked_mean((clipped > unclipped).float(), x.mask)),
-            "ratio_mean": float(masked_mean(ratio, x.mask)),
+            "clip_frac": masked_mean((clipped > unclipped).float(), x.mask),
+            "ratio_mean": masked_mean(ratio, x.mask),
         }
 
 
-def gspo_surrogate(x: PolicyTerms) -> tuple[torch.Tensor, dict[str, float]]:
+def gspo_surrogate(x: PolicyTerms) -> tuple[torch.Tensor, Stats]:
     """GSPO (Zheng et al. 2025): one importance ratio per sequence, ``s = exp(mean_t log(pi/pi_old))`` over
     its loss tokens, clipped at sequence level, ``max(-A s, -A clip(s))`` averaged over the sequences that
     have loss tokens (``total`` = their global count when split over ranks). Token statistics count every
@@ -155,14 +158,12 @@ def gspo_surrogate(x: PolicyTerms) -> tuple[torch.Tensor, dict[str, float]]:
     with torch.no_grad():
         tokens = x.mask
         return pg_loss, {
-            "clip_frac": float(
-                masked_mean((clipped > unclipped).float().unsqueeze(1).expand_as(tokens), tokens)
-            ),
-            "ratio_mean": float(masked_mean(s.unsqueeze(1).expand_as(tokens), tokens)),
+            "clip_frac": masked_mean((clipped > unclipped).float().unsqueeze(1).expand_as(tokens), tokens),
+            "ratio_mean": masked_mean(s.unsqueeze(1).expand_as(tokens), tokens),
         }
 
 
-def cispo_surrogate(x: PolicyTerms) -> tuple[torch.Tensor, dict[str, float]]:
+def cispo_surrogate(x: PolicyTerms) -> tuple[torch.Tensor, Stats]:
     """CISPO (MiniMax-M1, 2025): REINFORCE with a clipped, stop-gradient importance weight,
     ``-sg(clip(r, 1 - clip_low, 1 + clip_high)) * A * log pi`` per token: no token's gradient is dropped,
     only its weight bounded. ``clip_frac`` is the share of loss tokens whose weight was clipped."""
@@ -175,8 +176,8 @@ def cispo_surrogate(x: PolicyTerms) -> tuple[torch.Tensor, dict[str, float]]:
     pg_loss = aggregate(per_token, x.mask, x.aggregation, x.max_tokens, x.total)
     with torch.no_grad():
         return pg_loss, {
-            "clip_frac": float(masked_mean((weight != ratio).float(), x.mask)),
-            "ratio_mean": float(masked_mean(ratio, x.mask)),
+            "clip_frac": masked_mean((weight != ratio).float(), x.mask),
+            "ratio_mean": masked_mean(ratio, x.mask),
         }
 
 
@@ -186,22 +187,22 @@ def policy_loss(
     ref_logp: torch.Tensor | None = None,
     kl_coef: float = 0.0,
     kl_kind: KLKind = "k3",
-) -> tuple[torch.Tensor, dict[str, float]]:
+) -> tuple[torch.Tensor, Stats]:
     """An algorithm's surrogate plus, when ``ref_logp`` is given, the KL estimate to the reference
     (aggregated like the surrogate) weighted by ``kl_coef``. Statistics: ``pg_loss``, ``clip_frac``, ``kl``,
     ``ratio_mean`` (a surrogate reports the last two, else 0 and the mean token ratio)."""
     pg_loss, stats = surrogate(x)
     loss = pg_loss
-    kl_val = torch.zeros((), dtype=x.logp.dtype)
+    kl_val = torch.zeros((), dtype=x.logp.dtype, device=x.logp.device)
     if ref_logp is not None:
         kl_tok = kl_estimate(x.logp, ref_logp, kl_kind)
         kl_val = aggregate(kl_tok, x.mask, x.aggregation, x.max_tokens, x.total)
         if kl_coef:
             loss = loss + kl_coef * kl_val
-    out = {"pg_loss": float(pg_loss.detach()), "kl": float(kl_val.detach()), "clip_frac": 0.0, **stats}
+    out: Stats = {"pg_loss": pg_loss.detach(), "kl": kl_val.detach(), "clip_frac": 0.0, **stats}
     if "ratio_mean" not in out:  # a surrogate that does not report it
         with torch.no_grad():
-            out["ratio_mean"] = float(masked_mean(torch.exp(x.logp - x.old_logp), x.mask))
+            out["ratio_mean"] = masked_mean(torch.exp(x.logp - x.old_logp), x.mask)
     return loss, out
 
 
@@ -215,7 +216,7 @@ def clipped_pg_loss(
     kl_coef: float = 0.0,
     kl_kind: KLKind = "k3",
     **terms: Any,
-) -> tuple[torch.Tensor, dict[str, float]]:
+) -> tuple[torch.Tensor, Stats]:
     """PPO-clip surrogate with per-sequence advantages broadcast over tokens, plus optional KL (``terms``:
     the other ``PolicyTerms`` fields). ``is_weight`` (per token, no gradient) multiplies each token's
     surrogate: the off-policy correction between the anchor and the behaviour policy.

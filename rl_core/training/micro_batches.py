@@ -54,7 +54,7 @@ def rank_micro_batches(
     shares = [mini_batch[r::world].tolist() for r in range(world)]
     if tokens is None and sequences is None:
         return [mini_batch[rank::world]]
-    every = [split(s, [int(costs[i]) for i in s], tokens, sequences) for s in shares]
+    every = [split(s, costs[s].tolist(), tokens, sequences) for s in shares]
     count = max(len(g) for g in every)
     mine = every[rank] + [[] for _ in range(count - len(every[rank]))]
     return [torch.tensor(g, dtype=torch.long) for g in mine]

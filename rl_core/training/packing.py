@@ -108,7 +108,8 @@ def _flat_index(plan: PackPlan, targets: int, device: Any) -> tuple[torch.Tensor
         n = plan.lengths[i] - 1  # the last token predicts past the sequence: dropped, as when padded
         src.append(torch.arange(n) + r * plan.width + col)
         dst.append(torch.arange(n) + i * targets)
-    return torch.cat(src).to(device), torch.cat(dst).to(device)
+    # host indices to the device without waiting for its queue
+    return torch.cat(src).to(device, non_blocking=True), torch.cat(dst).to(device, non_blocking=True)
 
 
 def _lengths(attn: torch.Tensor) -> list[int]:
@@ -119,36 +120,51 @@ def _lengths(attn: torch.Tensor) -> list[int]:
     return [int(n) for n in lengths]
 
 
-def pack(ids: torch.Tensor, attn: torch.Tensor, budget: int) -> tuple[torch.Tensor, torch.Tensor, PackPlan]:
-    """The packed ``[rows, width]`` input ids and positions of a right-padded batch, and their plan;
-    ``budget`` 0 means the batch's longest sequence (never more tokens per row than padding would have)."""
+def pack(
+    ids: torch.Tensor, attn: torch.Tensor, budget: int, device: Any = None
+) -> tuple[torch.Tensor, torch.Tensor, PackPlan]:
+    """The packed ``[rows, width]`` input ids and positions of a right-padded batch, and their plan, on
+    ``device`` (default: the batch's); ``budget`` 0 means the batch's longest sequence (never more tokens per
+    row than padding would have). Laid out on the host: a batch on the host (the trainer passes its own
+    copy) is read nowhere else, and its packed rows go to the device without waiting for its queue."""
+    device = ids.device if device is None else device
+    ids, attn = ids.cpu(), attn.cpu()
     lengths = _lengths(attn)
     plan = pack_plan(lengths, budget or max(lengths))
     packed = torch.zeros((len(plan.rows), plan.width), dtype=ids.dtype)
     for i, (r, col) in enumerate(plan.offsets()):
-        packed[r, col : col + lengths[i]] = ids[i, : lengths[i]].cpu()
-    return packed.to(ids.device), position_ids(plan).to(ids.device), plan
+        packed[r, col : col + lengths[i]] = ids[i, : lengths[i]]
+    pos = position_ids(plan)
+    return packed.to(device, non_blocking=True), pos.to(device, non_blocking=True), plan
 
 
 def packed_logits(
-    module: Any, ids: torch.Tensor, attn: torch.Tensor, budget: int, pixels: dict[str, Any] | None = None
+    module: Any,
+    ids: torch.Tensor,
+    attn: torch.Tensor,
+    budget: int,
+    pixels: dict[str, Any] | None = None,
+    device: Any = None,
 ) -> torch.Tensor:
     """``module``'s next-token logits of the right-padded batch ``ids`` (``[B, T]``, real tokens where
-    ``attn`` is 1), computed on packed rows and returned as ``[B, T-1, V]`` like the padded forward's
-    ``logits[:, :-1]``, zeros past each sequence's end. Differentiable."""
+    ``attn`` is 1), computed on packed rows (on ``device``, default the batch's) and returned as
+    ``[B, T-1, V]`` like the padded forward's ``logits[:, :-1]``, zeros past each sequence's end.
+    Differentiable."""
     if pixels is not None:
         raise ValueError(
             "train.packing does not pack vision-language batches (pixel_values): set train.packing=false"
         )
-    return packed_outputs(lambda **kw: module(**kw).logits, ids, attn, budget)
+    return packed_outputs(lambda **kw: module(**kw).logits, ids, attn, budget, device)
 
 
-def packed_outputs(run: Any, ids: torch.Tensor, attn: torch.Tensor, budget: int) -> torch.Tensor:
+def packed_outputs(
+    run: Any, ids: torch.Tensor, attn: torch.Tensor, budget: int, device: Any = None
+) -> torch.Tensor:
     """What ``run(input_ids=, position_ids=, attention_mask=None, use_cache=False)`` gives per position
     (``[rows, width, X]``: a causal LM's logits, or its base model's last hidden states) on the packed rows
     of the right-padded batch ``ids``, returned as ``[B, T-1, X]`` aligned with the next-token targets,
     zeros past each sequence's end. Differentiable."""
-    packed, pos, plan = pack(ids, attn, budget)
+    packed, pos, plan = pack(ids, attn, budget, device)
     out = run(input_ids=packed, position_ids=pos, attention_mask=None, use_cache=False)
     b, t = ids.shape
     src, dst = _flat_index(plan, t - 1, out.device)

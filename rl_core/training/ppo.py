@@ -147,23 +147,35 @@ def _model_logits(
     return module(input_ids=ids, attention_mask=attn, use_cache=False, **vision).logits[:, :-1]
 
 
-def _stats(
-    module: Any, batch: Batch, ids: torch.Tensor, rows: Any, device: Any, entropy: bool
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``[B, T-1]`` logprobs of the targets ``ids[:, 1:]`` of the batch's ``rows`` (and their entropies,
-    without grad, when asked): the head in chunks (``rl_core.training.logprobs``) where the whole float32
-    logits would pass ``batch.logits_mb``, else from the whole logits."""
-    attn, pixels = batch.attention_mask[rows].to(device), _pixels(batch, rows, device)
-    chunk = chunk_positions(module, batch.logits_mb) if pixels is None else 0
-    if chunk and ids.shape[0] * (ids.shape[1] - 1) > chunk:
-        pack = batch.pack_tokens
+def _on(t: torch.Tensor, device: Any) -> torch.Tensor:
+    """A host tensor on the trainer's device without waiting for the work queued there (a blocking copy
+    to a GPU first waits for its stream: a host synchronisation per micro-batch)."""
+    return t if device is None else t.to(device, non_blocking=True)
 
-        def packed(base: Any, i: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
-            return packed_outputs(lambda **kw: base(**kw).last_hidden_state, i, a, pack)  # type: ignore[arg-type]
+
+def _stats(
+    module: Any, batch: Batch, rows: Any, device: Any, entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``[B, T-1]`` logprobs of the targets of the batch's ``rows`` (and their entropies, without grad, when
+    asked), on ``device``: the head in chunks (``rl_core.training.logprobs``) where the whole float32 logits
+    would pass ``batch.logits_mb``, else from the whole logits. Packed rows are laid out from the host's
+    copy of the batch, so nothing is read back from the device."""
+    host_ids, host_attn = batch.input_ids[rows], batch.attention_mask[rows]
+    ids, attn, pixels = _on(host_ids, device), _on(host_attn, device), _pixels(batch, rows, device)
+    chunk = chunk_positions(module, batch.logits_mb) if pixels is None else 0
+    pack = batch.pack_tokens
+    if chunk and ids.shape[0] * (ids.shape[1] - 1) > chunk:
+
+        def packed(base: Any, _i: torch.Tensor, _a: torch.Tensor) -> torch.Tensor:
+            run = lambda **kw: base(**kw).last_hidden_state  # noqa: E731
+            return packed_outputs(run, host_ids, host_attn, pack, device)  # type: ignore[arg-type]
 
         fwd = None if pack is None else packed
         return token_stats(module, ids, attn, batch.temperature, chunk, entropy, fwd)
-    logits = _model_logits(module, ids, attn, pixels, batch.pack_tokens)
+    if pack is not None:
+        logits = packed_logits(module, host_ids, host_attn, pack, pixels, device)
+    else:
+        logits = _model_logits(module, ids, attn, pixels, None)
     # without grad the model's logits are this call's own (with grad its backward may read them: copies)
     own = not torch.is_grad_enabled()
     return logits_stats(logits, ids[:, 1:], batch.temperature, unsampleable_ids(module), entropy, own)
@@ -172,21 +184,21 @@ def _stats(
 def _pixels(batch: Batch, rows: Any, device: Any) -> dict[str, torch.Tensor] | None:
     if batch.vision is None:
         return None
-    return {k: v.to(device) for k, v in rows_of(batch.vision, rows).items()}
+    return {k: _on(v, device) for k, v in rows_of(batch.vision, rows).items()}
 
 
 @torch.no_grad()
 def sequence_logprobs(
     module: Any, batch: Batch, chunk: int, device: Any = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token logprobs and entropies of the batch's targets under ``module`` (no grad)."""
+    """Per-token logprobs and entropies of the batch's targets under ``module`` (no grad), brought to the
+    host once, after the last micro-batch."""
     lps, ents = [], []
     for i in range(0, len(batch), chunk):
-        rows = slice(i, i + chunk)
-        lp, ent = _stats(module, batch, batch.input_ids[rows].to(device), rows, device, entropy=True)
-        lps.append(lp.cpu())
-        ents.append(ent.cpu())  # type: ignore[union-attr]
-    return torch.cat(lps), torch.cat(ents)
+        lp, ent = _stats(module, batch, slice(i, i + chunk), device, entropy=True)
+        lps.append(lp)
+        ents.append(ent)
+    return torch.cat(lps).cpu(), torch.cat(ents).cpu()  # type: ignore[arg-type]
 
 
 def ppo_update(engine: Any, batch: Batch, cfg: Any) -> dict[str, float]:
@@ -225,8 +237,9 @@ def ppo_update(engine: Any, batch: Batch, cfg: Any) -> dict[str, float]:
                 getattr(cfg, "forward_tokens", None),
                 getattr(cfg, "forward_sequences", None),
             )
-            # loss, pg_loss, kl, clip tokens, ratio x tokens of this rank's rows; its idle forwards
-            sums = [0.0] * 6
+            # loss, pg_loss, kl, clip tokens, ratio x tokens of this rank's rows; its idle forwards: summed on
+            # the device, read once the mini-batch has stepped (no host synchronisation between micro-batches)
+            sums = torch.zeros(6, dtype=torch.float64, device=device)
             grad_norm = float("nan")
             for j, rows in enumerate(groups):
                 last = j == len(groups) - 1
@@ -235,9 +248,8 @@ def ppo_update(engine: Any, batch: Batch, cfg: Any) -> dict[str, float]:
                 # communicate in each)
                 idle = not len(rows)
                 fwd = mb[:1] if idle else rows
-                ids = batch.input_ids[fwd].to(device)
                 observe = epoch == 0 and not idle and not anchor.recomputed
-                logp, ent = _stats(engine.module, batch, ids, fwd, device, entropy=observe)
+                logp, ent = _stats(engine.module, batch, fwd, device, entropy=observe)
                 if idle:
                     norm = engine.backward_step(logp.sum() * 0.0, step=last)
                     grad_norm = norm if last else grad_norm
@@ -245,28 +257,28 @@ def ppo_update(engine: Any, batch: Batch, cfg: Any) -> dict[str, float]:
                     continue
                 if observe:
                     anchor.observe(rows, ent, logp, start == 0)  # type: ignore[arg-type]
-                ref = batch.ref_logp[rows].to(device) if batch.ref_logp is not None else None
+                ref = _on(batch.ref_logp[rows], device) if batch.ref_logp is not None else None
                 terms = PolicyTerms(
                     logp,
-                    old_logp[rows].to(device),
-                    batch.advantages[rows].to(device),
-                    mask[rows].to(device),
+                    _on(old_logp[rows], device),
+                    _on(batch.advantages[rows], device),
+                    _on(mask[rows], device),
                     clip_low=cfg.clip_low,
                     clip_high=cfg.clip_high,
                     aggregation=cfg.loss_agg,
                     max_tokens=batch.max_tokens,
                     total=total,
-                    is_weight=None if anchor.weight is None else anchor.weight[rows].to(device),
+                    is_weight=None if anchor.weight is None else _on(anchor.weight[rows], device),
                 )
                 loss, s = policy_loss(surrogate, terms, ref, cfg.kl_coef, cfg.kl_estimator)
                 # DeepSpeed averages gradients over ranks; scaling by world size makes that the global mean.
                 # The micro-batches' losses add up to the mini-batch's (each is normalised by its total).
                 grad_norm = engine.backward_step(loss * world, step=last)
-                n_local = float(mask[rows].sum())
-                part = [float(loss.detach()), s["pg_loss"], s["kl"], s["clip_frac"] * n_local]
-                sums = [a + b for a, b in zip(sums, [*part, s["ratio_mean"] * n_local, 0.0], strict=True)]
+                n_local = mask[rows].sum(dtype=torch.float64)  # of the host's mask: nothing read back
+                part = [loss, s["pg_loss"], s["kl"], s["clip_frac"] * n_local, s["ratio_mean"] * n_local]
+                sums[:5] += torch.stack([_f64(v, device) for v in part])
             loss_g, pg_g, kl_g, clip_g, ratio_g, idle_g = allreduce_sum(
-                sums, world, getattr(engine, "dp_group", None)
+                sums.tolist(), world, getattr(engine, "dp_group", None)
             )
             idle_forwards += idle_g
             tokens = float(mask[mb].sum())
@@ -282,6 +294,14 @@ def ppo_update(engine: Any, batch: Batch, cfg: Any) -> dict[str, float]:
     out["optimizer_steps"] = float(len(stats["loss"]))
     out["idle_forwards"] = idle_forwards
     return out
+
+
+def _f64(value: Any, device: Any) -> torch.Tensor:
+    """A statistic as a float64 scalar on the update's device: a tensor's value as it is (exactly, as
+    ``float`` would give it), a number (a user's surrogate may report numbers) filled in there."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().to(dtype=torch.float64).to(device or value.device, non_blocking=True)
+    return torch.full((), float(value), dtype=torch.float64, device=device)
 
 
 def _forward_costs(batch: Batch) -> torch.Tensor:
@@ -301,6 +321,8 @@ class _Anchor:
         self.entropy = entropy if entropy is not None else torch.zeros_like(batch.loss_mask)
         self.diff = (old_logp - batch.rollout_logp).abs() * batch.loss_mask if self.recomputed else None
         self.first_rows: Any = None
+        # the first epoch's forwards, as they were on the device: read once, by ``metrics``
+        self.seen: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = []
 
     @classmethod
     def of(cls, engine: Any, batch: Batch, cfg: Any, device: Any) -> _Anchor:
@@ -314,18 +336,27 @@ class _Anchor:
 
     def observe(self, rows: torch.Tensor, entropy: torch.Tensor, logp: torch.Tensor, first: bool) -> None:
         """A first-epoch forward of ``rows``: their entropy; for the first mini-batch (the policy before any
-        step of this update) also the mismatch, when the anchor was not recomputed."""
-        if self.recomputed:
+        step of this update) also the mismatch, when the anchor was not recomputed. Kept on the device until
+        ``metrics``: nothing is read back between micro-batches."""
+        if not self.recomputed:
+            self.seen.append((rows, entropy.detach(), logp.detach() if first else None))
+
+    def _gather(self) -> None:
+        """The observed forwards into the host's entropy and mismatch: one read, after the update."""
+        if not self.seen:
             return
-        with torch.no_grad():
-            self.entropy[rows] = entropy.detach().cpu()
-            if first:  # the first mini-batch's micro-batches, one after another
-                gap = (logp.detach().cpu() - self.batch.rollout_logp[rows]).abs() * self.batch.loss_mask[rows]
-                had = self.first_rows is not None
-                self.first_rows = torch.cat([self.first_rows, rows]) if had else rows
-                self.diff = torch.cat([self.diff, gap]) if had else gap
+        rows = torch.cat([r for r, _, _ in self.seen])
+        self.entropy[rows] = torch.cat([e for _, e, _ in self.seen]).cpu()
+        first = [(r, lp) for r, _, lp in self.seen if lp is not None]  # the first mini-batch's, in order
+        if first:
+            self.first_rows = torch.cat([r for r, _ in first])
+            logp = torch.cat([lp for _, lp in first]).cpu()
+            gap = logp - self.batch.rollout_logp[self.first_rows]
+            self.diff = gap.abs() * self.batch.loss_mask[self.first_rows]
+        self.seen = []
 
     def metrics(self, mask: torch.Tensor, alarm: float) -> dict[str, float]:
+        self._gather()
         out = {"entropy": float((self.entropy * mask).sum() / mask.sum().clamp(min=1))}
         seen = mask if self.first_rows is None else mask[self.first_rows]
         diff = self.diff if self.diff is not None else torch.zeros(1)

@@ -34,7 +34,7 @@ def test_chunked_logprobs_entropy_and_gradients_equal_the_whole_logits(pack_toke
         model = _policy().train()
         b = make_batch(_frame(), pad_id=1, temperature=0.7, pack_tokens=pack_tokens, logits_mb=logits_mb)
         rows = torch.arange(len(b))
-        lp, ent = _stats(model, b, b.input_ids, rows, None, entropy=True)
+        lp, ent = _stats(model, b, rows, None, entropy=True)
         weights = torch.linspace(-1, 1, lp.numel()).view_as(lp)  # any per-token weights of a loss
         (lp * weights * b.loss_mask).sum().backward()
         got.append((lp.detach(), ent, _grads(model)))
@@ -63,7 +63,7 @@ def test_autograd_keeps_no_vocabulary_wide_tensor_past_a_chunk():
             return t
 
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            lp, _ = _stats(model, b, b.input_ids, torch.arange(len(b)), None, entropy=False)
+            lp, _ = _stats(model, b, torch.arange(len(b)), None, entropy=False)
         lp.sum().backward()
         widest[logits_mb] = (max(saved, default=0), chunk)
     positions = b.input_ids.shape[0] * (b.input_ids.shape[1] - 1)
@@ -88,7 +88,7 @@ def test_the_backwards_recompute_takes_no_entropy_again(monkeypatch: pytest.Monk
         return real(*a, **k)
 
     monkeypatch.setattr(logprobs, "logits_stats", spy)
-    lp, ent = _stats(model, b, b.input_ids, torch.arange(len(b)), None, entropy=True)
+    lp, ent = _stats(model, b, torch.arange(len(b)), None, entropy=True)
     chunks = len(asked)
     assert chunks == lp.numel() and all(asked)  # TINY_MB: a chunk a position, each with its entropy
     lp.sum().backward()
