@@ -10,7 +10,8 @@
 #     bash infra/gpu_check.sh            # result: $OUT/gpu_check.json when OUT is set, else benchmarks/results/
 #
 # GPU_CHECK_ARGS replaces the default arguments (--large; e.g. "--prompts 32" for a quick default size only);
-# GPU_CHECK_TIMEOUT (seconds, default 480) bounds the run.
+# GPU_CHECK_TIMEOUT (seconds, default 480) bounds the run (the default size's figures are in the result file
+# before the large size starts, so a run it stops keeps them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}

@@ -90,3 +90,27 @@ def test_the_large_size_is_planned_on_an_h200_and_refused_before_any_work_where_
     with pytest.raises(SystemExit, match="256x4 sequences of up to 448\\+256 tokens refused before any work"):
         gpu_check.main()
     assert not (tmp_path / "r").exists()
+
+
+def test_the_default_sizes_figures_are_on_disk_before_the_large_size_starts(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A run stopped while it measures the large size (infra/gpu_check.sh's timeout, a lent machine's
+    budget) leaves the default size's figures in the result file, the large size marked unfinished."""
+    sizes: list[int] = []
+
+    def measure(shape, args, machine, arms):
+        sizes.append(args.prompts)
+        if len(sizes) == 2:  # the large size: the run is stopped here
+            raise KeyboardInterrupt
+        return {"packed_over_padded": 1.5, "vs_bare": {"generate": 1.1}}
+
+    monkeypatch.setattr(gpu_check, "measure", measure)
+    out = tmp_path / "r" / "gpu_check.json"
+    monkeypatch.setattr(sys, "argv", ["gpu_check.py", "--smoke", "--large", "--out", str(out)])
+    with pytest.raises(KeyboardInterrupt):
+        gpu_check.main()
+    assert sizes == [4, gpu_check.LARGE["prompts"]]
+    kept = json.loads(out.read_text())
+    assert kept["vs_bare"] == {"generate": 1.1} and kept["ratio"] == 1.5
+    assert kept["large"] == {"status": "not finished"}
