@@ -114,20 +114,26 @@ def train_flops(shape: dict[str, Any], lengths: list[int]) -> float:
     return float(sum(4 * (2 * n * t + 2 * layers * h * t * t) for t in lengths))
 
 
-def generate(folder: Path, placement: Any, args: argparse.Namespace, vocab: int) -> tuple[Any, dict]:
-    """The HF engine's completions of seeded random prompts, timed after a one-request warm-up."""
+def check_requests(vocab: int, prompts: int, lo: int, hi: int) -> list[Any]:
+    """``prompts`` seeded random prompts of ``lo``..``hi`` tokens (ids past EOS and PAD), seeds from 100."""
     import numpy as np
 
-    from rl_core.generation.rollout import HFEngine, Request, SamplingSpec
+    from rl_core.generation.rollout import Request
+
+    rng = np.random.default_rng(1)
+    return [
+        Request([int(x) for x in rng.integers(3, vocab, int(rng.integers(lo, hi + 1)))], seed=100 + i)
+        for i in range(prompts)
+    ]
+
+
+def generate(folder: Path, placement: Any, args: argparse.Namespace, vocab: int) -> tuple[Any, dict]:
+    """The HF engine's completions of seeded random prompts, timed after a one-request warm-up."""
+    from rl_core.generation.rollout import HFEngine, SamplingSpec
 
     wl = placement.workloads["hf_engine"]
     engine = HFEngine(folder, dtype=wl.dtype, workload=wl)
-    rng = np.random.default_rng(1)
-    lo, hi = args.prompt_tokens
-    requests = [
-        Request([int(x) for x in rng.integers(3, vocab, int(rng.integers(lo, hi + 1)))], seed=100 + i)
-        for i in range(args.prompts)
-    ]
+    requests = check_requests(vocab, args.prompts, *args.prompt_tokens)
     spec = SamplingSpec(n=args.n, temperature=1.0, max_tokens=args.max_tokens)
     engine.generate(requests[:1], SamplingSpec(n=1, max_tokens=4))
     with Meter(wl.device) as m:

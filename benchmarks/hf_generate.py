@@ -6,8 +6,9 @@ plain transformers ``generate`` on the same requests beside them (issue 38's bar
     .venv/bin/python benchmarks/hf_generate.py --smoke --json
 
 The folder is the GPU check's (``benchmarks/gpu_check.py: write_folder``: Qwen2.5-0.5B's exact config,
-vocabulary 151,936, random bf16 weights, float32 here), the requests its seeded prompts of ``--prompt-tokens``
-tokens. Arms, in one process, ABBA over ``--repeats`` rounds, after one untimed call of the full size:
+vocabulary 151,936, random bf16 weights, float32 here), the requests its seeded prompts
+(``check_requests``) of ``--prompt-tokens`` tokens. Arms, in one process, ABBA over ``--repeats`` rounds,
+after one untimed call of the full size:
 ``last`` (``HFEngine`` as it is), ``whole`` (the same engine with ``last_only`` emptied: the first step's
 forward computes batch x prompt x vocabulary logits and keeps one row of them), ``bare``
 (``benchmarks/gpu_bare.py: bare_generate``, its own model). The two engine arms' completions are compared
@@ -34,19 +35,6 @@ from benchmarks.common import abba, add_smoke_flag, finish, result_file  # noqa:
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "results" / "hf_generate.json"
-
-
-def requests(vocab: int, prompts: int, lo: int, hi: int) -> list[Any]:
-    """``prompts`` seeded random prompts of ``lo``..``hi`` tokens (the GPU check's, ids past EOS and PAD)."""
-    import numpy as np
-
-    from rl_core.generation.rollout import Request
-
-    rng = np.random.default_rng(1)
-    return [
-        Request([int(x) for x in rng.integers(3, vocab, int(rng.integers(lo, hi + 1)))], seed=100 + i)
-        for i in range(prompts)
-    ]
 
 
 def engine_arm(engine: Any, reqs: list[Any], spec: Any, last: bool) -> tuple[float, list[Any]]:
@@ -96,14 +84,14 @@ def main() -> None:
     ap.add_argument("--out", type=Path, help=f"where the JSON result goes (default {OUT.relative_to(ROOT)})")
     add_smoke_flag(ap)
     args = ap.parse_args()
-    from benchmarks.gpu_check import QWEN25_05B, SMOKE_SHAPE, write_folder
+    from benchmarks.gpu_check import QWEN25_05B, SMOKE_SHAPE, check_requests, write_folder
 
     shape = SMOKE_SHAPE if args.smoke else QWEN25_05B
     if args.smoke:
         args.prompts, args.n, args.prompt_tokens, args.max_tokens, args.repeats = 2, 2, [8, 16], 4, 1
     with tempfile.TemporaryDirectory(prefix="rlf-hf-generate-") as tmp:
         folder = write_folder(Path(tmp) / "qwen2.5-0.5b-shape", shape)
-        reqs = requests(shape["vocab_size"], args.prompts, *args.prompt_tokens)
+        reqs = check_requests(shape["vocab_size"], args.prompts, *args.prompt_tokens)
         got = measure(folder, reqs, args.n, args.max_tokens, args.repeats)
     arms = got["arms"]
     result = {

@@ -249,11 +249,14 @@ def importance_weights(
 
 
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """log p(target) per position from ``logits`` ``[B, T, V]`` aligned with ``targets`` ``[B, T]``."""
+    """log p(target) per position from ``logits`` ``[B, T, V]`` aligned with ``targets`` ``[B, T]``: the
+    reference definition (the trainer takes it fused with the entropy: ``rl_core.training.logprobs.
+    logits_stats``, bit for bit this, ``tests/unit/test_logits_stats.py``)."""
     logp = torch.log_softmax(logits.float() / temperature, dim=-1)
     return logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
 
 
 def entropy_from_logits(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """The policy's entropy per position: the reference definition ``logits_stats`` fuses (as above)."""
     logp = torch.log_softmax(logits.float() / temperature, dim=-1)
     return -(logp.exp() * logp).sum(-1)

@@ -57,7 +57,7 @@ def _record(monkeypatch: pytest.MonkeyPatch) -> tuple[Counter, list[str]]:
     return reads, blocking
 
 
-def _update(monkeypatch, pieces: int | None, pack: int | None, old: str, chunk_mb: float):
+def _update(pieces: int | None, pack: int | None, old: str, chunk_mb: float):
     cfg = load_config("configs/smoke.yaml").train.model_copy(
         update={"micro_batch_size": 8, "epochs": 2, "old_logprobs": old, "forward_sequences": pieces}
     )
@@ -67,18 +67,18 @@ def _update(monkeypatch, pieces: int | None, pack: int | None, old: str, chunk_m
     forwards = []  # a backward per micro-batch
     real = engine.backward_step
     engine.backward_step = lambda loss, step=True: forwards.append(step) or real(loss, step)
-    reads, blocking = _record(monkeypatch)
-    out = ppo_update(engine, batch, cfg)
-    monkeypatch.undo()
+    with pytest.MonkeyPatch.context() as monkeypatch:  # the spies live for this update only
+        reads, blocking = _record(monkeypatch)
+        out = ppo_update(engine, batch, cfg)
     return SimpleNamespace(reads=reads, blocking=blocking, forwards=len(forwards), out=out)
 
 
 @pytest.mark.parametrize("pack", [None, 16])
 @pytest.mark.parametrize("old", ["engine", "recompute"])
 @pytest.mark.parametrize("chunk_mb", [0.0, 1e-4])
-def test_more_micro_batches_read_nothing_more_from_the_device(monkeypatch, pack, old, chunk_mb):
-    whole = _update(monkeypatch, None, pack, old, chunk_mb)
-    cut = _update(monkeypatch, 1, pack, old, chunk_mb)  # a micro-batch a sequence
+def test_more_micro_batches_read_nothing_more_from_the_device(pack, old, chunk_mb):
+    whole = _update(None, pack, old, chunk_mb)
+    cut = _update(1, pack, old, chunk_mb)  # a micro-batch a sequence
     assert cut.forwards > whole.forwards  # the same update, in more pieces
     assert cut.out["loss"] == pytest.approx(whole.out["loss"], abs=1e-5)
     assert cut.reads == whole.reads, sorted((cut.reads - whole.reads).items())

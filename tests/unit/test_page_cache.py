@@ -48,10 +48,8 @@ def test_a_file_written_moments_ago_keeps_its_pages_until_its_writeback_had_time
     s.pages = WrittenPages(min_bytes=1000, after_s=3600.0)
     s.write_bytes(s.root + "/r/a.safetensors", os.urandom(2000))
     s.write_bytes(s.root + "/r/b.safetensors", os.urandom(2000))
-    assert advised == [
-        "a.safetensors",
-        "b.safetensors",
-    ]  # each one's writeback started; a.safetensors not handed back yet
+    # each one's writeback started; a.safetensors not handed back yet
+    assert advised == ["a.safetensors", "b.safetensors"]
     assert [p.rsplit("/", 1)[-1] for p, _ in s.pages._written] == ["a.safetensors", "b.safetensors"]
 
 
