@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 from rl_core.artifacts.faults import fault
 from rl_core.artifacts.paths import vllm_cache_root
-from rl_core.generation.sampling import sample_tokens
+from rl_core.generation.sampling import refuse_nan, sample_tokens
 from rl_core.models.vision import suppress, unsampleable_ids
 from rl_core.models.vllm_args import captured_stderr, visible_gpus
 
@@ -300,8 +300,7 @@ class HFEngine:
                     **(vision if past is None else {}),
                 )
                 past = o.past_key_values
-                # Sampled on the model's device with each request's own generator: the step's logits stay
-                # there; the tokens and logprobs come back once, after the loop.
+                # sampled on the device by each request's generator; only tokens and logprobs come back, later
                 logits = suppress(o.logits[:, -1, :].float(), self.never)
                 nxt, lps = sample_tokens(logits, gens, spec.temperature)
                 steps_ids.append(nxt)
@@ -314,6 +313,7 @@ class HFEngine:
         none = [[] for _ in flat]  # max_tokens 0: no step
         all_ids = torch.stack(steps_ids, 1).cpu().tolist() if steps_ids else none  # [rows, steps]
         all_lp = torch.stack(steps_lp, 1).cpu().tolist() if steps_lp else none
+        refuse_nan(all_lp)  # checked once the values are here: no wait for the device inside the loop
         result: list[list[Completion]] = []
         for j, (_r, k) in enumerate(flat):
             if k == 0:

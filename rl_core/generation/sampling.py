@@ -3,6 +3,7 @@ seeded generator (``rl_core.generation.rollout.HFEngine``)."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 
@@ -17,16 +18,17 @@ def sample_tokens(logits: Any, gens: list[Any], temperature: float) -> tuple[Any
     sample: the argmax of ``probs / q`` with ``q`` ~ Exp(1) drawn from the row's generator (the exponential
     race). Only the draws of ``q`` go row by row; the softmax, the race and the logprobs run over the whole
     batch at once (``tests/unit/test_hf_sampling.py`` checks tokens, logprob bits and generator states
-    against the row-by-row multinomial loop)."""
+    against the row-by-row multinomial loop).
+
+    Nothing here waits for the device: a row with NaN (or infinite) logits gets a NaN logprob, which the
+    caller refuses once the values are on the host (``refuse_nan``), where torch.multinomial would have
+    refused the step."""
     import torch
 
     if temperature == 0:
         toks = logits.argmax(-1)
         return toks, torch.log_softmax(logits, -1).gather(1, toks[:, None])[:, 0]
     logp = torch.log_softmax(logits / temperature, -1)
-    if bool(torch.isnan(logp).any()):  # multinomial's own check, kept: a broken model is named, not sampled
-        rows = torch.isnan(logp).any(-1).nonzero()[:, 0].tolist()
-        raise ValueError(f"HF engine: the model's logits are NaN in rows {rows[:8]} of the batch")
     race = torch.empty_like(logp)
     for row, g in zip(race, gens, strict=True):
         row.exponential_(1, generator=g)
@@ -34,7 +36,21 @@ def sample_tokens(logits: Any, gens: list[Any], temperature: float) -> tuple[Any
     return picked, logp.gather(1, picked[:, None])[:, 0]
 
 
+def refuse_nan(logprobs: list[list[float]]) -> None:
+    """Raise naming the rows (of ``logprobs``: rows x steps, on the host) whose model gave NaN logits: the
+    sampled logprob is NaN exactly there. A broken model is named, never sampled from."""
+    rows = [i for i, row in enumerate(logprobs) if any(math.isnan(x) for x in row)]
+    if rows:
+        steps = [t for t, x in enumerate(logprobs[rows[0]]) if math.isnan(x)]
+        raise ValueError(
+            f"HF engine: the model's logits are NaN in rows {rows[:8]} of the batch"
+            f" (row {rows[0]} from step {steps[0]})"
+        )
+
+
 def sample_step(logits: Any, gens: list[Any], temperature: float) -> tuple[list[int], list[float]]:
-    """``sample_tokens`` as Python lists (tokens, logprobs)."""
+    """``sample_tokens`` as Python lists (tokens, logprobs); a NaN row is refused (``refuse_nan``)."""
     toks, lps = sample_tokens(logits, gens, temperature)
-    return toks.tolist(), lps.tolist()
+    values = lps.tolist()
+    refuse_nan([[x] for x in values])
+    return toks.tolist(), values

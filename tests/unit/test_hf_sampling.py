@@ -41,12 +41,47 @@ def test_the_batched_step_is_the_row_by_row_loop_bit_for_bit(temperature, vocab)
         ] * 64
 
 
-def test_nan_logits_are_refused_naming_the_rows():
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_nan_logits_are_refused_naming_the_rows(temperature, bad):
     logits = torch.zeros(4, 9)
-    logits[2, 3] = float("nan")
+    logits[2, 3] = bad
     gens = [torch.Generator().manual_seed(i) for i in range(4)]
     with pytest.raises(ValueError, match=r"NaN in rows \[2\]"):
-        sample_step(logits, gens, 1.0)
+        sample_step(logits, gens, temperature)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_the_step_never_waits_for_the_device(temperature):
+    """``sample_tokens`` reads nothing back (no ``bool``, ``item``, ``tolist`` or ``cpu`` of a tensor): on a
+    GPU the step's kernels queue behind the forward's, and the NaN check happens on the host afterwards."""
+    from rl_core.generation.sampling import sample_tokens
+
+    logits = torch.randn(8, 50, generator=torch.Generator().manual_seed(0))
+    logits[3, 0] = float("nan")
+    gens = [torch.Generator().manual_seed(i) for i in range(8)]
+    reads: list[str] = []
+    with pytest.MonkeyPatch.context() as mp:
+        for name in ("__bool__", "item", "tolist", "cpu"):
+            real = getattr(torch.Tensor, name)
+            mp.setattr(
+                torch.Tensor, name, lambda t, *a, _n=name, _r=real, **k: reads.append(_n) or _r(t, *a, **k)
+            )
+        toks, lps = sample_tokens(logits, gens, temperature)
+    assert reads == []
+    assert toks.shape == lps.shape == (8,)
+    assert torch.isnan(lps).tolist() == [i == 3 for i in range(8)]
+
+
+def test_the_engine_names_a_model_that_gives_nan(tmp_path):
+    from rl_core.generation.rollout import HFEngine, Request, SamplingSpec
+    from tests.model_folders import write_qwen3_folder
+
+    engine = HFEngine(write_qwen3_folder(tmp_path / "m"))
+    with torch.no_grad():
+        engine.model.get_output_embeddings().weight[7].fill_(float("nan"))  # token 7's logit: NaN, every row
+    with pytest.raises(ValueError, match=r"NaN in rows \[0, 1, 2, 3\] of the batch \(row 0 from step 0\)"):
+        engine.generate([Request([5, 6, 2], seed=1), Request([4], seed=2)], SamplingSpec(n=2, max_tokens=4))
 
 
 def test_the_engine_samples_on_the_models_device_and_copies_back_only_tokens(tmp_path, monkeypatch):
