@@ -26,16 +26,19 @@ Each run executes ``argv`` (by default ``python3 main.py``) in a fresh bubblewra
   (the pool's workers) are child subreapers and reap bubblewrap's briefly orphaned pid-1 process after every
   run; long-lived callers should run sandboxes through ``SandboxPool`` rather than ``Sandbox`` directly.
 
-**Pool workers reuse their container** (``SandboxPool``, the default ``reuse=True``;
-``Sandbox(dedicated=True, reuse=True)``): each worker starts one container as above, running the supervisor
-``zygote.py``, and gives every run namespaces of its own inside it: new user, mount, pid, IPC, UTS and network
-namespaces, a fresh /proc and a fresh tmpfs /work, then the run's seccomp filter, hard rlimits, and the
-worker's cgroup set to the run's limits. Nothing a run leaves in kernel state (SysV shared memory, semaphores
-and message queues, POSIX message queues, abstract Unix sockets, the pid counter, /work's inode numbers, mode,
-times and xattrs) reaches the next run; ``tests/sandbox/test_sandbox_reuse.py`` attacks each kind. The
-supervisor is outside the run's pid namespace and not dumpable; if it stops answering or cannot set a run up,
-the next run gets a new container. This saves the container set-up per run (``benchmarks/sandbox.py``);
-``reuse=False`` gives every run a new container, as ``Sandbox.run`` outside a pool always does.
+**Pool workers reuse their container** (``SandboxPool``, the default ``reuse=True``; ``Sandbox(dedicated=True,
+reuse=True)``): each worker starts one container as above, running the supervisor ``zygote.py``, and gives
+every run namespaces of its own inside it: new user, mount, pid, IPC, UTS and network namespaces, a fresh
+/proc and a fresh tmpfs /work, then the run's seccomp filter, hard rlimits, and the container's cgroup set to
+the run's limits. The worker process is never in that cgroup (nor is any process that starts a sandbox):
+memory a run hides from every process's size (memfds, detached SysV shared memory) still fills the cgroup, and
+the OOM killer then stops the run for ``memory``, never the worker (``tests/sandbox/test_hidden_memory.py``).
+Nothing a run leaves in kernel state (SysV shared memory, semaphores and message queues, POSIX message queues,
+abstract Unix sockets, the pid counter, /work's inode numbers, mode, times and xattrs) reaches the next run;
+``tests/sandbox/test_sandbox_reuse.py`` attacks each kind. The supervisor is outside the run's pid namespace
+and not dumpable; if it stops answering or cannot set a run up, the next run gets a new container. This saves
+the container set-up per run (``benchmarks/sandbox.py``); ``reuse=False`` gives every run a new container, as
+``Sandbox.run`` outside a pool always does.
 
 Module layout, one mechanism each (its docstring states what it covers and what it does not): ``seccomp.py``,
 ``cgroup.py``, ``slots.py`` (per-run host uid), ``bwrap.py`` (namespaces and filesystem), ``output.py``
@@ -47,7 +50,9 @@ exploit escapes; use gVisor or a VM for hostile workloads at scale), side channe
 frequency), denial of service through shared resources it is allowed to use (CPU time up to the limits,
 memory bandwidth), and anything mounted into the sandbox on purpose (``/usr`` is readable: the installed
 programs and libraries are visible). Without cgroup access the per-run memory and pids limits fall back to
-rlimits only; without user namespaces bubblewrap cannot run at all. In either case ``Sandbox`` refuses with
+rlimits only, and the address-space limit does not count memory held in files (memfds, SysV shared memory,
+pipe buffers): there a run can hold far more than ``memory_mb``. Without user namespaces bubblewrap cannot
+run at all. In either case ``Sandbox`` refuses with
 ``SandboxUnavailable`` unless the weaker mode is named explicitly: ``Sandbox(mode="rlimits")``,
 ``rlfoundry sandbox exec --mode rlimits``, or ``RLFOUNDRY_SANDBOX_MODE=rlimits`` for the environments (no
 per-run cgroup; rlimits, namespaces, seccomp and the timeout stay). No mode runs code without bubblewrap.

@@ -22,6 +22,7 @@ import functools
 import os
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 CG_ROOT = Path("/sys/fs/cgroup")
@@ -135,6 +136,17 @@ class Cgroup:
                     break
                 except OSError:
                     time.sleep(0.001)
+
+
+def joiner(fds: list[int]) -> Callable[[], None]:
+    """A ``preexec_fn`` that moves the new process into the cgroup(s) whose ``cgroup.procs`` are open as
+    ``fds`` (``Cgroup.join_fds``), between fork and exec: only system calls, no allocation."""
+
+    def join() -> None:
+        for fd in fds:
+            os.write(fd, b"0")
+
+    return join
 
 
 def sweep_dead_workers() -> None:

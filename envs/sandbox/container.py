@@ -10,11 +10,13 @@ fresh /proc and a fresh tmpfs /work from the supervisor (see ``zygote.py``), and
 before its code starts. So a run cannot read what an earlier run left in SysV IPC (shared memory, semaphores,
 message queues), POSIX message queues, the hostname, abstract Unix sockets or other network state, the pid
 counter, or /work (files, inode numbers, the directory's mode, times and xattrs); ``test_sandbox_reuse.py``
-attacks each. Within a run: the worker's cgroup is set to the run's limits (pids, memory: the container's own
-usage + ``memory_mb``), the program has hard rlimits, and after it exits (or at its timeout) every process in
-the cgroup but the container's own is killed. The supervisor is in none of the run's namespaces but the user
-namespace's parent and is not dumpable; a run that kills its pid-1 or ends abnormally cannot damage the
-container, and if the supervisor stops answering or cannot set a run up, the container is replaced.
+attacks each. Within a run: the container's cgroup (the worker process is not in it) is set to the run's
+limits (pids, memory: the container's own usage + ``memory_mb``), the program has hard rlimits, and after it
+exits (or at its timeout) every process in the cgroup but the container's own is killed. The supervisor is in
+none of the run's namespaces but the user namespace's parent and is not dumpable; a run that kills its pid-1
+or ends abnormally cannot damage the container, and if the supervisor stops answering or cannot set a run up,
+the container is replaced. A run that fills the cgroup with memory no process's size shows (memfds, SysV
+shared memory) may bring the OOM killer onto the supervisor: the run is then stopped for ``memory``.
 
 Does not cover: state the kernel shares across all namespaces (see the package docstring: host-wide counters
 and timing side channels), and the worker's cgroup statistics, which only the worker reads.
@@ -34,7 +36,7 @@ import time
 from pathlib import Path
 
 from envs.sandbox.bwrap import PYTHON, bwrap_command, memfd
-from envs.sandbox.cgroup import Cgroup
+from envs.sandbox.cgroup import Cgroup, joiner
 from envs.sandbox.limits import Limits, SandboxUnavailable
 from envs.sandbox.output import Output, SandboxResult, verdict
 from envs.sandbox.seccomp import run_filter, supervisor_filter
@@ -55,6 +57,7 @@ class Container:
         rfd, sfd = memfd("run.bpf", run_filter()), memfd("seccomp", supervisor_filter())
         argv = [PYTHON, "-I", "/.sandbox/zygote.py", str(theirs.fileno())]
         system = {"/.sandbox/zygote.py": zfd, "/.sandbox/run.bpf": rfd}
+        join = cg.join_fds()  # the container joins the cgroup as it starts; the worker stays outside it
         try:
             self.proc = subprocess.Popen(
                 bwrap_command({}, argv, 1, sfd, system),
@@ -64,11 +67,12 @@ class Container:
                 pass_fds=[zfd, rfd, sfd, theirs.fileno()],
                 env={},
                 start_new_session=True,
+                preexec_fn=joiner(join),
                 close_fds=True,
                 **self.slot.popen_ids(),
             )
         finally:
-            for fd in (zfd, rfd, sfd):
+            for fd in (zfd, rfd, sfd, *join):
                 os.close(fd)
             theirs.close()
         self.sock.settimeout(10)
@@ -79,8 +83,8 @@ class Container:
         if ready != b"ready":
             self.close()
             raise SandboxUnavailable("the sandbox's supervisor did not start in its container")
-        # The worker, bubblewrap (outside and as pid 1 inside) and the supervisor: everything else in the
-        # cgroup after a run is the run's, and is killed.
+        # Bubblewrap (outside and as pid 1 inside) and the supervisor: everything else in the cgroup after a
+        # run is the run's, and is killed.
         self.keep = self.cg.pids()
         self.alive = True
 
@@ -138,7 +142,9 @@ class Container:
         status = got[0] if got else self._status(1.0)
         if status is None:  # the supervisor stopped answering
             self.alive = False
-            reason = reason or "sandbox_error"
+            # the kernel's OOM killer took it (the run filled the cgroup): the run's doing, not the sandbox's
+            lost = "memory" if self.cg.oom_kills() > ooms else "sandbox_error"
+            reason = reason or lost
         elif status[0] != 0:
             self.alive = False  # it could not set the run up
             return None
@@ -162,7 +168,7 @@ class Container:
 
     def close(self) -> None:
         self.alive = False
-        self.cg.kill_all(spare=os.getpid())
+        self.cg.kill_all()
         with contextlib.suppress(Exception):
             self.proc.wait(timeout=5)
         self.sock.close()

@@ -59,10 +59,13 @@ class Sandbox:
     ``dedicated=True`` (a process that only runs sandboxes: the pool's workers, ``rlfoundry sandbox exec``):
     the process becomes a child subreaper and reaps every orphan after each run (bubblewrap's pid-1 process
     outlives its parent for a moment, and a host init that does not reap would keep it as a zombie, charged to
-    the slot uid's process limit), and it moves once into a cgroup of its own so every run it starts is born
-    inside it (no per-run cgroup migration, ~7 ms on cgroup v1); before each run that cgroup's limits are set
-    to the run's (memory: the process's own usage + ``memory_mb``), after it every process in it but this one
-    is killed. Otherwise each run gets a cgroup of its own; use the pool from long-lived processes.
+    the slot uid's process limit), and it keeps one cgroup for what it starts: its reused container, joined
+    once when the container starts (or each fresh container, joined as it starts). The process itself stays
+    outside that cgroup, so a run that fills it (memory held in files, which no process's size shows) can
+    only bring the kernel's OOM killer onto the cgroup's own processes, never onto this one. Before each run
+    the cgroup's limits are set to the run's (memory: the container's own usage + ``memory_mb``), after it
+    every process in it but the container's is killed. Otherwise each run gets a cgroup of its own; use the
+    pool from long-lived processes.
     """
 
     def __init__(self, mode: Mode = "strict", *, dedicated: bool = False, reuse: bool = False):
@@ -77,9 +80,6 @@ class Sandbox:
         if dedicated and mode == "strict":
             sweep_dead_workers()
             self._own = Cgroup(f"worker-{os.getpid()}-{secrets.token_hex(4)}", 64, 1 << 40)
-            for fd in self._own.join_fds():
-                os.write(fd, str(os.getpid()).encode())
-                os.close(fd)
             atexit.register(self.close)
 
     def close(self) -> None:
@@ -88,8 +88,7 @@ class Sandbox:
             self._box.close()
             self._box = None
         if self._own is not None:
-            self._own.kill_all(spare=os.getpid())
-            self._own.leave(os.getpid())
+            self._own.kill_all()
             self._own.remove()
             self._own = None
 

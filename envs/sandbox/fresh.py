@@ -4,11 +4,12 @@ Covers: every run gets a bubblewrap container of its own (``bwrap.py``: all name
 of an earlier run is reachable), run with the run's seccomp filter (``seccomp.py``), its slot uid
 (``slots.py``), rlimits set by util-linux ``prlimit`` before bubblewrap starts (address space = ``memory_mb``,
 CPU seconds, file size = ``disk_mb``, 256 open files, ``max_procs`` processes, no core dumps), a cgroup
-(``cgroup.py``: a new one per run, or the dedicated worker's own, its limits set to the run's), and the
-wall-clock timeout, after which the process group and every process in the cgroup are killed.
+(``cgroup.py``: a new one per run, or the dedicated worker's, its limits set to the run's; the run joins it
+as it starts, and the process that starts it is never in it), and the wall-clock timeout, after which the
+process group and every process in the cgroup are killed.
 
 Does not cover: without a cgroup (mode "rlimits") memory and process limits are rlimits only, which count per
-process, not per run.
+process, not per run, and do not count memory held in files (memfds, SysV shared memory, pipe buffers).
 
     result = run_fresh(named_files, argv, stdin, limits, mode="strict", worker_cgroup=None)
 """
@@ -24,7 +25,7 @@ import time
 from collections.abc import Callable
 
 from envs.sandbox.bwrap import bwrap_command, memfd
-from envs.sandbox.cgroup import Cgroup
+from envs.sandbox.cgroup import Cgroup, joiner
 from envs.sandbox.limits import Limits, Mode
 from envs.sandbox.output import Output, SandboxResult, verdict
 from envs.sandbox.seccomp import run_filter
@@ -40,7 +41,7 @@ def run_fresh(
     worker_cgroup: Cgroup | None,
 ) -> SandboxResult:
     """Run ``argv`` in a new container holding ``named`` in /work; ``worker_cgroup``: a dedicated worker's
-    cgroup (the run is born in it: the caller has joined it), else strict mode makes one for this run."""
+    cgroup for its runs (the run joins it), else strict mode makes one for this run."""
     slot = Slot()
     fds: list[int] = []
     cg = worker_cgroup
@@ -49,28 +50,22 @@ def run_fresh(
         fds += file_fds.values()
         sfd, in_fd = memfd("seccomp", run_filter()), memfd("stdin", stdin)
         fds += [sfd, in_fd]
-        join: list[int] = []
         if cg is not None:
-            cg.set_limits(lim.max_procs + 3, cg.memory_usage() + (lim.memory_mb << 20))
+            cg.set_limits(lim.max_procs + 2, cg.memory_usage() + (lim.memory_mb << 20))
         elif mode == "strict":
             cg = Cgroup(f"run-{slot.index}-{secrets.token_hex(4)}", lim.max_procs + 2, lim.memory_mb << 20)
-            join = cg.join_fds()
-            fds += join
+        join = cg.join_fds() if cg is not None else []
+        fds += join
         ooms = cg.oom_kills() if cg else 0
         cmd = _prlimit(lim) + bwrap_command(file_fds, argv, lim.disk_mb, sfd)
-
-        def join_cgroup() -> None:  # one-off runs only: between fork and exec, only syscalls
-            for fd in join:
-                os.write(fd, b"0")
-
-        child = join_cgroup if join else None
+        child = joiner(join) if join else None
         return _execute(cmd, in_fd, [*file_fds.values(), sfd], child, slot, lim, cg, ooms)
     finally:
         for fd in fds:
             with contextlib.suppress(OSError):
                 os.close(fd)
         if cg is not None:
-            cg.kill_all(spare=os.getpid())
+            cg.kill_all()
             if cg is not worker_cgroup:
                 cg.remove()
         slot.release()
@@ -126,7 +121,7 @@ def _execute(
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         if cg is not None:
-            cg.kill_all(spare=os.getpid())
+            cg.kill_all()
         proc.wait()
     proc.stdout.close()
     proc.stderr.close()
