@@ -12,8 +12,10 @@ Train and held-out come from the generator with seeds derived from the run's (``
 ``task.train_size`` / ``task.heldout_size`` items each; a training item whose question is also a held-out
 question is dropped, so nothing held out is trained on. The verifier is the dataset's own ``score_answer`` on
 the text after the completion's reasoning block (``envs.dataset_verify.final_answer``), stripped: ``correct``
-when it scores 1, its score kept as ``score`` (partial credit for the user's reward functions). The warm-up
-imitates the generator's answers.
+when it scores 1, its score kept as ``score`` (partial credit for the user's reward functions). Some of its
+scorers evaluate the answer (``eval``, sympy's ``parse_expr``): an answer that would run more than arithmetic
+that way, or compute a number too large, is never given to the scorer (``envs.inert.hazard``); it scores 0,
+not well formed, and ``refused`` says why. The warm-up imitates the generator's answers.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from envs.base import StepResult, derived_seed
 from envs.dataset_verify import final_answer
+from envs.inert import hazard
 
 
 def dataset_names() -> list[str]:
@@ -126,10 +129,12 @@ class ReasoningGymEnv:
             raise RuntimeError("step() before reset()")
         text = final_answer(action)
         if text is None or not text.strip():
-            outcome = {"correct": False, "well_formed": False, "score": 0.0}
+            outcome = {"correct": False, "well_formed": False, "score": 0.0, "refused": ""}
+        elif (why := hazard(text.strip())) is not None:  # some scorers evaluate the answer: never code
+            outcome = {"correct": False, "well_formed": False, "score": 0.0, "refused": why}
         else:
             o = self.options
             scorer = _generator(o.dataset, json.dumps(o.config, sort_keys=True), 1, 0)
             score = float(scorer.score_answer(text.strip(), self._task["entry"]))
-            outcome = {"correct": score >= 1.0, "well_formed": True, "score": score}
+            outcome = {"correct": score >= 1.0, "well_formed": True, "score": score, "refused": ""}
         return StepResult(observation=None, done=True, outcome=outcome)

@@ -50,7 +50,12 @@ def test_its_own_scorer_is_the_verifier_after_the_reasoning_block():
     env = _env(cfg)
     task = env.tasks("heldout", cfg.task, 0)[0]
     env.reset(task, 0)
-    assert env.step(task["answer"]).outcome == {"correct": True, "well_formed": True, "score": 1.0}
+    assert env.step(task["answer"]).outcome == {
+        "correct": True,
+        "well_formed": True,
+        "score": 1.0,
+        "refused": "",
+    }
     assert env.step(f"<think>it could be {int(task['answer']) + 1}</think> {task['answer']}").outcome[
         "correct"
     ]
