@@ -19,6 +19,13 @@ number of the last two and pays when it is the gold one). The rule here:
    matching its own form (math-verify compares the structures); only disagreeing boxes or pieces joined by a
    disjunction word hedge it.
 
+4. **No negated or bounded value.** A piece that negates or bounds its number ("not 42", "at least 42",
+   ``\\neq``, ``\\geq``, ``\\approx``) commits to none: "42, not 43" pays 42, "the answer is not 42" nothing.
+5. **Bounded work.** The minus sign (U+2212) and full-width digits read as ASCII; commas group thousands only
+   (``1,2`` is two numbers). Exponent towers and huge powers or factorials of numbers are no answer (math-verify
+   would compute them), and one answer's parses and comparisons share one budget (``BUDGET_S``): over it,
+   the answer scores 0, not well formed.
+
 The honest forms stay paid: ``\\boxed{12}``, ``$12$``, ``x = 12``, "The answer is 12.", "3 x 4 = 12", each
 after a think block or not. An answer with several values and nothing marking which one is meant (no box, no
 cue) is not an answer to one: mark it.
@@ -26,9 +33,11 @@ cue) is not an answer to one: mark it.
 
 from __future__ import annotations
 
+import contextvars
 import math
 import re
 import threading
+import time
 from typing import Any, NamedTuple
 
 MAX_VERIFIED_CHARS = 4000  # what the verifier reads of an answer (math-verify's sympy is not linear)
@@ -42,7 +51,23 @@ _MATH = re.compile(r"\$\$.+?\$\$|\$.+?\$|\\\(.+?\\\)|\\\[.+?\\\]", re.S)
 _HEDGE_MARK = re.compile(r"\\pm\b|\\mp\b|±|∓|\\lor\b|\\vee\b|∨|\\cup\b|∪")
 _SEPARATOR = re.compile(r",\s+|;|\n|\\q?quad\b|\b(?:and|to)\b|(?<=\d)\s+(?=[-+]?\.?\d)", re.I)
 _DISJUNCTION = re.compile(r"\\lor\b|\\vee\b|∨|\b(?:or|either)\b", re.I)  # cut inside brackets too
-_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?|-?\.\d+")
+_NUMBER = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?|-?\d+(?:\.\d+)?(?:/\d+)?|-?\.\d+")
+# a piece that negates or bounds its number commits to no value: "not 42", "at least 42", "\neq 42"
+_NEGATION = re.compile(
+    r"\b(?:not|isn't|cannot|can't|never|except|but\s+not|wrong|incorrect|neither|nor"
+    r"|at\s+(?:least|most)|(?:more|less|greater|fewer)\s+than|approximately|roughly|about|around)\b"
+    r"|\\(?:neq?|neg|approx|sim|simeq|geq?|leq?|gtrsim|lesssim|cancel|sout|not)\b|[≠¬≈≥≤<>]",
+    re.I,
+)
+# what a number may be written with besides ASCII: the minus sign, full-width forms
+_MINUS = str.maketrans(
+    {"\u2212": "-", "\ufe63": "-", "\uff0d": "-"} | {chr(0xFF10 + d): str(d) for d in range(10)}
+)
+# exponent towers and huge factorials of numbers: math-verify would compute them (seconds to hours)
+_TOWER = re.compile(
+    r"\^\s*\{[\s\d.]*\^|\d\s*(?:\^|\*\*)\s*\d+\s*(?:\^|\*\*)\s*\d|(?:\^|\*\*)\s*\{?\s*\d{5,}|\d{4,}\s*!|\d{400,}"
+)
+BUDGET_S = 8.0  # math-verify's time for one answer, all its pieces and comparisons together
 _ASIDE = re.compile(r"\([^()]*\)")
 _WORD = re.compile(r"[A-Za-z]{2,}")
 _EMPHASIS = re.compile(r"\*\*|__|`")  # markdown around an answer (**12**, `12`): not part of it
@@ -126,10 +151,22 @@ def _split(text: str, separator: re.Pattern[str] | None) -> list[str]:
 
 
 # -- math (math-verify) ----------------------------------------------------------------------------------
+_DEADLINE: contextvars.ContextVar[float] = contextvars.ContextVar("math_verify_deadline", default=math.inf)
+
+
+class _OutOfTime(Exception):
+    """The answer's verification used up ``BUDGET_S``."""
+
+
 def _limit() -> int | None:
-    # math-verify bounds its work with SIGALRM, which only the main thread may set: elsewhere no timeout
-    # (the answer read is bounded instead).
-    return 5 if threading.current_thread() is threading.main_thread() else None
+    # math-verify bounds each call with SIGALRM, which only the main thread may set: elsewhere no per-call
+    # timeout (the answer read is bounded, towers are refused, the budget is checked between calls).
+    left = _DEADLINE.get() - time.monotonic()
+    if left <= 0:
+        raise _OutOfTime
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return max(1, min(5, math.ceil(left)))
 
 
 def _parse(text: str, math: bool = False) -> Any:
@@ -142,6 +179,8 @@ def _parse(text: str, math: bool = False) -> Any:
         text = _PROSE_ASIDE.sub(" ", _EMPHASIS.sub(" ", text))
     if math or ("$" not in text and _FORMULA.search(text) and not _WORD.search(_COMMAND.sub(" ", text))):
         text = f"${text}$"
+    if _TOWER.search(text):  # a number too large to compute is no answer
+        return None
     got = parse(text, parsing_timeout=_limit())
     return got[0] if got else None
 
@@ -162,10 +201,12 @@ def single(value: Any) -> bool:
     >>> single(sympy.Interval(11, 13)), single(sympy.Eq(sympy.Symbol("x"), 12))
     (False, True)
     """
-    from sympy import Eq, FiniteSet, Set, Tuple
+    from sympy import Eq, FiniteSet, Set, Symbol, Tuple
     from sympy.core.relational import Relational
     from sympy.logic.boolalg import Boolean
 
+    if isinstance(value, Symbol):  # a word or a name ("True", "Yes", x): one value (sympy calls it Boolean)
+        return True
     if isinstance(value, FiniteSet):
         return len(value) == 1 and single(next(iter(value)))
     if isinstance(value, Set | Tuple | list | tuple):
@@ -226,10 +267,22 @@ def math_verdict(gold: str, region: str) -> Verdict:
     >>> math_verdict("12", r"so \boxed{12}").correct, math_verdict("12", "13 or 12").hedge
     (True, 'several candidates: 13, 12')
     """
+    token = _DEADLINE.set(time.monotonic() + BUDGET_S)
+    try:
+        return _math_verdict(gold.translate(_MINUS), region.translate(_MINUS))
+    except _OutOfTime:
+        return Verdict(False, False, "", f"verifying the answer took over {BUDGET_S:g} s")
+    finally:
+        _DEADLINE.reset(token)
+
+
+def _math_verdict(gold: str, region: str) -> Verdict:
     gold_value = _parse(gold) if "$" in gold or "\\boxed" in gold else _parse(gold.strip(), math=True)
     one = gold_value is None or single(gold_value)
 
     def value(piece: str, box: bool) -> list[Any]:
+        if one and _NEGATION.search(piece):  # "not 42", "\\geq 42": no value committed to
+            return []
         v = _parse(piece, math=box)
         return [] if v is None else [v]
 
@@ -278,9 +331,12 @@ def numeric_verdict(gold: str, region: str) -> Verdict:
     >>> numeric_verdict("12", "3 x 4 = 12").correct, numeric_verdict("14", "12 13 14").hedge
     (True, 'several numbers: 12.0, 13.0, 14.0')
     """
-    want = numbers(gold)
+    want = numbers(gold.translate(_MINUS))
+    region = region.translate(_MINUS)
 
     def value(piece: str, box: bool) -> list[float] | str:
+        if _NEGATION.search(piece):  # "not 42", "at least 42": no value committed to
+            return []
         got = _piece_number(piece)
         return "several numbers: " + ", ".join(map(str, got[:4])) if len(got) > 1 else got
 

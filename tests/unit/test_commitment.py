@@ -150,3 +150,64 @@ def test_the_environment_records_the_hedge(tmp_path):
     assert hedged.outcome["hedge"].startswith("several candidates") and not hedged.outcome["correct"]
     assert honest.outcome["correct"] and honest.outcome["hedge"] == ""
     assert check("numeric", "4", "4 or 5").hedge
+
+
+# -- what the second audit found: negated and bounded answers, signs, digits, text answers, towers ----------
+@pytest.mark.parametrize(
+    ("verifier", "gold", "text", "correct"),
+    [
+        ("math", "42", "the answer is not 42", False),
+        ("math", "42", "It cannot be 42", False),
+        ("math", "42", r"\boxed{\neq 42}", False),
+        ("math", "42", r"\boxed{\geq 42}", False),
+        ("math", "42", r"$\approx 42$", False),
+        ("math", "42", "at least 42", False),
+        ("numeric", "42", "not 42", False),
+        ("numeric", "42", "more than 42", False),
+        ("math", "42", "The answer is 42, not 43.", True),  # the negated piece is no candidate
+        ("numeric", "42", "42, not 43", True),
+        ("math", "7", "\u22127", False),  # U+2212, the minus sign: -7, not 7
+        ("math", "-7", "\u22127", True),
+        ("numeric", "7", "\u22127", False),
+        ("numeric", "-7", "x = \u22127", True),
+        ("math", "42", "\uff14\uff12", True),  # full-width digits
+        ("numeric", "12", "1,2", False),  # commas group thousands only
+        ("numeric", "1234", "1,234", True),
+        ("math", "True", r"\boxed{\text{True}}", True),  # a word is one value
+        ("math", "Yes", r"\boxed{\text{Yes}}", True),
+        ("math", "Yes", r"\boxed{\text{No}}", False),
+    ],
+)
+def test_negations_signs_and_words(verifier, gold, text, correct):
+    assert check(verifier, gold, text).correct is correct
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        r"\boxed{9^{9^{9^{9}}}}",
+        r"\boxed{9^{9^{9^{1}}}} \boxed{9^{9^{9^{2}}}} \boxed{9^{9^{9^{3}}}} \boxed{9^{9^{9^{4}}}}",
+        "9^9^9",
+        "10**10**10",
+        r"\boxed{10^{123456}}",
+        r"\boxed{123456!}",
+    ],
+)
+def test_numbers_too_large_to_compute_are_no_answer_and_cost_no_time(text):
+    import time
+
+    t0 = time.perf_counter()
+    v = math_verdict("42", text)
+    assert not v.correct
+    assert time.perf_counter() - t0 < 3  # before: 7.6 s a box, 30 s for four
+
+
+def test_one_answer_has_one_time_budget(monkeypatch):
+    """Every parse and comparison of an answer draws on one budget (``BUDGET_S``), so more boxes cannot
+    multiply the time; an answer that uses it up scores 0, not well formed, saying why."""
+    import envs.commitment as commitment
+
+    assert math_verdict("12", r"\boxed{12}").correct
+    monkeypatch.setattr(commitment, "BUDGET_S", 0.0)
+    v = math_verdict("12", r"\boxed{12}")
+    assert (v.correct, v.well_formed) == (False, False) and "took over" in v.hedge
