@@ -21,10 +21,10 @@ number of the last two and pays when it is the gold one). The rule here:
 
 4. **No negated or bounded value.** A piece that negates or bounds its number ("not 42", "at least 42",
    ``\\neq``, ``\\geq``, ``\\approx``) commits to none: "42, not 43" pays 42, "the answer is not 42" nothing.
-5. **Bounded work.** The minus sign (U+2212) and full-width digits read as ASCII; commas group thousands only
-   (``1,2`` is two numbers). Exponent towers and huge powers or factorials of numbers are no answer (math-verify
-   would compute them), and one answer's parses and comparisons share one budget (``BUDGET_S``): over it,
-   the answer scores 0, not well formed.
+5. **Bounded work.** The minus sign (U+2212) and full-width digits read as ASCII; commas group thousands
+   only (``1,2`` is two numbers). Exponent towers and huge powers or factorials of numbers are no answer
+   (math-verify would compute them), and one answer's parses and comparisons share one budget
+   (``BUDGET_S``): over it, the answer scores 0, not well formed.
 
 The honest forms stay paid: ``\\boxed{12}``, ``$12$``, ``x = 12``, "The answer is 12.", "3 x 4 = 12", each
 after a think block or not. An answer with several values and nothing marking which one is meant (no box, no
