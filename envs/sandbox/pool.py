@@ -118,6 +118,9 @@ class SandboxPool:
             with contextlib.suppress(BrokenProcessPool):
                 out[i] = fut.result()
         broken = any(r is None for r in out)
+        if len(jobs) > 1 and all(r is None for r in out):  # no worker lives to run any job: none's doing
+            self._restart()
+            raise RuntimeError("the sandbox pool's worker processes die before they run any job")
         for i in [i for i, r in enumerate(out) if r is None]:
             if broken:
                 self._restart()
