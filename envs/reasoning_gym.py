@@ -11,8 +11,11 @@ its own generator options and its own scorer.
 Train and held-out come from the generator with seeds derived from the run's (``derive_seed(seed, split)``),
 ``task.train_size`` / ``task.heldout_size`` items each; a training item whose question is also a held-out
 question is dropped, so nothing held out is trained on. The verifier is the dataset's own ``score_answer`` on
-the text after the completion's reasoning block (``envs.dataset_verify.final_answer``), stripped: ``correct``
-when it scores 1, its score kept as ``score`` (partial credit for the user's reward functions). Some of its
+the text after the completion's reasoning block (``envs.dataset_verify.final_answer``), stripped, or the
+last ``<answer>...</answer>`` in it (reasoning-gym's own convention, ``reasoning_gym.utils.extract_answer``):
+``correct`` when it scores 1, its score kept as ``score`` (partial credit for the user's reward functions:
+the dataset's own, and some pay an answer that merely contains the gold one, e.g. "8 or 99" for 8; the
+built-in rewards read ``correct``). Some of its
 scorers evaluate the answer (``eval``, sympy's ``parse_expr``): an answer that would run more than arithmetic
 that way, or compute a number too large, is never given to the scorer (``envs.inert.hazard``); it scores 0,
 not well formed, and ``refused`` says why. The warm-up imitates the generator's answers.
@@ -128,6 +131,12 @@ class ReasoningGymEnv:
         if self._task is None:
             raise RuntimeError("step() before reset()")
         text = final_answer(action)
+        if (
+            text is not None
+        ):  # reasoning-gym's own convention, where the model follows it: <answer>...</answer>
+            from reasoning_gym.utils import extract_answer
+
+            text = extract_answer(text) or text
         if text is None or not text.strip():
             outcome = {"correct": False, "well_formed": False, "score": 0.0, "refused": ""}
         elif (why := hazard(text.strip())) is not None:  # some scorers evaluate the answer: never code

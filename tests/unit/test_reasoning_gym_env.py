@@ -61,6 +61,10 @@ def test_its_own_scorer_is_the_verifier_after_the_reasoning_block():
     ]
     assert not env.step(str(int(task["answer"]) + 1)).outcome["correct"]
     assert env.step("<think>never closed").outcome["well_formed"] is False
+    # reasoning-gym's own convention: the last <answer> tag, when there is one
+    wrong = str(int(task["answer"]) + 1)
+    assert env.step(f"<think>x</think> so <answer>{task['answer']}</answer>").outcome["correct"]
+    assert not env.step(f"<answer>{task['answer']}</answer> no, <answer>{wrong}</answer>").outcome["correct"]
 
 
 # A spread of its families: arithmetic, algorithmic string tasks, logic, games.
