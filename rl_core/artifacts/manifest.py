@@ -11,9 +11,12 @@ as corrupt instead of failing later with a KeyError.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_serializer
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer
+
+_DIGEST = re.compile(r"[0-9a-f]{64}")
 
 
 class ArtifactRef(BaseModel):
@@ -21,8 +24,11 @@ class ArtifactRef(BaseModel):
     (a checkpoint) the sha256 of each file, ``sha256`` being their ``dir_digest``. The one reference type of
     manifests, stage inputs and the store's API.
 
-    >>> ArtifactRef(uri="s3://b/r/iter-0001/generate/rollouts.parquet", sha256="ab", rows=3).model_dump()
-    {'uri': 's3://b/r/iter-0001/generate/rollouts.parquet', 'sha256': 'ab', 'rows': 3}
+    A hand-edited reference cannot name a place outside the store or a cache: ``sha256`` (a cache folder's
+    name) must be 64 lowercase hex digits and every ``files`` key a relative path with no ``..``.
+
+    >>> ArtifactRef(uri="s3://b/r/iter-0001/generate/rollouts.parquet", sha256="ab" * 32, rows=3).rows
+    3
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -37,6 +43,24 @@ class ArtifactRef(BaseModel):
     # been; an optimizer state's ``sha256`` is derived from its checkpoint's (it names the state; nothing
     # hashes its bytes).
     stored: bool | None = None
+
+    @field_validator("sha256")
+    @classmethod
+    def _digest(cls, value: str) -> str:
+        if not _DIGEST.fullmatch(value):
+            raise ValueError(f"sha256 must be 64 lowercase hex digits, not {value[:80]!r}")
+        return value
+
+    @field_validator("files")
+    @classmethod
+    def _inside(cls, files: dict[str, str] | None) -> dict[str, str] | None:
+        for rel, digest in (files or {}).items():
+            parts = rel.split("/")
+            if rel.startswith("/") or "\\" in rel or any(p in ("", ".", "..") for p in parts):
+                raise ValueError(f"files: {rel[:200]!r} is not a path inside the folder")
+            if not _DIGEST.fullmatch(digest):
+                raise ValueError(f"files: the sha256 of {rel!r} must be 64 lowercase hex digits")
+        return files
 
     @model_serializer(mode="wrap")
     def _drop_unset(self, handler: Any) -> dict[str, Any]:

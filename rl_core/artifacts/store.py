@@ -296,6 +296,8 @@ class Store:
                 if stats is not None and settled(stats, began):
                     self.verified.put(key, stats)
             return path
+        if dir_digest(files) != ref.sha256:  # the cache folder is named by it: it must be these files'
+            raise ArtifactError(f"artifact corrupt: {ref.uri}: its files' hashes do not give its sha256")
         dest = cache_root / ref.sha256
         if not (dest / ".complete").exists():
             tmp = Path(tempfile.mkdtemp(dir=cache_root, prefix=".dl-"))

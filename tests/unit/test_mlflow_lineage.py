@@ -22,7 +22,7 @@ def lin(tmp_path_factory):
 
 def _ckpt(n: int) -> ArtifactRef:
     return ArtifactRef(
-        uri=f"file:///store/r/iter-{n:04d}/train/checkpoint", sha256=f"{n:064x}", files={"a": "b"}
+        uri=f"file:///store/r/iter-{n:04d}/train/checkpoint", sha256=f"{n:064x}", files={"a": "b" * 64}
     )
 
 

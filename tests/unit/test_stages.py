@@ -3,6 +3,7 @@ the table is consistent with itself; a manifest is a typed record."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import pytest
@@ -15,7 +16,10 @@ from rl_core.schema.config import load_config
 
 def _manifest(stage: str, k: int) -> Manifest:
     outs = {
-        o: ArtifactRef(uri=f"s3://b/{stage}@{k}/{o}", sha256=f"{stage}{k}{o}") for o in STAGES[stage].outputs
+        o: ArtifactRef(
+            uri=f"s3://b/{stage}@{k}/{o}", sha256=hashlib.sha256(f"{stage}{k}{o}".encode()).hexdigest()
+        )
+        for o in STAGES[stage].outputs
     }
     return Manifest(
         run_id="r",

@@ -6,7 +6,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from rl_core.artifacts.manifest import ArtifactRef
+from rl_core.artifacts.manifest import ArtifactRef, Manifest, Timings
 from rl_core.artifacts.stage import StageResult, run_stage
 from rl_core.artifacts.store import ArtifactError, Store
 
@@ -249,3 +249,56 @@ def test_no_uri_outside_the_root_is_read_written_or_removed(tmp_path, where):
     assert sorted(p for p in tmp_path.rglob("*")) == before
     assert (tmp_path / "x").read_bytes() == b"outside"
     assert s.read_bytes(s.root + "/r/keep.bin") == b"kept"
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("sha256", "/tmp/victim"),
+        ("sha256", "../../victim"),
+        ("sha256", "A" * 64),
+        ("files", {"/etc/passwd": "0" * 64}),
+        ("files", {"../../outside.bin": "0" * 64}),
+        ("files", {"a/../../b": "0" * 64}),
+        ("files", {"a": "../x"}),
+    ],
+)
+def test_a_hand_edited_reference_cannot_name_a_place_outside(tmp_path, field, value):
+    """A manifest's checkpoint reference whose ``sha256`` (a cache folder's name) is a path, or whose
+    ``files`` keys climb out of the folder, is reported as a corrupt manifest when read: no cache folder is
+    removed or written, no file outside the store is hashed."""
+    s = Store(str(tmp_path / "store"))
+    ref = s.put_files({"model.safetensors": b"weights"}, s.stage_uri("r", 1, "train") + "/checkpoint")
+    m = Manifest(
+        run_id="r",
+        iteration=1,
+        stage="train",
+        inputs={},
+        outputs={"checkpoint": ref},
+        config_hash="h",
+        code_version="c",
+        timings=Timings(seconds=0.0, started_at=0.0),
+    )
+    doc = m.model_dump(mode="json")
+    doc["outputs"]["checkpoint"][field] = value
+    s.write_json(s.stage_uri("r", 1, "train") + "/_manifest.json", doc)
+    with pytest.raises(ArtifactError, match="manifest corrupt"):
+        s.read_manifest(s.stage_uri("r", 1, "train"))
+
+
+def test_a_remote_folder_whose_files_do_not_give_its_digest_is_refused(tmp_path):
+    """On a store that is not a local folder (``memory://`` standing in for S3), a reference whose files'
+    hashes do not give its ``sha256`` is refused before anything is downloaded: the cache folder of that
+    digest, if one exists, is neither removed nor replaced."""
+    import uuid
+
+    s = Store(f"memory://store-{uuid.uuid4().hex}")
+    ref = s.put_files({"model.safetensors": b"weights"}, s.stage_uri("r", 1, "train") + "/checkpoint")
+    other = "ab" * 32
+    kept = tmp_path / other
+    kept.mkdir()
+    (kept / "precious.txt").write_text("keep me")
+    with pytest.raises(ArtifactError, match="do not give its sha256"):
+        s.local_dir(ref.model_copy(update={"sha256": other}), tmp_path)
+    assert sorted(p.name for p in kept.iterdir()) == ["precious.txt"]
+    assert (s.local_dir(ref, tmp_path) / "model.safetensors").read_bytes() == b"weights"
