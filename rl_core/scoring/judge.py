@@ -4,8 +4,10 @@ model (``reward.judge.model``, e.g. one ``rlfoundry judge train`` wrote) run on 
 
 Each (prompt, completion) is rendered into ``reward.judge.template`` (``rl_core.scoring.judge_text.render``:
 the answer escaped inside its tag), judged once per iteration however often it occurs, and the judge's verdict
-parsed (``parse_score``) into a reward in [0, 1]; a verdict with no readable score in range abstains and is
-counted (``judge_unparsed``), as is a prompt longer than the judge's context (``judge_too_long``). Requests
+parsed (``parse_score``) into a reward in [0, 1]. A verdict with no readable score in range scores 0 and is
+counted (``judge_unparsed``), as does an answer whose prompt is longer than the judge's context
+(``judge_too_long``): had either abstained, a policy could escape the judge's low scores by padding its answer
+past the judge's context or by baiting the judge into an unreadable verdict. Requests
 are greedy by default and seeded from the run seed and the judged text (``derive_seed``), so a replayed score
 stage judges bit for bit alike. The raw verdict is stored per rollout (column ``judge_verdict``).
 
@@ -183,7 +185,8 @@ def _consistency(
 def judge_reward(
     ctx: RunContext, prompts: list[str], completions: list[str], outcomes: list[Outcome]
 ) -> BatchScores:
-    """Each completion's judge score in [0, 1] (None: abstain), with the consistency and cost metrics."""
+    """Each completion's judge score in [0, 1] (0 where the verdict has no score or the answer did not fit the
+    judge's context: provoking either never pays), with the consistency and cost metrics."""
     start = time.perf_counter()
     seed = ctx.cfg.experiment.seed
     with ctx.held.judge_lock:  # one user of the judge's engine at a time
@@ -200,7 +203,7 @@ def judge_reward(
     rows = [verdicts[k] for k in zip(prompts, completions, strict=True)]
     values = [scores[k] for k in zip(prompts, completions, strict=True)]
     return BatchScores(
-        values=values,
+        values=[0.0 if x is None else x for x in values],
         metrics={
             "unparsed": float(
                 sum(v.text is not None and x is None for v, x in zip(rows, values, strict=True))

@@ -83,14 +83,15 @@ def test_the_judge_scores_right_answers_higher_once_each(judge_dir, tmp_path):
 
 
 @pytest.mark.slow
-def test_unreadable_verdicts_abstain_and_are_counted(judge_dir, tmp_path):
+def test_unreadable_verdicts_score_zero_and_are_counted(judge_dir, tmp_path):
     """Cut off after one token the judge writes " " (its score is the next token): nothing to read, so every
-    answer abstains and is counted; an answer too long for the judge's context abstains as too_long."""
+    answer scores 0 and is counted; an answer too long for the judge's context scores 0 as too_long (had they
+    abstained, padding an answer or baiting the judge would escape its low scores)."""
     ctx = _ctx(tmp_path, judge_dir[0], "reward.judge.max_tokens=1", "reward.judge.consistency_samples=0")
     prompts, completions, outcomes = _batch(4)
     prompts, completions = prompts + ["1+1="], completions + ["2" * 300]
     got = judge_reward(ctx, prompts, completions, [*outcomes, Outcome(correct=False, well_formed=False)])
-    assert got.values == [None] * len(prompts)
+    assert got.values == [0.0] * len(prompts)
     assert got.metrics["unparsed"] == len(prompts) - 1 and got.metrics["too_long"] == 1
     assert got.columns["verdict"][-1] == "" and "self_agreement" not in got.metrics
 
