@@ -6,8 +6,9 @@ A task is ``a*b+c`` (or ``a*b-c``) with two-digit ``a``, ``b``. The model may ca
 - ``py(CODE)``: a Python interpreter that runs CODE in the sandbox (``envs.sandbox``), answers ``=STDOUT``;
 - ``ans(VALUE)``: the final answer, which ends the episode.
 
-One call per turn. The tasks need at least two tool calls (the product, then the sum) before the answer, so
-at least three turns. Anything that is not a well-formed call gets an ``error: ...`` observation and the
+One call per turn. The tasks are built to take two tool calls (the product, then the sum) before the answer,
+so three turns; the answer is paid however it was reached, and ``calls`` is reported for rewards that
+require them. Anything that is not a well-formed call gets an ``error: ...`` observation and the
 episode goes on (up to ``max_turns``); it never raises. Deterministic: the same actions give the same
 observations.
 
@@ -116,10 +117,16 @@ def _sandbox() -> Any:
     return SandboxPool(1, configured_mode())
 
 
+MAX_CODE = 16 * 1024  # characters of one py call
+
+
 def run_python(code: str) -> str:
-    """The py tool: CODE in a fresh sandbox (2 s, 128 MiB); its stdout or an error line."""
+    """The py tool: CODE (at most ``MAX_CODE`` characters) in a fresh sandbox (2 s, 128 MiB); its stdout or an
+    error line, never an exception."""
     from envs.sandbox import Limits, SandboxUnavailable
 
+    if len(code) > MAX_CODE:
+        return f"error: code longer than {MAX_CODE} characters\n"
     try:
         r = _sandbox().map(
             [{"files": {"main.py": code}}], Limits(timeout_s=2, memory_mb=128, output_bytes=256, disk_mb=1)

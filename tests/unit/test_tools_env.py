@@ -66,6 +66,9 @@ def test_malformed_calls_get_error_observations_never_exceptions():
     env.reset(_task(), 0)
     r = env.step("calc(1+)")
     assert r.observation.startswith("error:") and not r.done and r.outcome["errors"] == 1
+    env.reset(_task(), 0)  # a py call over the sandbox's disk: an error line, not the sandbox's ValueError
+    r = env.step("py(" + "x = 1\n" * 300_000 + ")")
+    assert r.observation.startswith("error: code longer") and not r.done
 
 
 def test_python_tool_runs_in_the_sandbox():
