@@ -103,6 +103,7 @@ def _observation(
             "an observation shows images: the policy's processor must expand them (Idefics3, SmolVLM, "
             "Qwen-VL); this policy is not one"
         )
+    said = defused(tok, said)
     text = image_marker(folder) * len(shown) + said
     if templated[ep.prompt_index]:  # the images as parts of the turn, as vision-language templates take them
         last = ep.last.token_ids
@@ -111,6 +112,18 @@ def _observation(
         text = observation_text(tok, image_content(len(shown), said) if shown else said, ended)
     raw = tok(text, add_special_tokens=False)["input_ids"]
     return (encode(folder, text, shown, add_special_tokens=False)[0] if shown else raw), raw
+
+
+def defused(tok: Any, said: str) -> str:
+    """``said`` (an observation: tool output the model may control) with every special token's text broken by
+    a zero-width space, so ``<|im_start|>user`` in a py tool's stdout stays text and never becomes a turn of
+    the chat template; text without one is returned as it is (its tokens unchanged)."""
+    specials = [t for t in getattr(tok, "all_special_tokens", []) if t and t in said]
+    added = getattr(tok, "added_tokens_decoder", {}).values()
+    specials += [t.content for t in added if t.special and t.content in said]
+    for t in sorted(set(specials), key=len, reverse=True):
+        said = said.replace(t, t[0] + "\u200b" + t[1:])
+    return said
 
 
 def prompts_for(
