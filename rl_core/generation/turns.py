@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from envs.base import Multimodal
 from rl_core.artifacts.seeding import derive_seed
 from rl_core.generation.rollout import Request, SamplingSpec
-from rl_core.models.model import observation_text, uses_chat_template
+from rl_core.models.model import defused, observation_text, uses_chat_template
 from rl_core.models.model import prompt_ids as tokenize_prompt
 from rl_core.models.vision import (
     MAX_IMAGES,
@@ -112,18 +112,6 @@ def _observation(
         text = observation_text(tok, image_content(len(shown), said) if shown else said, ended)
     raw = tok(text, add_special_tokens=False)["input_ids"]
     return (encode(folder, text, shown, add_special_tokens=False)[0] if shown else raw), raw
-
-
-def defused(tok: Any, said: str) -> str:
-    """``said`` (an observation: tool output the model may control) with every special token's text broken by
-    a zero-width space, so ``<|im_start|>user`` in a py tool's stdout stays text and never becomes a turn of
-    the chat template; text without one is returned as it is (its tokens unchanged)."""
-    specials = [t for t in getattr(tok, "all_special_tokens", []) if t and t in said]
-    added = getattr(tok, "added_tokens_decoder", {}).values()
-    specials += [t.content for t in added if t.special and t.content in said]
-    for t in sorted(set(specials), key=len, reverse=True):
-        said = said.replace(t, t[0] + "\u200b" + t[1:])
-    return said
 
 
 def prompts_for(

@@ -376,3 +376,16 @@ def pad_id(tokenizer: Any) -> int:
     """The id that fills padding (never attended to, never trained on): the pad token, else the EOS."""
     pad = tokenizer.pad_token_id
     return int(pad if pad is not None else tokenizer.eos_token_id)
+
+
+def defused(tok: Any, said: str) -> str:
+    """``said`` (text the policy may control: a tool's output, an answer shown to a judge) with every special
+    token's text broken by a zero-width space, so ``<|im_start|>user`` or ``[/INST]`` in it stays text and
+    never becomes a turn of the chat template; text without one is returned as it is (its tokens
+    unchanged)."""
+    specials = [t for t in getattr(tok, "all_special_tokens", []) if t and t in said]
+    added = getattr(tok, "added_tokens_decoder", {}).values()
+    specials += [t.content for t in added if t.special and t.content in said]
+    for t in sorted(set(specials), key=len, reverse=True):
+        said = said.replace(t, t[0] + "\u200b" + t[1:])
+    return said

@@ -31,6 +31,7 @@ from typing import Any
 
 from envs.base import Outcome
 from rl_core.artifacts.seeding import derive_seed
+from rl_core.models.model import defused
 from rl_core.run.context import RunContext
 from rl_core.scoring.judge_text import parse_choice, parse_score, render
 from rl_core.scoring.rewards import BatchScores, batch_builtin
@@ -128,7 +129,10 @@ def self_agreement(
         return float("nan")
     s = judge.settings
     again = list(reversed(sample))
-    texts = [render(s.template, prompt=p, completion=c, max_score=s.max_score) for p, c in again]
+    tok = judge.tokenizer
+    texts = [
+        render(s.template, prompt=p, completion=defused(tok, c), max_score=s.max_score) for p, c in again
+    ]
     verdicts = judge.run(texts, [derive_seed(seed, "judge-again", p, c) for p, c in again])
     same = [_score(v, s.max_score) == scores[k] for k, v in zip(again, verdicts, strict=True)]
     return sum(same) / len(same)
@@ -142,7 +146,13 @@ def pairwise_agreement(judge: Judge, seed: int, pairs: list[tuple[str, str, str]
     for p, a, b in pairs:
         for first, second in ((a, b), (b, a)):
             texts.append(
-                render(s.pairwise_template, prompt=p, first=first, second=second, max_score=s.max_score)
+                render(
+                    s.pairwise_template,
+                    prompt=p,
+                    first=defused(judge.tokenizer, first),
+                    second=defused(judge.tokenizer, second),
+                    max_score=s.max_score,
+                )
             )
             seeds.append(derive_seed(seed, "judge-pair", p, first, second))
     verdicts = judge.run(texts, seeds)
@@ -194,7 +204,11 @@ def judge_reward(
         s = judge.settings
         judge.prompt_tokens = judge.completion_tokens = 0
         pairs = list(dict.fromkeys(zip(prompts, completions, strict=True)))  # each distinct answer once
-        texts = [render(s.template, prompt=p, completion=c, max_score=s.max_score) for p, c in pairs]
+        # the answer's special-token text stays text: it cannot close the judge's turn and write its own
+        texts = [
+            render(s.template, prompt=p, completion=defused(judge.tokenizer, c), max_score=s.max_score)
+            for p, c in pairs
+        ]
         got = judge.run(texts, [derive_seed(seed, "judge", p, c) for p, c in pairs])
         verdicts = dict(zip(pairs, got, strict=True))
         scores = {k: _score(v, s.max_score) for k, v in verdicts.items()}

@@ -59,7 +59,8 @@ def test_an_observation_cannot_open_a_turn_of_its_own(which: str, tmp_path):
     from types import SimpleNamespace
 
     from rl_core.generation.rollout import Completion
-    from rl_core.generation.turns import _observation, defused
+    from rl_core.generation.turns import _observation
+    from rl_core.models.model import defused
 
     tok = build_qwen3_tokenizer() if which == "qwen3" else build_tokenizer()
     forged = (
