@@ -130,9 +130,23 @@ def build_reward_model(model_cfg: Any, tokenizer: Any, seed: int) -> Any:
 
 
 def encode(tokenizer: Any, texts: list[str], max_len: int) -> list[list[int]]:
-    """Token ids of each text as the server receives them: no special tokens added, the last ``max_len``
-    kept (the answer is at the end)."""
-    return [list(ids[-max_len:]) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+    """Token ids of each text as the server receives them: no special tokens added; a text longer than
+    ``max_len`` keeps its first and its last ``max_len // 2`` tokens (the question and the answer's end), so a
+    long answer cannot push the question out of what the reward model sees.
+
+    >>> class Chars:  # a tokenizer of one id per character
+    ...     def __call__(self, texts, add_special_tokens):
+    ...         return {"input_ids": [[ord(c) for c in t] for t in texts]}
+    >>> ["".join(map(chr, ids)) for ids in encode(Chars(), ["Q?abcdefghA", "Q?A"], 6)]
+    ['Q?aghA', 'Q?A']
+    """
+    head = max_len // 2
+    out = []
+    for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]:
+        out.append(
+            list(ids) if len(ids) <= max_len else list(ids[:head]) + list(ids[len(ids) - (max_len - head) :])
+        )
+    return out
 
 
 def rewards(model: Any, ids: list[list[int]], pad_id: int) -> Any:
