@@ -114,6 +114,7 @@ def suppress(logits: Any, ids: list[int]) -> Any:
 
 # The most images one request may carry (an episode's pictures so far): vLLM reserves for as many.
 MAX_IMAGES = 8
+MAX_PIXELS = 16_000_000  # one image's (a 4k screenshot is 8.3M): a larger one is refused before decoding
 # model_type -> family; the processor-expanding families take the image marker in the prompt's text
 FAMILIES = {
     "llava": "llava",
@@ -217,7 +218,10 @@ def with_image_marker(prompt: Any, templated: bool, marker: str = IMAGE_TOKEN) -
     if not templated:
         return marker + (prompt if isinstance(prompt, str) else str(prompt))
     turns = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else [dict(m) for m in prompt]
-    first = next(i for i, m in enumerate(turns) if m.get("role") == "user")
+    first = next((i for i, m in enumerate(turns) if m.get("role") == "user"), None)
+    if first is None:
+        roles = [m.get("role") for m in turns]
+        raise ValueError(f"a prompt with an image needs a user turn to hold it; its roles: {roles}")
     turns[first]["content"] = image_content(1, turns[first]["content"])
     return turns
 
@@ -278,13 +282,19 @@ def allowed_token_ids(ckpt_dir: str | Path) -> list[int] | None:
 
 
 def decode_image(data: bytes, where: str = "image") -> Any:
-    """PNG/JPEG bytes -> an RGB PIL image; a clear error naming ``where`` if they are not an image."""
-    from PIL import Image, UnidentifiedImageError
+    """PNG/JPEG bytes -> an RGB PIL image; a clear error naming ``where`` if they are not an image, or one of
+    more than ``MAX_PIXELS`` pixels (read from its header, before anything is decoded: a few hundred bytes
+    can declare gigabytes)."""
+    from PIL import Image
 
+    if not isinstance(data, bytes | bytearray):
+        raise ValueError(f"{where}: an image must be bytes (PNG or JPEG), not {type(data).__name__}")
     try:
         img = Image.open(io.BytesIO(data))
+        if img.width * img.height > MAX_PIXELS:
+            raise ValueError(f"{img.width}x{img.height} pixels, more than {MAX_PIXELS:,}")
         img.load()
-    except (UnidentifiedImageError, OSError) as e:
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError, EOFError) as e:
         raise ValueError(f"{where}: not a readable image ({len(data)} bytes): {e}") from None
     return img.convert("RGB")
 

@@ -211,3 +211,39 @@ def test_the_image_placeholder_is_never_sampled(tmp_path):
     lp, ent = sequence_logprobs(load_model(biased).eval(), batch, chunk=16)
     assert ((lp - batch.rollout_logp).abs() * batch.loss_mask).max() < 1e-4
     assert torch.isfinite(ent).all()
+
+
+def _png(width: int, height: int) -> bytes:
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("L", (width, height)).save(buf, format="PNG", optimize=True)
+    return buf.getvalue()
+
+
+def test_hostile_image_bytes_are_refused_before_they_are_decoded():
+    """A PNG header declaring billions of pixels (69 bytes), one of 144 Mpx that compresses to ~0.4 MB, a
+    chunk whose checksum is broken, a string instead of bytes: each a ValueError naming the image, none
+    decoded (a 12000 x 12000 image had taken 2.5 GB and 12 s to become a 32 x 32 tensor)."""
+    import struct
+    import time
+    import zlib
+
+    from rl_core.models.vision import decode_image
+
+    def header_only(w: int, h: int) -> bytes:
+        ihdr = struct.pack(">IIBBBBB", w, h, 8, 0, 0, 0, 0)
+        chunk = b"IHDR" + ihdr
+        return b"\x89PNG\r\n\x1a\n" + struct.pack(">I", 13) + chunk + struct.pack(">I", zlib.crc32(chunk))
+
+    big = _png(12_000, 12_000)
+    broken = bytearray(_png(8, 8))
+    broken[38] ^= 0xFF  # the type of the chunk after the header
+    t0 = time.perf_counter()
+    for data in (header_only(50_000, 50_000), big, bytes(broken), "not bytes"):
+        with pytest.raises(ValueError, match="row 3 image 0: "):
+            decode_image(data, "row 3 image 0")  # type: ignore[arg-type]
+    assert time.perf_counter() - t0 < 5
+    assert decode_image(_png(64, 48), "ok").size == (64, 48)
