@@ -36,6 +36,7 @@ import functools
 import hashlib
 import io
 import json
+import math
 import random
 from pathlib import Path
 from typing import Any, Literal
@@ -192,9 +193,13 @@ def _field(row: dict[str, Any], dotted: str, name: str, i: int) -> Any:
     return value
 
 
+_ROLES = ("system", "user", "assistant")
+
+
 def _prompt(value: Any, name: str, i: int, field: str) -> str | list[dict[str, str]]:
+    where = f"task.env_args: {name}: row {i} field {field!r}"
     if isinstance(value, str) and value.strip():
-        return value
+        return _text(value, where)
     if (
         isinstance(value, list)
         and value
@@ -203,11 +208,33 @@ def _prompt(value: Any, name: str, i: int, field: str) -> str | list[dict[str, s
             for m in value
         )
     ):
-        return [{"role": m["role"], "content": m["content"]} for m in value]
-    raise ValueError(
-        f"task.env_args: {name}: row {i} field {field!r} is neither a text nor chat messages "
-        "[{role, content}]"
-    )
+        roles = [m["role"] for m in value]
+        if any(r not in _ROLES for r in roles) or "user" not in roles:
+            raise ValueError(f"{where}: chat messages need a user turn and roles among {_ROLES}, not {roles}")
+        if any(not m["content"].strip() for m in value):
+            raise ValueError(f"{where}: a chat message has empty content")
+        return [{"role": m["role"], "content": _text(m["content"], where)} for m in value]
+    raise ValueError(f"{where} is neither a text nor chat messages [{{role, content}}]")
+
+
+def _text(value: str, where: str) -> str:
+    """``value`` if it is valid Unicode text (a lone surrogate cannot be stored or tokenized)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"{where}: not valid Unicode text ({e.reason} at character {e.start})") from None
+    return value
+
+
+def _answer(value: Any, where: str) -> str:
+    """The answer field as text: a text, a finite number, a boolean or a list (a gold answer of several
+    values, which ``math`` matches in its own form); an object, NaN or infinity is refused rather than
+    compared as its Python spelling."""
+    if not isinstance(value, str | int | float | list):
+        raise ValueError(f"{where} is a {type(value).__name__}, not a text, a number or a list")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{where} is {value}, not a number")
+    return _text(str(value).strip(), where)
 
 
 def _key(prompt: str | list[dict[str, str]]) -> str:
@@ -222,7 +249,10 @@ def _tasks(opts: DatasetOptions, uri: str, split: str) -> list[dict[str, Any]]:
         task: dict[str, Any] = {
             "task_id": f"{split}-{i:06d}",
             "prompt": _prompt(_field(row, opts.prompt_field, uri, i), uri, i, opts.prompt_field),
-            "answer": str(_field(row, opts.answer_field, uri, i)).strip(),
+            "answer": _answer(
+                _field(row, opts.answer_field, uri, i),
+                f"task.env_args: {uri}: row {i} field {opts.answer_field!r}",
+            ),
             "row": i,
         }
         if not task["answer"]:

@@ -152,6 +152,12 @@ def test_each_epoch_is_one_permutation_of_the_training_prompts():
         (ROWS[:5], {"verifier": "sympy"}, r"verifier"),
         (ROWS[:5], {"heldout_fraction": 0.2}, r"exactly one of heldout"),
         (ROWS[:5], {"train": "/nonexistent/train.jsonl"}, r"/nonexistent/train\.jsonl: no such file"),
+        ([{"problem": "1+1?", "answer": {"x": 1}}], {}, r"row 0 field 'answer' is a dict, not a text"),
+        ([{"problem": "1+1?", "answer": float("nan")}], {}, r"row 0 field 'answer' is nan, not a number"),
+        ([{"problem": [{"role": "banana", "content": "1+1?"}], "answer": "2"}], {}, r"row 0 .*roles among"),
+        ([{"problem": [{"role": "assistant", "content": "1+1?"}], "answer": "2"}], {}, r"need a user turn"),
+        ([{"problem": [{"role": "user", "content": " "}], "answer": "2"}], {}, r"row 0 .*empty content"),
+        ([{"problem": "1+1?\ud800", "answer": "2"}], {}, r"row 0 field 'problem': not valid Unicode"),
     ],
 )
 def test_bad_data_is_named_by_file_row_and_field(tmp_path, rows, args, message):
