@@ -70,14 +70,28 @@ def _folder_limit(folder: Path) -> int | None:
 
 def check_prompts_fit(ctx: Any) -> None:
     """Refuse (``PromptTooLong``) a run whose longest templated prompt plus ``rollout.max_tokens`` exceeds
-    ``model.max_position`` or the folder's ``max_position_embeddings``; nothing for the built-in policy."""
+    ``model.max_position`` or the folder's ``max_position_embeddings`` (a ``ConfigError``: more prompts an
+    iteration than the task has, a text-only folder for an environment that shows images)."""
     cfg = ctx.cfg
+    per, have = cfg.rollout.prompts_per_iteration, len(ctx.train_tasks)
+    if per > have and not (cfg.task.env == "dataset" and getattr(ctx.env.options, "order", "") == "epochs"):
+        raise ConfigError(
+            f"rollout.prompts_per_iteration={per} is more than the {have} training prompts of "
+            f"task.env={cfg.task.env}: lower it (rollout.n sets the samples per prompt) or raise "
+            "task.train_size"
+        )
     if not cfg.model.path:
         return
     from rl_core.models.policy_folder import fetch_policy_folder
+    from rl_core.models.vision import family
 
     with tempfile.TemporaryDirectory() as d:
         folder = fetch_policy_folder(cfg.model.path, d, large=False)
+        if ctx.multimodal and not family(folder):
+            raise ConfigError(
+                f"task.env={cfg.task.env} shows images, and model.path {cfg.model.path} is a text-only "
+                "policy: give a vision-language folder (Idefics3, SmolVLM, LLaVA, Qwen-VL)"
+            )
         tokens, where = longest_prompt(ctx, folder)
         limit = _folder_limit(folder)
     need = tokens + cfg.rollout.max_tokens

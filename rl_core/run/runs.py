@@ -189,7 +189,7 @@ def _create(ctx: RunContext, uri: str) -> None:
 
         check_model_section(ctx.cfg, ctx.placement.rollout_engine)
         check_stored_base(ctx.cfg.model.path, ctx.store, ctx.base_id)
-        check_prompts_fit(ctx)  # prompts + completions that do not fit the context (PromptTooLong)
+    check_prompts_fit(ctx)  # sequences longer than the context, more prompts than the task has
     record = {
         "run_id": ctx.run_id,
         "config": ctx.cfg.model_dump(mode="json"),

@@ -14,7 +14,6 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from rl_core.schema.config_alarms import AlarmsSection
@@ -30,15 +29,22 @@ from rl_core.schema.config_layout import (
 from rl_core.schema.config_pg import PolicyGradientFields
 from rl_core.schema.config_reward import AuditSettings, JudgeSettings, RewardModelSettings, check_reward_names
 from rl_core.schema.config_sampling import SamplingFields
-from rl_core.schema.overrides import ConfigError, format_validation_error, parse_overrides, set_dotted
+from rl_core.schema.overrides import (
+    ConfigError,
+    format_validation_error,
+    parse_overrides,
+    read_yaml,
+    set_dotted,
+)
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class ExperimentSection(_Section):
-    name: str = Field("default", description="Human-readable experiment name (MLflow experiment).")
+    # the MLflow experiment's and registered model's name: letters, digits, '.', '_' and '-'
+    name: str = Field("default", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$", description="Experiment name.")
     seed: int = Field(0, ge=0, description="Run seed; every other seed is derived from it.")
     iterations: int = Field(50, ge=1, le=100_000, description="Number of RL iterations (one flow run each).")
 
@@ -368,14 +374,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     source = "defaults"
     if path is not None:
         source = str(path)
-        try:
-            data = yaml.safe_load(Path(path).read_text()) or {}
-        except FileNotFoundError as e:
-            raise ConfigError(f"config file not found: {path}") from e
-        except yaml.YAMLError as e:
-            raise ConfigError(f"config file {path} is not valid YAML: {e}") from e
-        if not isinstance(data, dict):
-            raise ConfigError(f"config file {path} must hold a mapping of sections")
+        data = read_yaml(path)
     apply_overrides(data, overrides or [])
     return config_from_dict(data, source)
 

@@ -19,7 +19,7 @@ Action = Literal["off", "warn", "stop"]
 
 
 class _Rule(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
     action: Action = Field(
         "warn", description="off: not checked; warn: recorded and logged; stop: end the run."
     )
@@ -88,7 +88,7 @@ class PromptsRule(_Rule):
 
 
 class AlarmsSection(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
     non_finite: NonFiniteRule = Field(default_factory=NonFiniteRule, description="NaN/inf in the vitals.")
     kl_spike: KLSpikeRule = Field(default_factory=KLSpikeRule, description="A KL spike.")
     entropy_collapse: EntropyCollapseRule = Field(

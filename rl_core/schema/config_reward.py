@@ -85,7 +85,7 @@ def user_reward_function(name: str) -> Callable[..., Any]:
 
 
 class _Sub(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class RewardModelSettings(_Sub):

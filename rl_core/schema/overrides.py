@@ -6,6 +6,7 @@ validation error as one message naming every bad field. The schema itself is ``r
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, get_origin
 
 import yaml
@@ -70,3 +71,38 @@ def parse_overrides(overrides: list[str]) -> list[tuple[str, Any]]:
         key, raw = item.split("=", 1)
         out.append((key.strip(), yaml.safe_load(raw) if raw.strip() else ""))
     return out
+
+
+class _UniqueKeys(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping (a second ``train:`` section would
+    otherwise replace the first without a word)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # ``<<: *base``: its keys may be set again here
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"the key {key!r} is given twice", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    """A config file's sections; every way it cannot be read is a ``ConfigError`` naming the file."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError as e:
+        raise ConfigError(f"config file not found: {path}") from e
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"config file {path} cannot be read as UTF-8 text: {e}") from e
+    try:
+        data = yaml.load(text, Loader=_UniqueKeys) or {}  # noqa: S506  (a SafeLoader subclass)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config file {path} is not valid YAML: {e}") from e
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping of sections")
+    return data

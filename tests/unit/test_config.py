@@ -158,3 +158,42 @@ def test_the_hf_engine_samples_in_the_dtype_asked_for(tmp_path):
         assert {p.dtype for p in engine.model.parameters()} == {want}
         (done,) = engine.generate([Request(prompt, seed=3)], spec)
         assert len(done) == 2 and all(len(c.token_ids) >= 1 for c in done)
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("train:\n  lr: 0.1\ntrain:\n  epochs: 2\n", "the key 'train' is given twice"),
+        ("train:\n  lr: 0.1\n  lr: 0.5\n", "the key 'lr' is given twice"),
+        ("\ufefftrain: {lr: 0.1}\n".encode("utf-16"), "cannot be read as UTF-8 text"),
+        (None, "cannot be read as UTF-8 text"),  # a folder
+    ],
+    ids=["section_twice", "field_twice", "utf16", "folder"],
+)
+def test_a_config_file_that_says_two_things_or_cannot_be_read_is_refused(tmp_path, text, says):
+    path = tmp_path / "c.yaml"
+    if text is None:
+        path.mkdir()
+    elif isinstance(text, bytes):
+        path.write_bytes(text)
+    else:
+        path.write_text(text)
+    with pytest.raises(ConfigError, match=says):
+        load_config(path)
+
+
+def test_yaml_merge_keys_may_set_a_key_again(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("train:\n  <<: {lr: 0.001, epochs: 3}\n  lr: 0.002\n")
+    cfg = load_config(path)
+    assert (cfg.train.lr, cfg.train.epochs) == (0.002, 3)
+
+
+@pytest.mark.parametrize(
+    "override",
+    ["train.kl_coef=.inf", "train.weight_decay=.nan", "train.lr=-.inf", "experiment.name=team/arith",
+     "experiment.name=a:b", "experiment.name="],
+)  # fmt: skip
+def test_non_finite_numbers_and_names_mlflow_refuses_fail_at_load(override):
+    with pytest.raises(ConfigError, match=override.split("=")[0]):
+        load_config(None, [override])

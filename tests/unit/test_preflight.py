@@ -194,3 +194,33 @@ def test_without_an_address_the_run_starts_its_own_cluster_never_the_one_it_find
     with pytest.raises(Stop):
         outcomes._ray_map(ctx, "ray://head:10001", [[]], {})
     assert calls[1]["address"] == "ray://head:10001" and "num_cpus" not in calls[1]  # joined as given
+
+
+@pytest.mark.parametrize(
+    ("sets", "says"),
+    [
+        (
+            ["task.train_size=10", "rollout.prompts_per_iteration=16"],
+            "error: rollout.prompts_per_iteration=16 is more than the 10 training prompts of task.env=",
+        ),
+        (
+            ["task.env=shapes", "rollout.engine=hf"],
+            "error: task.env=shapes shows images, and model.path {folder} is a text-only policy",
+        ),
+    ],
+    ids=["more_prompts_than_the_task_has", "text_policy_for_images"],
+)
+def test_what_would_fail_mid_run_is_refused_before_any_work(qwen3, tmp_path, sets, says):
+    """Two refusals of a second audit: more prompts an iteration than the task has (it had failed in generate,
+    after the warm-up), and a text-only folder for an environment that shows images (a KeyError in the
+    prompt check). One line, exit 2, no run written."""
+    state = tmp_path / "state"
+    if "shapes" in sets[0]:
+        sets = [f"model.path={qwen3}", *sets]
+    args = ["run", "configs/smoke.yaml", *[x for s in sets for x in ("--set", s)], "--run-id", "r"]
+    res = CliRunner().invoke(app, args, env=cli_env(state))
+    assert res.exit_code == 2, res.output
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(says.format(folder=qwen3)), lines
+    store = state / "store"
+    assert not store.exists() or not any(p.name == "run.json" for p in store.rglob("*"))
