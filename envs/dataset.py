@@ -296,13 +296,25 @@ def _splits_of(opts_json: str, digests: tuple[str, ...]) -> tuple[list[dict[str,
 
 def data_files(opts: DatasetOptions) -> dict[str, str]:
     """{file or folder: sha256} of the data the options name."""
-    return {uri: _digest(uri) for uri in (opts.train, opts.heldout) if uri}
+    return {uri: _reading(uri, _digest, uri) for uri in (opts.train, opts.heldout) if uri}
 
 
 def load_splits(opts: DatasetOptions) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(train, held-out) tasks of the options' files (read once per content)."""
     digests = tuple(data_files(opts).values())
-    return _splits_of(opts.model_dump_json(), digests)
+    where = " and ".join(u for u in (opts.train, opts.heldout) if u)
+    return _reading(where, _splits_of, opts.model_dump_json(), digests)
+
+
+def _reading(where: str, fn: Any, *args: Any) -> Any:
+    """``fn(*args)``, with any failure to reach the data (an unreachable S3 endpoint, denied credentials, a
+    network error: whatever the fsspec backend raises) a ``ValueError`` naming the file."""
+    try:
+        return fn(*args)
+    except ValueError:
+        raise
+    except Exception as e:  # noqa: BLE001  (botocore's and aiohttp's errors are not OSErrors)
+        raise ValueError(f"task.env_args: {where}: cannot be read ({type(e).__name__}: {e})") from None
 
 
 # -- the environment -------------------------------------------------------------------------------------

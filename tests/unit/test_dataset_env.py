@@ -295,3 +295,24 @@ def test_local_data_files_are_recorded_as_absolute_paths(tmp_path, monkeypatch):
     monkeypatch.chdir("/")
     again = load_config(None, ["task.env=dataset", f"task.env_args={json.dumps(cfg.task.env_args)}"])
     assert len(_env(again).tasks("train", again.task, 0)) == 30
+
+
+def test_data_that_cannot_be_reached_is_named(tmp_path, monkeypatch):
+    """What the fsspec backend raises when the data is out of reach (botocore's EndpointConnectionError for an
+    S3 endpoint nothing answers on, denied credentials: not OSErrors) is a config error naming the file."""
+    import envs.dataset as dataset
+
+    class Unreachable(Exception):
+        pass
+
+    class FS:
+        def exists(self, path):
+            raise Unreachable(
+                'Could not connect to the endpoint URL: "http://127.0.0.1:9/bucket/train.jsonl"'
+            )
+
+    monkeypatch.setattr(dataset, "_open", lambda uri: (FS(), uri))
+    with pytest.raises(
+        ConfigError, match=r"s3://bucket/train\.jsonl: cannot be read \(Unreachable: Could not"
+    ):
+        _cfg(tmp_path, train="s3://bucket/train.jsonl", heldout_fraction=0.1)
