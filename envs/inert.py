@@ -20,8 +20,10 @@ arithmetic on literals and symbols:
 
 A text that neither reading parses cannot be evaluated by either (both raise first), so prose is untouched.
 
-    hazard("-3*x**3 + sin(x) + C")              # None
-    hazard("__import__('os').system('id')")     # "calls __import__"
+    >>> hazard("-3*x**3 + sin(x) + C") is None, hazard("__import__('os').system('id')")
+    (True, 'calls the result of an expression')
+    >>> hazard("open('/etc/passwd')"), hazard("5!")  # the second: parse_expr's factorial notation
+    ('calls open', 'calls factorial')
 """
 
 from __future__ import annotations
