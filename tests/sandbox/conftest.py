@@ -3,7 +3,10 @@ Helpers shared by the sandbox tests live here."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -23,3 +26,14 @@ def leftover_slot_processes(wait_s: float = 3.0, before: set[int] | None = None)
     while (out := sorted(set(slot_processes()) - (before or set()))) and time.monotonic() < deadline:
         time.sleep(0.1)
     return out
+
+
+def sandbox_exec(prog: Path, *options: str) -> subprocess.CompletedProcess[str]:
+    """``rlfoundry sandbox exec PROG OPTIONS... --json``, as a user runs it (its own process)."""
+    return subprocess.run(
+        [sys.executable, "-m", "flows.cli", "sandbox", "exec", str(prog), *options, "--json"],
+        cwd=Path(__file__).resolve().parents[2],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )

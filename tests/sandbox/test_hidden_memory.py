@@ -8,18 +8,16 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import textwrap
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
 from envs.sandbox import Limits
 from envs.sandbox.pool import SandboxPool
+from tests.sandbox.conftest import sandbox_exec
 
-ROOT = Path(__file__).resolve().parents[2]
 LIMITS = Limits(timeout_s=10, memory_mb=128)
 
 ATTACKS = {
@@ -77,13 +75,7 @@ def test_cli_sandbox_exec_reports_the_memory_stop(tmp_path):
     """``rlfoundry sandbox exec`` runs in a dedicated process: the OOM killer must not take that process."""
     prog = tmp_path / "p.py"
     prog.write_text(textwrap.dedent(ATTACKS["memfd_write"]))
-    r = subprocess.run(
-        [sys.executable, "-m", "flows.cli", "sandbox", "exec", str(prog), "--memory-mb", "128", "--json"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    r = sandbox_exec(prog, "--memory-mb", "128")
     assert r.returncode == 0, r.stderr[-2000:]
     out = json.loads(r.stdout)
     assert out["stopped_reason"] == "memory" and "not stopped" not in out["stdout"], out

@@ -9,7 +9,6 @@ import json
 import os
 import socket
 import subprocess
-import sys
 import textwrap
 import threading
 import time
@@ -20,7 +19,7 @@ import pytest
 from envs.sandbox import Limits, SandboxUnavailable, check_available
 from envs.sandbox.core import slot_processes
 from envs.sandbox.pool import SandboxPool
-from tests.sandbox.conftest import leftover_slot_processes
+from tests.sandbox.conftest import leftover_slot_processes, sandbox_exec
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -423,25 +422,7 @@ def test_refuses_when_a_mechanism_is_missing(monkeypatch):
 def test_cli_sandbox_exec(tmp_path):
     prog = tmp_path / "p.py"
     prog.write_text("import sys\nprint('hi')\nsys.stdout.write('z' * 200000)\n")
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "flows.cli",
-            "sandbox",
-            "exec",
-            str(prog),
-            "--timeout",
-            "5",
-            "--memory-mb",
-            "256",
-            "--json",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    r = sandbox_exec(prog, "--timeout", "5", "--memory-mb", "256")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["exit_code"] == 0 and out["timed_out"] is False and out["stdout"].startswith("hi\n")
@@ -449,13 +430,7 @@ def test_cli_sandbox_exec(tmp_path):
     assert set(out) >= {"exit_code", "timed_out", "stdout", "stderr", "stopped_reason"}
     loop = tmp_path / "loop.py"
     loop.write_text("while True: pass\n")
-    r = subprocess.run(
-        [sys.executable, "-m", "flows.cli", "sandbox", "exec", str(loop), "--timeout", "1", "--json"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    r = sandbox_exec(loop, "--timeout", "1")
     out = json.loads(r.stdout)
     assert out["timed_out"] is True and out["stopped_reason"] == "timeout"
 
