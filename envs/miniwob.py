@@ -37,6 +37,7 @@ import io
 import os
 import re
 import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -132,9 +133,16 @@ class Browser:
         from selenium.webdriver.chrome.service import Service
 
         chrome, driver = browser_paths()
+        # Chromium's profile and the temporary folders it makes beside it (its singleton socket's, which it
+        # leaves in the temp folder even after a clean quit) in one folder of this browser's, removed at close
+        # (in /tmp when the temp folder's path is long: a socket's path may have 107 bytes at most, and
+        # Chromium exits at start, saying nothing why, when its has more)
+        base = tempfile.gettempdir()
+        self.scratch = tempfile.mkdtemp(prefix="rlfoundry-browser-", dir=base if len(base) <= 34 else "/tmp")
         opts = webdriver.ChromeOptions()
         opts.binary_location = chrome
         for arg in (
+            f"--user-data-dir={self.scratch}/profile",
             "--headless=new",
             "--no-sandbox",  # the pages are the wheel's own; Chromium's sandbox needs user namespaces
             "--disable-gpu",
@@ -145,7 +153,12 @@ class Browser:
             "--disable-partial-raster",  # else rounded corners differ by what the browser drew before
         ):
             opts.add_argument(arg)
-        self.driver = webdriver.Chrome(service=Service(driver), options=opts)
+        service = Service(driver, env={**os.environ, "TMPDIR": self.scratch})
+        try:
+            self.driver = webdriver.Chrome(service=service, options=opts)
+        except BaseException:
+            shutil.rmtree(self.scratch, ignore_errors=True)
+            raise
         self.page = ""
 
     def start(self, name: str, seed: int) -> None:
@@ -208,6 +221,7 @@ class Browser:
     def close(self) -> None:
         with contextlib.suppress(Exception):
             self.driver.quit()
+        shutil.rmtree(self.scratch, ignore_errors=True)
 
 
 class _Pool:

@@ -29,7 +29,7 @@ from typing import Any
 
 from infra.localstack.process import Server, clean_env, spawn
 from infra.rollout_auth import TOKEN_ENV
-from rl_core.artifacts.paths import PROJECT_ROOT, free_port, state_dir, vllm_cache_root
+from rl_core.artifacts.paths import PROJECT_ROOT, free_port, state_dir, vllm_env
 from rl_core.models.engine_view import engine_folder
 from rl_core.models.vllm_args import cuda_visible, rollout_server_args, vllm_flags
 
@@ -45,7 +45,7 @@ def vllm_server_env(*, on_gpu: bool, **extra: str) -> dict[str, str]:
     env = clean_env(
         VLLM_NO_USAGE_STATS="1",
         VLLM_LOGGING_LEVEL="WARNING",
-        VLLM_CACHE_ROOT=vllm_cache_root(),
+        **vllm_env(),
         **extra,
     )
     for k in ("LD_LIBRARY_PATH", "VLLM_ENABLE_V1_MULTIPROCESSING", "LOCAL_WORLD_SIZE", "RANK", "WORLD_SIZE"):

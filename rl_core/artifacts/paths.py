@@ -41,6 +41,44 @@ def vllm_cache_root() -> str:
     return os.environ.get("VLLM_CACHE_ROOT") or str(cache_dir("vllm"))
 
 
+def vllm_ipc_dir() -> str:
+    """Where vLLM's engines put their ZeroMQ sockets (``VLLM_RPC_BASE_PATH``; vLLM's default is the temp
+    folder itself): ``VLLM_RPC_BASE_PATH`` when set, else one private folder per user in the temp folder. An
+    engine killed before its shutdown leaves its sockets behind (the suite left ~100 in /tmp a run): each call
+    removes those no process listens on any more, so the folder holds the live engines' sockets."""
+    given = os.environ.get("VLLM_RPC_BASE_PATH")
+    if given:
+        return given
+    import tempfile
+
+    base = tempfile.gettempdir()  # a socket's path has 107 bytes at most: /tmp when the temp folder's is long
+    folder = Path(base if len(base) <= 48 else "/tmp") / f"rlfoundry-vllm-{os.geteuid()}"
+    folder.mkdir(mode=0o700, exist_ok=True)
+    for entry in folder.iterdir():
+        if entry.is_socket() and not _listened_on(entry):
+            entry.unlink(missing_ok=True)
+    return str(folder)
+
+
+def _listened_on(path: Path) -> bool:
+    """Whether a process accepts connections on the Unix socket at ``path``."""
+    import socket
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        try:
+            s.connect(str(path))
+        except (ConnectionRefusedError, FileNotFoundError):
+            return False
+        except OSError:
+            return True  # not ours to judge (a full backlog, a permission): keep it
+    return True
+
+
+def vllm_env() -> dict[str, str]:
+    """The folders a vLLM engine process uses (``vllm_cache_root``, ``vllm_ipc_dir``), as environment."""
+    return {"VLLM_CACHE_ROOT": vllm_cache_root(), "VLLM_RPC_BASE_PATH": vllm_ipc_dir()}
+
+
 def configure_env() -> None:
     """Process defaults set before Prefect, MLflow and vLLM are imported: state under the state dir,
     quiet logs, telemetry off. Values already in the environment win."""
@@ -60,7 +98,7 @@ def configure_env() -> None:
         "MLFLOW_LOGGING_LEVEL": "WARNING",
         "VLLM_NO_USAGE_STATS": "1",
         "VLLM_LOGGING_LEVEL": "ERROR",
-        "VLLM_CACHE_ROOT": vllm_cache_root(),
+        **vllm_env(),
         "TOKENIZERS_PARALLELISM": "false",
         "TQDM_DISABLE": "1",
         "TRANSFORMERS_VERBOSITY": "error",

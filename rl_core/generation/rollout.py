@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from rl_core.artifacts.faults import fault
-from rl_core.artifacts.paths import vllm_cache_root
+from rl_core.artifacts.paths import vllm_env
 from rl_core.generation.sampling import refuse_nan, sample_tokens
 from rl_core.models.vision import suppress, unsampleable_ids
 from rl_core.models.vllm_args import captured_stderr, visible_gpus
@@ -92,7 +92,7 @@ class VLLMEngine:
         prefill, tensor parallel and sleep mode). ``gpus``: the engine's GPUs when they are not this process's
         first ones (rl_core.models.placement: its own rollout.gpus, or tensor parallel): its engine core then
         runs in a process of its own that sees only them."""
-        os.environ["VLLM_CACHE_ROOT"] = vllm_cache_root()
+        os.environ.update(vllm_env())
         self.multiprocess = multiprocess
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if multiprocess else "0"
         os.environ.update({k: os.environ.get(k, v) for k, v in QUIET.items()})

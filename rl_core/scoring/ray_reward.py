@@ -32,14 +32,14 @@ class _RewardModel(Probe):
     """vLLM's pooling runner on a reward model folder, in a Ray actor's process."""
 
     def start(self, files: dict[str, bytes], kv_cache_mb: int, device_args: dict[str, Any]) -> None:
-        from rl_core.artifacts.paths import vllm_cache_root
+        from rl_core.artifacts.paths import vllm_env
         from rl_core.models.vllm_args import captured_stderr, reward_vllm_args
 
         folder = Path(tempfile.mkdtemp(prefix="rlfoundry-reward-"))  # this node's own scratch
         for rel, data in files.items():
             (folder / rel).write_bytes(data)
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine in this actor's process
-        os.environ["VLLM_CACHE_ROOT"] = vllm_cache_root()
+        os.environ.update(vllm_env())
         os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
         from vllm import LLM

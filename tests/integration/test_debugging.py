@@ -135,14 +135,16 @@ def test_the_resumed_run_equals_an_uninterrupted_one_and_what_if_left_it_alone(w
 
 
 @pytest.mark.slow
-def test_the_report_opens_offline_in_chromium(walked):
+def test_the_report_opens_offline_in_chromium(walked, chromium_env):
     from playwright.sync_api import sync_playwright
 
     state, _ = walked
     page_file = state / "bad.html"
     assert page_file.exists()
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox"])
+        browser = p.chromium.launch(
+            executable_path="/usr/bin/chromium", args=["--no-sandbox"], env=chromium_env
+        )
         page = browser.new_page(viewport={"width": 1200, "height": 900})
         requests, errors = [], []
         page.on("request", lambda req: requests.append(req.url))

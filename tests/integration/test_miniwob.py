@@ -9,6 +9,7 @@ for bit."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -236,3 +237,26 @@ def test_a_run_from_pixels_on_the_built_in_idefics3_policy(tmp_path):
     warm = json.loads(base.read_text())["metrics"]
     assert warm["steps"] == 2 and warm["final_loss"] == warm["final_loss"]  # the teacher's episodes, learnt
     replayed_identical(tmp_path, "web", 2, ["generate"])
+
+
+def test_a_browser_leaves_nothing_in_the_temp_folder(monkeypatch):
+    """Chromium leaves a folder of its own in the temp folder even after a clean quit (one a browser: the
+    suite's left hundreds): the browser's scratch folder takes it, and its close removes that."""
+    import shutil
+    import tempfile
+
+    from envs.miniwob import Browser
+
+    # a short temp folder: the socket Chromium makes in it has a path of at most 108 bytes
+    root = Path(tempfile.mkdtemp(prefix="rlf-t-", dir="/tmp"))
+    monkeypatch.setenv("TMPDIR", str(root))
+    monkeypatch.setattr(tempfile, "tempdir", str(root))
+    try:
+        b = Browser()
+        b.start("click-button", 1)
+        assert len(b.screenshot()) > 100
+        assert [p.name for p in root.iterdir()] == [Path(b.scratch).name]
+        b.close()
+        assert list(root.iterdir()) == []
+    finally:
+        shutil.rmtree(root, ignore_errors=True)

@@ -208,7 +208,7 @@ def test_the_form_is_held_to_the_served_policy(served):
 
 
 @pytest.mark.slow
-def test_experiment_started_from_the_prefect_ui(served):
+def test_experiment_started_from_the_prefect_ui(served, chromium_env):
     """Headless Chromium (Debian's) opens the experiment's run form, changes one field, submits, and waits
     until the UI shows the flow run completed."""
     from playwright.sync_api import sync_playwright
@@ -217,7 +217,9 @@ def test_experiment_started_from_the_prefect_ui(served):
     dep = served["deps"]["experiment"]
     name = f"ui-{secrets.token_hex(3)}"
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox"])
+        browser = p.chromium.launch(
+            executable_path="/usr/bin/chromium", args=["--no-sandbox"], env=chromium_env
+        )
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         try:
             page.goto(f"{ui}/deployments/deployment/{dep['id']}/run", wait_until="networkidle")
