@@ -48,7 +48,8 @@ ROLLOUT_COLUMNS = [
     "completion_text",
     "finish_reason",
 ]
-MULTI_TURN_COLUMNS = ["turns", "actions", "observations"]
+# ``final``: how the environment's last step left the episode (``outcomes.final_of``), for the replay to check
+MULTI_TURN_COLUMNS = ["turns", "actions", "observations", "final"]
 
 
 def policy_engine(
@@ -134,6 +135,7 @@ class Episode:
     done: bool = False
     actions: list[str] = field(default_factory=list)
     observations: list[str] = field(default_factory=list)
+    final: str = "open"  # outcomes.final_of(the environment's last step)
     # where the folder's processor expands images (Idefics3): ``ids`` with each image's one marker unexpanded
     # (what vLLM is given), and the images each observation showed, in order
     raw: list[int] = field(default_factory=list)
@@ -166,6 +168,7 @@ class Episode:
         }
         if multi_turn:
             row.update(turns=self.turns, actions=self.actions, observations=self.observations)
+            row["final"] = self.final
         return row
 
     def add(self, ids: list[int], logprobs: list[float], trained: bool, raw: list[int] | None = None) -> None:

@@ -19,13 +19,24 @@ from typing import Any
 
 import pandas as pd
 
-from envs.base import BatchSteps, check_outcome, make_env
+from envs.base import BatchSteps, StepResult, check_outcome, make_env
 from rl_core.artifacts.images import digest
 from rl_core.artifacts.stage import StageJob, StageResult
 from rl_core.run.cluster import Probe, connect
 from rl_core.run.context import RunContext
 
 log = logging.getLogger("rlfoundry.envs")
+
+
+def final_of(res: StepResult) -> str:
+    """How a step left its episode: ``correct`` or ``incorrect`` when it ended it, else ``open`` (the episode
+    goes on, or was cut off after it: at ``max_turns`` or by the context). Stored with each multi-turn
+    rollout (``final``): its replay must end the same way.
+
+    >>> final_of(StepResult(None, True, {"correct": 1.0})), final_of(StepResult("more", False))
+    ('correct', 'open')
+    """
+    return ("correct" if res.outcome.get("correct") else "incorrect") if res.done else "open"
 
 
 def outcomes_for(
@@ -67,6 +78,10 @@ def outcomes_for(
                 mismatch = True  # the same words over another picture
             if res.done:
                 break
+        # the episode ends where and as it did when generated (its ``final``; rows stored before it have none)
+        if res is not None and r.get("final") is not None:
+            early = res.done and j + 1 < len(r["actions"])
+            mismatch = mismatch or early or final_of(res) != r["final"]
         outcome = {**(res.outcome if res else {}), "truncated": not (res and res.done)}
         if res is not None and res.done:
             check_outcome(env_name, outcome)

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from envs.base import Multimodal
 from rl_core.artifacts.seeding import derive_seed
+from rl_core.generation.outcomes import final_of
 from rl_core.generation.rollout import Request, SamplingSpec
 from rl_core.models.model import defused, observation_text, uses_chat_template
 from rl_core.models.model import prompt_ids as tokenize_prompt
@@ -67,6 +68,7 @@ def more_turns(
             action = tok.decode(ep.last.token_ids, skip_special_tokens=True)
             res = ep.env.step(action)
             ep.actions.append(action)
+            ep.final = final_of(res)
             if res.done or turn == max_turns:
                 ep.done = True
                 continue

@@ -260,3 +260,90 @@ def test_a_browser_leaves_nothing_in_the_temp_folder(monkeypatch):
         assert list(root.iterdir()) == []
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+# every action that needs no pixels: each key, a click on nothing, typing (into nothing focused)
+BLIND = ["key(Enter)", "key(Space)", "key(Escape)", "key(Backspace)", "click(2,2)", 'type("a b")']
+
+
+@pytest.mark.slow
+def test_no_action_sequence_that_ignores_the_screen_solves_a_page():
+    """A policy that never looks: every sequence of two pixel-free actions, on unseen pages of the curve's
+    tasks. With Tab among the keys, Tab Tab solved every focus-text page and a click on nothing, Tab, Enter
+    every click-test page; typed WebDriver key codes (Tab, Enter) did the same through ``type``."""
+    import itertools
+
+    env = make_env("miniwob", {"tasks": ["focus-text", "click-test"], "max_turns": 4, "browsers": 1})
+    for page, seed in (("focus-text", 2001), ("click-test", 2002)):
+        for first, second in itertools.product(BLIND, repeat=2):
+            env.reset({"page": page, "page_seed": seed}, 0)
+            res = env.step(first)
+            if not res.done:
+                res = env.step(second)
+            assert not (res.done and res.outcome["correct"]), (page, first, second)
+        for keys in ("\ue004", "\ue004\ue007", "\t", "\x00"):  # Tab, Tab Enter, and control characters
+            env.reset({"page": page, "page_seed": seed}, 0)
+            res = env.step(f'type("{keys}")')
+            assert res.observation and res.observation.startswith("error: type(...)"), (page, keys)
+            assert not res.done and not res.outcome["well_formed"]
+        env.reset({"page": page, "page_seed": seed}, 0)
+        res = env.step("key(Tab)")
+        assert res.observation and res.observation.startswith("error: not an action"), page
+
+
+@pytest.mark.slow
+def test_an_episode_scores_the_same_whatever_its_browser_ran_before():
+    """The same episodes in two orders on one browser: the same outcomes and pictures (a page's focus and
+    where keyboard focus moves from were the last episode's: one stored action scored 1, 0, 1, 0)."""
+    env = make_env("miniwob", {"tasks": ["focus-text", "click-test"], "browsers": 1})
+    episodes = []
+    for page, seed in (("focus-text", 7), ("click-test", 8), ("focus-text", 9)):
+        task = {"page": page, "page_seed": seed}
+        episodes += [(task, oracle_actions(env, task)[0]), (task, "click(2,2)"), (task, "key(Space)")]
+
+    def play(order):
+        got = {}
+        for i in order:
+            task, action = episodes[i]
+            env.reset(task, 0)
+            res = env.step(action)
+            got[i] = (res.done, res.outcome["correct"], res.images)
+        return got
+
+    forward = play(range(len(episodes)))
+    assert forward == play(reversed(range(len(episodes))))
+    assert [forward[i][1] for i in range(0, len(episodes), 3)] == [True] * 3  # the oracle's click solves
+
+
+@pytest.mark.slow
+def test_a_browser_that_dies_is_replaced_and_the_episode_goes_on(monkeypatch):
+    """Chromium killed under an episode (the OOM killer): the step runs again on a new browser, the pool
+    holds no dead one; a browser that fails every time is an error naming the page, not a hang."""
+    import psutil
+    from selenium.common.exceptions import WebDriverException
+
+    from envs.miniwob import POOL
+    from envs.miniwob_browser import BrowserFailed
+
+    POOL.close()  # none of the earlier tests' browsers: this one's the only one
+    env = make_env("miniwob", {"tasks": ["click-test"], "browsers": 1})
+    task = {"page": "click-test", "page_seed": 11}
+    env.reset(task, 0)
+    solve = oracle_actions(env, task)[0]
+    assert not env.step("click(2,2)").done
+    (dying,) = POOL.every
+    driver = psutil.Process(dying.driver.service.process.pid)
+    for p in driver.children(recursive=True):
+        p.kill()
+    res = env.step(solve)
+    assert res.done and res.outcome["correct"]
+    assert dying not in POOL.every and len(POOL.every) == 1
+
+    def broken(self, name, seed):
+        raise WebDriverException("tab crashed")
+
+    monkeypatch.setattr("envs.miniwob_browser.Browser.start", broken)
+    env.reset(task, 0)  # its first screen is known already
+    with pytest.raises(BrowserFailed, match="click-test failed: WebDriverException.*a second browser"):
+        env.step("click(2,2)")
+    assert len(POOL.every) == 0  # both dropped, none left wedged
