@@ -149,6 +149,40 @@ def write_qwen3_folder(out: Path, *, max_shard_size: str = "40KB", seed: int = 0
     return out
 
 
+def write_scripted_folder(out: Path, chain: dict[str, str], **config: Any) -> Path:
+    """A Qwen3 folder (``build_qwen3_tokenizer``'s, untied) whose next token is a function of the current one
+    alone, ``chain[token]``, by a logit margin of hundreds: greedy and sampled decoding both follow it. Every
+    block's output projections are zero, so each position's hidden state is its token's embedding (one-hot);
+    ``lm_head`` maps it to the next. ``config``: more ``Qwen3Config`` fields (e.g. ``eos_token_id``)."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    tok = build_qwen3_tokenizer()
+    n = len(tok)
+    width = (n + 31) // 32 * 32
+    fields = dict(hidden_size=width, intermediate_size=64, num_hidden_layers=1, head_dim=32)
+    fields |= dict(num_attention_heads=width // 32, num_key_value_heads=1, max_position_embeddings=256)
+    fields |= dict(tie_word_embeddings=False)
+    cfg = Qwen3Config(vocab_size=n, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, **fields)
+    for k, v in config.items():
+        setattr(cfg, k, v)
+    model = Qwen3ForCausalLM(cfg)
+    with torch.no_grad():
+        for name, w in model.named_parameters():
+            if name.endswith(("o_proj.weight", "down_proj.weight")):
+                w.zero_()
+        model.model.embed_tokens.weight.copy_(100 * torch.eye(n, width))
+        head = torch.zeros(n, width)
+        for now, then in chain.items():
+            head[tok.convert_tokens_to_ids(then), tok.convert_tokens_to_ids(now)] = 50.0
+        model.lm_head.weight.copy_(head)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    tok.save_pretrained(out)
+    (out / "generation_config.json").unlink(missing_ok=True)
+    return out
+
+
 def write_idefics3_folder(out: Path, **shape: Any) -> Path:
     """An Idefics3 (SmolVLM-architecture) folder as ``save_pretrained`` writes a hub checkpoint
     (``rl_core.models.idefics3.write_idefics3``, whose keywords ``shape`` takes: sharded safetensors, the PIL

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 from rl_core.artifacts.faults import fault
 from rl_core.artifacts.paths import vllm_env
-from rl_core.generation.sampling import refuse_nan, sample_tokens
+from rl_core.generation.sampling import completion_text, refuse_nan, sample_tokens
 from rl_core.models.vision import suppress, unsampleable_ids
 from rl_core.models.vllm_args import captured_stderr, visible_gpus
 
@@ -28,8 +28,7 @@ from rl_core.models.vllm_args import captured_stderr, visible_gpus
 class Request:
     prompt_ids: list[int]
     seed: int
-    # Encoded images (PNG) for a vision-language policy; their placeholder tokens are already in prompt_ids.
-    images: tuple[bytes, ...] = ()
+    images: tuple[bytes, ...] = ()  # a VLM's encoded images (PNG); their placeholders already in prompt_ids
     # Where the folder's processor expands the images (Idefics3): the prompt with one unexpanded marker per
     # image, what vLLM is given (it expands them itself, and must arrive at prompt_ids).
     unexpanded: tuple[int, ...] = ()
@@ -105,14 +104,16 @@ class VLLMEngine:
         # What the trainer's logits allow (rl_core.models.vision.suppress): never the image placeholder.
         self.allowed = allowed_token_ids(ckpt_dir)
         self.images = is_vlm(ckpt_dir)
-        # The model's own EOS ids (generation config and tokenizer), whatever vLLM's tokenizer would say.
-        self.stop = stop_ids(ckpt_dir, load_tokenizer(ckpt_dir))
+        # The model's own EOS ids (generation config and tokenizer), whatever vLLM's tokenizer would say; the
+        # completions' text from this tokenizer too (sampling.completion_text), not vLLM's detokenizer.
+        self.tokenizer = load_tokenizer(ckpt_dir)
+        self.stop = stop_ids(ckpt_dir, self.tokenizer)
         # the engine loads an untied view of a tied model (rl_core.models.engine_view)
         self.tied = is_tied(ckpt_dir)
-        # vLLM collects garbage five times while it starts, each time walking this process's whole heap
-        # (~880k objects: the start took 3.4 s, not 1.6 s, on a 2-core CPU: benchmarks/engine_start.py). One
-        # collection here, then what is alive moves to the permanent generation, so its collections walk only
-        # what it allocates (vLLM itself freezes the whole heap once up, and unfreezes it at shutdown).
+        # vLLM collects garbage five times while it starts, each time walking this process's whole heap (~880k
+        # objects: the start took 3.4 s, not 1.6 s, on a 2-core CPU: benchmarks/engine_start.py). One here,
+        # then what is alive moves to the permanent generation, so its collections walk only what it allocates
+        # (vLLM itself freezes the whole heap once up, and unfreezes it at shutdown).
         gc.collect()
         gc.freeze()
         with captured_stderr(), visible_gpus(gpus):
@@ -174,7 +175,8 @@ class VLLMEngine:
             for c in out.outputs:
                 ids = list(c.token_ids)
                 lps = [float(step[t].logprob) for step, t in zip(c.logprobs, ids, strict=True)]
-                comps.append(Completion(ids, lps, c.text, "stop" if c.finish_reason == "stop" else "length"))
+                text = completion_text(self.tokenizer, ids, self.stop)
+                comps.append(Completion(ids, lps, text, "stop" if c.finish_reason == "stop" else "length"))
             result.append(comps)
         return result
 
@@ -190,10 +192,9 @@ class VLLMEngine:
             kwargs = {"weights_path": str(engine_folder(ckpt_dir))}
         with captured_stderr():
             self.llm.collective_rpc("reload_weights", kwargs=kwargs)
-        # Prompt KV cached under the old weights would otherwise be served, and so would a vision-language
-        # model's image encodings (its vision tower's weights changed too): vLLM's encoder cache is reset on
-        # both sides, the scheduler's record and the runner's tensors (else "Encoder cache miss" on the next
-        # image it believes cached).
+        # Prompt KV cached under the old weights would otherwise be served, and a VLM's image encodings (its
+        # vision tower changed): vLLM's encoder cache is reset on both sides, the scheduler's record and the
+        # runner's tensors (else "Encoder cache miss" on the next image it believes cached).
         self.llm.reset_prefix_cache()
         if self.images:
             self.llm.llm_engine.reset_encoder_cache()
@@ -232,20 +233,19 @@ class HFEngine:
     """Plain transformers sampling loop with one torch.Generator per request (bitwise reproducible)."""
 
     def __init__(self, ckpt_dir: str | Path, *, dtype: str = "float32", workload: Any = None, **_: Any):
-        from rl_core.models.model import load_model, load_tokenizer, pad_id, stop_ids
-
-        self.ckpt_dir = str(ckpt_dir)
-        self.tokenizer = load_tokenizer(ckpt_dir)
         import torch
 
-        # rollout.dtype, as vLLM applies it (bf16 sampling beside an fp32 trainer is the user's choice)
-        # (workload: rl_core.models.placement's hf_engine, for its device and attention kernel; None: the CPU)
+        from rl_core.models.model import load_model, load_tokenizer, pad_id, stop_ids
+
+        self.ckpt_dir, self.tokenizer = str(ckpt_dir), load_tokenizer(ckpt_dir)
+
+        # rollout.dtype, as vLLM applies it (bf16 sampling beside an fp32 trainer is the user's choice);
+        # workload: rl_core.models.placement's hf_engine, its device and attention kernel (None: the CPU)
         model = load_model(ckpt_dir, None if workload is None else replace(workload, device="cpu"))
         self.model = model.to({"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]).eval()
         self.device = "cpu" if workload is None else workload.device
         self.model.to(self.device)
-        self.eos = set(stop_ids(ckpt_dir, self.tokenizer))
-        self.pad = pad_id(self.tokenizer)
+        self.eos, self.pad = set(stop_ids(ckpt_dir, self.tokenizer)), pad_id(self.tokenizer)
         self.never = unsampleable_ids(self.model)
         # each step's logits at its last position only, as transformers' generate does: no B x T x V
         keeps = "logits_to_keep" in inspect.signature(self.model.forward).parameters
@@ -323,7 +323,7 @@ class HFEngine:
             cut = ends[0] + 1 if ends else len(all_ids[j])
             toks, lps_j = all_ids[j][:cut], all_lp[j][:cut]
             stopped = bool(toks) and toks[-1] in self.eos
-            text = self.tokenizer.decode(toks[:-1] if stopped else toks)
+            text = completion_text(self.tokenizer, toks, self.eos)
             result[-1].append(Completion(toks, lps_j, text, "stop" if stopped else "length"))
         return result
 

@@ -33,6 +33,7 @@ import tenacity
 
 from rl_core.artifacts.manifest import ArtifactRef
 from rl_core.generation.rollout import Completion, Request, SamplingSpec
+from rl_core.generation.sampling import completion_text
 from rl_core.models.model import load_tokenizer, stop_ids
 
 # The flow's environment variable holding the token of the rollout servers it did not start
@@ -73,7 +74,8 @@ class ServerEngine:
         self.urls = list(urls)
         self.ckpt_dir = str(ckpt_dir)
         self.allowed = allowed_token_ids
-        self.stop = stop_ids(ckpt_dir, load_tokenizer(ckpt_dir))  # the model's own EOS ids
+        self.tokenizer = load_tokenizer(ckpt_dir)  # the completions' text (sampling.completion_text)
+        self.stop = stop_ids(ckpt_dir, self.tokenizer)  # the model's own EOS ids
         self.restart = restart
         self.on_close = on_close
         self.restarts = 0
@@ -147,7 +149,8 @@ class ServerEngine:
             lp = c["logprobs"]
             ids = [int(t.removeprefix("token_id:")) for t in lp["tokens"]]
             reason = "stop" if c["finish_reason"] == "stop" else "length"
-            comps.append(Completion(ids, [float(x) for x in lp["token_logprobs"]], c["text"], reason))
+            text = completion_text(self.tokenizer, ids, self.stop)
+            comps.append(Completion(ids, [float(x) for x in lp["token_logprobs"]], text, reason))
         if len(comps) != spec.n:
             raise RolloutServerError(
                 f"rollout server {self.urls[i]}: {len(comps)} completions, asked {spec.n}"

@@ -54,3 +54,12 @@ def sample_step(logits: Any, gens: list[Any], temperature: float) -> tuple[list[
     values = lps.tolist()
     refuse_nan([[x] for x in values])
     return toks.tolist(), values
+
+
+def completion_text(tokenizer: Any, ids: list[int], stop: Any) -> str:
+    """A completion's text, one rule for every engine: its tokens decoded by the folder's tokenizer, special
+    tokens kept (a Qwen3 folder's ``<think>``/``</think>`` are special: vLLM's own text dropped them, so
+    ``<think>h</think>7`` reached the verifier as ``h7`` from vLLM and as the whole from the HF engine), the
+    stop token that ended it (in ``stop``) left out."""
+    stopped = bool(ids) and ids[-1] in stop
+    return str(tokenizer.decode(ids[:-1] if stopped else ids, skip_special_tokens=False))
