@@ -41,11 +41,11 @@ def transient(exc: BaseException) -> bool:
 
 
 def s3_endpoint() -> str:
-    return (
-        os.environ.get("AWS_ENDPOINT_URL_S3")
-        or os.environ.get("AWS_ENDPOINT_URL")
-        or "the default AWS S3 endpoint"
-    )
+    """The S3 endpoint, as messages name it (without credentials, were any in its URL)."""
+    from rl_core.schema.config_secrets import redacted
+
+    url = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    return redacted(url) if url else "the default AWS S3 endpoint"
 
 
 def with_retries(fn: Callable[[], T], *, what: str, attempts: int, max_wait_s: float) -> T:

@@ -29,6 +29,7 @@ from rl_core.schema.config_layout import (
 from rl_core.schema.config_pg import PolicyGradientFields
 from rl_core.schema.config_reward import AuditSettings, JudgeSettings, RewardModelSettings, check_reward_names
 from rl_core.schema.config_sampling import SamplingFields
+from rl_core.schema.config_secrets import NoCredentials
 from rl_core.schema.overrides import (
     ConfigError,
     format_validation_error,
@@ -340,7 +341,7 @@ class TrackingSection(_Section, TrackingPlacementFields):
     enabled: bool = Field(True, description="Log lineage to MLflow.")
 
 
-class Config(_Section):
+class Config(_Section, NoCredentials):
     """A whole experiment."""
 
     experiment: ExperimentSection = Field(

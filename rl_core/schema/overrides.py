@@ -28,7 +28,8 @@ def format_validation_error(err: ValidationError, source: str) -> str:
             allowed = f" (allowed: {ctx['expected']})"
         got = e.get("input")
         shown = "" if isinstance(got, dict) else f"; got {got!r}"  # a whole section says nothing new
-        lines.append(f"  {loc}: {e['msg']}{allowed}{shown}")
+        said = f"{e['msg'].removeprefix('Value error, ')}{allowed}{shown}"
+        lines.append(f"  {loc}: {said}" if loc else f"  {said}")  # the whole config's own check: no field
     return "\n".join(lines)
 
 

@@ -197,3 +197,41 @@ def test_yaml_merge_keys_may_set_a_key_again(tmp_path):
 def test_non_finite_numbers_and_names_mlflow_refuses_fail_at_load(override):
     with pytest.raises(ConfigError, match=override.split("=")[0]):
         load_config(None, [override])
+
+
+SECRET = "FAKESECRET123"
+
+
+@pytest.mark.parametrize(
+    "override, field",
+    [
+        (f"tracking.mlflow_uri=http://alice:{SECRET}@127.0.0.1:5055", "tracking.mlflow_uri"),
+        (f"tracking.mlflow_uri=https://{SECRET}@mlflow.example", "tracking.mlflow_uri"),  # a token as user
+        (f'rollout.server_urls=["http://127.0.0.1:8000", "http://u:{SECRET}@127.0.0.1:1"]', "urls[1]"),
+        (f"reward.model.url=http://rm:{SECRET}@127.0.0.1:9000", "reward.model.url"),
+    ],
+)
+def test_a_url_with_credentials_is_refused_without_repeating_them(override, field):
+    """The config is logged whole (MLflow params, run.json, Prefect's parameters, the report): a password in
+    one of its URLs was stored in all of them and printed by MLflow."""
+    with pytest.raises(ConfigError) as e:
+        load_config("configs/smoke.yaml", [override])
+    said = str(e.value)
+    assert field in said and "credentials" in said and "MLFLOW_TRACKING_PASSWORD" in said
+    assert SECRET not in said
+
+
+def test_urls_without_credentials_and_at_signs_elsewhere_load():
+    cfg = load_config(
+        "configs/smoke.yaml",
+        ["tracking.mlflow_uri=http://127.0.0.1:5055", "experiment.name=at-home"],
+    )
+    assert cfg.tracking.mlflow_uri == "http://127.0.0.1:5055"
+
+
+def test_the_s3_endpoint_is_named_without_its_credentials(monkeypatch):
+    from rl_core.artifacts.retries import s3_endpoint
+
+    monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://minio:{SECRET}@127.0.0.1:9000")
+    assert s3_endpoint() == "http://***@127.0.0.1:9000"
