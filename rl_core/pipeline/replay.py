@@ -72,10 +72,17 @@ def diff_checkpoints(store: Store, a: ArtifactRef, b: ArtifactRef) -> dict[str, 
 
     from rl_core.models.model import is_weight_file
 
+    def read(ref: ArtifactRef, name: str) -> bytes:  # checked against the manifest: a corrupt file is named
+        return store.read_bytes(ArtifactRef(uri=f"{ref.uri}/{name}", sha256=(ref.files or {})[name]))
+
     def tensors(ref: ArtifactRef) -> dict[str, Any]:  # one model.safetensors or every shard
         names = [n for n in ref.files or {} if is_weight_file(n) and n.endswith(".safetensors")]
-        return {k: v for n in names for k, v in load(store.read_bytes(f"{ref.uri}/{n}")).items()}
+        return {k: v for n in names for k, v in load(read(ref, n)).items()}
 
+    # the stored files are what they were committed as, or the comparison would be with the manifest alone
+    for name in a.files or {}:
+        if not (is_weight_file(name) and name.endswith(".safetensors")):
+            read(a, name)
     out: dict[str, Any] = {"identical": a.sha256 == b.sha256}
     wa, wb = tensors(a), tensors(b)
     out["max_abs_diff"] = max(float((wa[k] - wb[k]).abs().max()) for k in wa) if set(wa) == set(wb) else None
@@ -91,6 +98,7 @@ def diff_artifact(store: Store, old: ArtifactRef, new: ArtifactRef) -> dict[str,
     if old.uri.endswith(".parquet"):
         d = diff_tables(store.read_table(old), store.read_table(new))
         return {**d, "identical": old.sha256 == new.sha256 or d["identical"]}
+    store.read_bytes(old)  # the stored bytes, checked against their manifest sha256 (a corrupt one is named)
     return {"identical": old.sha256 == new.sha256}
 
 

@@ -50,3 +50,40 @@ def test_equal_tables_are_identical_and_types_count(tmp_path):
         "rows_changed": 1,
         "columns_changed": ["completion_text"],
     }
+
+
+def _flip(path, at: int = -8) -> None:
+    data = bytearray(path.read_bytes())
+    data[at] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_a_corrupt_stored_checkpoint_is_named_not_called_identical(tmp_path):
+    """replay compared a checkpoint's manifest hashes and read the stored files unchecked: four flipped bytes
+    in the stored weights (max_abs_diff 3.4e38) and in its optimizer state came out "identical"."""
+    import pytest
+    import torch
+    from safetensors.torch import save
+
+    from rl_core.artifacts.store import ArtifactError
+
+    store = Store(str(tmp_path))
+    files = {
+        "model.safetensors": save({"w": torch.arange(64, dtype=torch.float32)}),
+        "config.json": b'{"model_type": "qwen2"}',
+        "optimizer.safetensors": save({"m": torch.ones(8)}),
+    }
+    old = store.put_files(files, store.root + "/a/checkpoint")
+    new = store.put_files(files, store.root + "/b/checkpoint")
+    assert diff_artifact(store, old, new)["identical"] is True
+    for name in ("model.safetensors", "optimizer.safetensors", "config.json"):
+        stored = tmp_path / "a" / "checkpoint" / name
+        good = stored.read_bytes()
+        _flip(stored)
+        with pytest.raises(ArtifactError, match=f"corrupt: .*a/checkpoint/{name}"):
+            diff_artifact(store, old, new)
+        stored.write_bytes(good)
+    blob = store.write_bytes(store.root + "/a/state.bin", b"x" * 64)  # a single-file artifact
+    _flip(tmp_path / "a" / "state.bin")
+    with pytest.raises(ArtifactError, match="corrupt: .*state.bin"):
+        diff_artifact(store, blob, blob)
