@@ -18,11 +18,33 @@ Heavy libraries (torch, vLLM, Prefect, MLflow) are imported inside the commands,
 
 from __future__ import annotations
 
+import sys
+from typing import Any
+
 import typer
 
 from flows.cli import debugging, experiment, inspection, judge, operations, reward_model, sandbox
 
-app = typer.Typer(
+
+class _Program(typer.Typer):
+    """The ``rlfoundry`` program: a corrupt or missing artifact, or an unreachable store, that no command
+    caught ends it with one line naming it (exit 2; 3: the store), not a traceback."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().__call__(*args, **kwargs)
+        except Exception as e:
+            from rl_core.artifacts.retries import StoreUnavailable
+            from rl_core.artifacts.store import ArtifactError
+            from rl_core.run.runs import RunError
+
+            if not isinstance(e, ArtifactError | RunError | StoreUnavailable):
+                raise
+            typer.echo(f"error: {e}", err=True)
+            sys.exit(3 if isinstance(e, StoreUnavailable) else 2)
+
+
+app = _Program(
     add_completion=False, no_args_is_help=True, help="RL post-training as resumable Prefect workflows."
 )
 

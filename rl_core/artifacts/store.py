@@ -225,7 +225,11 @@ class Store:
         return self.write_bytes(uri, json.dumps(obj, indent=2, sort_keys=True).encode())
 
     def read_json(self, ref: ArtifactRef | str) -> Any:
-        return json.loads(self.read_bytes(ref))
+        """The JSON document; one that does not parse is an ``ArtifactError`` naming it."""
+        try:
+            return json.loads(self.read_bytes(ref))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ArtifactError(f"corrupt JSON: {getattr(ref, 'uri', ref)}: {e}") from e
 
     # -- tables ---------------------------------------------------------------------------------
     def write_table(self, uri: str, df: pd.DataFrame) -> ArtifactRef:
@@ -331,9 +335,9 @@ class Store:
         self.behind.settle(uri)
         try:  # a local one unchanged since it was read is not read again (``self.seen``)
             if self.is_local:
-                data = self.seen.read(self._path(uri), lambda: self.read_json(uri))
+                data = self.seen.read(self._path(uri), lambda: json.loads(self.read_bytes(uri)))
             else:
-                data = self.read_json(uri) if self.exists(uri) else None
+                data = json.loads(self.read_bytes(uri)) if self.exists(uri) else None
             return None if data is None else Manifest.model_validate(data)
         except (json.JSONDecodeError, UnicodeDecodeError, pydantic.ValidationError) as e:
             raise ArtifactError(f"manifest corrupt: {uri}: {e}") from e
