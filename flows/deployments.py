@@ -60,17 +60,19 @@ def experiment(config: Config, run_id: OptionalRunId = "") -> dict[str, Any]:
     from flows.observe import mirror
     from rl_core.artifacts.report import subscribe
     from rl_core.run.context import RunContext
+    from rl_core.run.run_lock import holding_run
     from rl_core.run.runs import create_or_resume, new_run_id
 
     rid = run_id or new_run_id()
     ctx = RunContext(config, rid)
-    if create_or_resume(ctx, "either") == "resumed":
-        get_run_logger().info("run %s exists with this config: resuming it", rid)
-    stop = subscribe(mirror(rid))  # this flow run's page shows the run's lines and tables too
-    try:
-        result = with_result_storage(experiment_flow, ctx.store)(config, rid)
-    finally:
-        stop()
+    with holding_run(ctx):  # one process at a time runs a run (another flow run of it is refused)
+        if create_or_resume(ctx, "either") == "resumed":
+            get_run_logger().info("run %s exists with this config: resuming it", rid)
+        stop = subscribe(mirror(rid))  # this flow run's page shows the run's lines and tables too
+        try:
+            result = with_result_storage(experiment_flow, ctx.store)(config, rid)
+        finally:
+            stop()
     create_markdown_artifact(
         f"run `{rid}`: held-out accuracy {result['base_accuracy']:.3f} (base) -> "
         f"{result['final']['accuracy']:.3f}\n\n"

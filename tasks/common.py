@@ -22,6 +22,7 @@ from rl_core.run.context import RunContext
 from rl_core.run.lineage import write_mode
 from rl_core.run.lineage_jobs import lineage, prepare_writer, write_iteration_records
 from rl_core.run.lineage_writer import LineageWriter
+from rl_core.run.run_lock import run_guard
 from rl_core.schema.config import Config, config_hash
 
 _CONTEXTS: dict[tuple[str, str], RunContext] = {}
@@ -162,7 +163,9 @@ def run_table_stage(cfg: Config, run_id: str, name: str, iteration: int, mlflow_
             heartbeat_s=sc.lock_heartbeat_s,
         )
     else:
-        manifest = run_stage(ctx.store, run_id, iteration, name, chash, inputs, body, ctx.accepted_hashes)
+        guard = run_guard(ctx)  # committed only while this process holds the run (rl_core.run.run_lock)
+        accepted = ctx.accepted_hashes
+        manifest = run_stage(ctx.store, run_id, iteration, name, chash, inputs, body, accepted, guard)
     how = "reused: committed earlier" if manifest.reused else f"committed in {manifest.timings.seconds:.2f} s"
     log.info("%s of iteration %d: %s", name, iteration, how)
     if lineage(cfg) is not None and mlflow_run is not None:

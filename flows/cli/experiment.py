@@ -10,6 +10,7 @@ server that dies with it (``infra.localstack.prefect_server.ensure_api``)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from pathlib import Path
@@ -142,19 +143,32 @@ def launch(
 ) -> None:
     """Create or resume the run record (``create_or_resume``), then run the experiment flow with progress."""
     from envs.base import EnvUnavailable
-    from infra.localstack.prefect_server import ensure_api
-    from rl_core.artifacts.report import subscribe
     from rl_core.artifacts.retries import StoreUnavailable
     from rl_core.run.context import RunContext
-    from rl_core.run.runs import RunError, create_or_resume, new_run_id, run_command
+    from rl_core.run.run_lock import holding_run
+    from rl_core.run.runs import RunError, create_or_resume, new_run_id
     from rl_core.schema.config import ConfigError
 
     rid = run_id or new_run_id()
+    held = contextlib.ExitStack()  # the run's lock, from before its record is written until the flow ends
     try:  # EnvUnavailable: the environment's browser or tool is missing (refused before any work)
         ctx = RunContext(cfg, rid)
+        held.enter_context(holding_run(ctx))
         create_or_resume(ctx, mode, force=force)
     except (RunError, ConfigError, StoreUnavailable, EnvUnavailable) as e:  # ConfigError: a bad model.path
+        held.close()
         fail(str(e), 3 if isinstance(e, StoreUnavailable) else 2)
+    with held:
+        _follow(cfg, rid, ctx, curve)
+
+
+def _follow(cfg: Any, rid: str, ctx: Any, curve: Path | None) -> None:
+    """Run the experiment flow of the created or resumed run ``rid``, with its progress display."""
+    from infra.localstack.prefect_server import ensure_api
+    from rl_core.artifacts.report import subscribe
+    from rl_core.artifacts.retries import StoreUnavailable
+    from rl_core.run.runs import run_command
+
     typer.echo(f"run id: {rid}")
     typer.echo(f"artifacts: {ctx.store.run_uri(rid)}")
     ensure_api()

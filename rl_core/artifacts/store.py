@@ -349,6 +349,12 @@ class Store:
         names = self._io(f"list {self.root}", lambda: self.fs.ls(base, detail=False, refresh=True))
         return sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in names)
 
+    def remove_if_empty(self, uri: str) -> None:
+        """Remove the folder ``uri`` if nothing is in it (a local store's; an object store has no folders)."""
+        if self.is_local:
+            with contextlib.suppress(OSError):
+                os.rmdir(self._path(uri))
+
     def clear(self, uri: str) -> None:
         """Remove a stage folder's leftovers from a crashed attempt."""
         self.behind.settle(uri)

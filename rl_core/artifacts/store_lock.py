@@ -39,6 +39,10 @@ class LockLost(ArtifactError):
     """The lock was broken while held (its heartbeat stopped for longer than the stale rule allows)."""
 
 
+class LockHeld(RuntimeError):
+    """``acquire(wait=False)`` found the lock held by a live holder (its process runs, or it beats)."""
+
+
 def _alive(pid: int) -> bool:
     """Whether process ``pid`` of this host still runs (a killed one not yet reaped by its parent: no)."""
     try:
@@ -96,8 +100,10 @@ class StageLock:
         self.store.write_bytes(self._beat_uri(self.token), str(self._beats).encode())
 
     # -- holding ----------------------------------------------------------------------------------------
-    def acquire(self) -> StageLock:
-        """Wait until this process holds the lock (as long as a live holder keeps beating)."""
+    def acquire(self, wait: bool = True) -> StageLock:
+        """Wait until this process holds the lock (as long as a live holder keeps beating). ``wait`` False:
+        raise ``LockHeld`` naming the holder once it is known to be live (on this host: its process runs;
+        elsewhere: its heartbeat moved), still breaking a dead or stale one."""
         me = {"token": self.token, "owner": self.owner, "host": socket.gethostname(), "pid": os.getpid()}
         t0 = time.monotonic()
         seen: tuple[str, bytes | None] | None = None  # (holder's token, its last heartbeat)
@@ -113,9 +119,14 @@ class StageLock:
                 break
             beat = self.store.read_bytes_if_any(self._beat_uri(holder["token"]))
             now = time.monotonic()
+            moved = seen is not None and seen[0] == holder["token"] and seen[1] != beat
             if seen is None or seen != (holder["token"], beat):
                 seen, seen_at = (holder["token"], beat), now
-            dead = holder.get("host") == me["host"] and not _alive(int(holder.get("pid", -1)))
+            here = holder.get("host") == me["host"]
+            dead = here and not _alive(int(holder.get("pid", -1)))
+            if not wait and not dead and (here or moved):
+                who = f"{holder.get('owner')} (pid {holder.get('pid')} on {holder.get('host')})"
+                raise LockHeld(f"{self.uri} is held by {who}")
             if dead or now - seen_at > self.stale_after_s:
                 why = "its process is gone" if dead else f"no heartbeat for {now - seen_at:.0f} s"
                 self._break(holder, why)

@@ -17,3 +17,33 @@ def test_a_corrupt_run_record_is_named_in_one_line(tmp_path):
         assert "error: corrupt JSON: " in r.stderr and "r1/run.json" in r.stderr, (cmd, said)
         assert "Traceback" not in said, (cmd, said)
     assert record.read_text() == '{"run_id": "r1", "conf'  # nothing rewrote it
+
+
+def test_a_run_running_elsewhere_is_refused_before_any_work(tmp_path):
+    """``rlfoundry run``/``resume`` of a run another live process runs: refused naming it, nothing written."""
+    import multiprocessing as mp
+
+    from tests.unit.test_run_lock import _hold
+
+    spawn = mp.get_context("spawn")
+    ready = spawn.Event()
+    proc = spawn.Process(target=_hold, args=(str(tmp_path / "store"), ready), daemon=True)
+    proc.start()
+    try:
+        assert ready.wait(60)
+        r = run_cli(["run", "configs/smoke.yaml", "--run-id", "r1"], tmp_path, timeout=300)
+        assert r.returncode == 2 and "run r1 is running in another process" in r.stderr, r.stderr[-2000:]
+        assert f"pid {proc.pid}" in r.stderr and "Traceback" not in r.stderr
+        assert sorted(p.name for p in (tmp_path / "store" / "r1").iterdir()) == [
+            "run.lock",
+            f"run.lock-{_beat_token(tmp_path)}.beat",
+        ]
+    finally:
+        proc.kill()
+        proc.join()
+
+
+def _beat_token(state) -> str:
+    import json
+
+    return json.loads((state / "store" / "r1" / "run.lock").read_text())["token"]
