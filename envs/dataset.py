@@ -5,9 +5,9 @@ verifier — GSM8K/MATH-style JSONL or Parquet, verl's ``prompt`` + ``reward_mod
     task:
       env: dataset
       env_args:
-        train: data/train.jsonl            # .jsonl / .json / .parquet, or a save_to_disk folder
+        train: data/train.jsonl            # .jsonl / .json (or JSON Lines) / .parquet, save_to_disk folder
         heldout: data/test.jsonl           # or heldout_fraction: 0.1 (rows split by a hash of the prompt)
-        prompt_field: problem              # a text, or chat messages [{role, content}, ...]
+        prompt_field: problem              # a text, or chat messages [{role, content}, ...], the user's last
         answer_field: answer               # dotted for nested fields: reward_model.ground_truth
         solution_field: solution           # optional: what the warm-up imitates (else the answer)
         verifier: math                     # math (math-verify), numeric, exact, code
@@ -28,15 +28,15 @@ and the iteration alone — the same across a crash and resume, and under asynch
 part of the base model's identity (``rl_core.run.context.base_id``) and recorded with the run (``run.json``):
 a file changed since the run started is refused on resume, naming it. A bad file — unreadable, a row without
 its field, an empty split, a held-out row that is also a training row — fails when the config is loaded,
-naming the file, the row and the field."""
+naming the file, the row (and a JSON Lines file's line) and the field. The answer is compared as written
+(``envs/dataset_rows.py``): a number in plain notation (a float64 column's ``18.0`` is ``18``), never in its
+Python spelling (a boolean or a list is refused)."""
 
 from __future__ import annotations
 
 import functools
 import hashlib
-import io
 import json
-import math
 import random
 from pathlib import Path
 from typing import Any, Literal
@@ -44,6 +44,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from envs.base import StepResult, derived_seed
+from envs.dataset_rows import answer as _answer
+from envs.dataset_rows import field as _field
+from envs.dataset_rows import file_rows
+from envs.dataset_rows import prompt as _prompt
 from envs.dataset_verify import check, code_outcomes, code_tests, final_answer
 
 
@@ -129,8 +133,8 @@ def _digest_of(uri: str, stamp: tuple[Any, ...]) -> str:
     return hashlib.sha256(fs.cat_file(path)).hexdigest()
 
 
-def _rows(uri: str) -> list[dict[str, Any]]:
-    """The rows of one file or folder, as dicts; an error names the file and the row."""
+def _rows(uri: str) -> list[tuple[Any, str]]:
+    """(row, where it is: a JSON Lines file's line, a folder's file) of one file or folder."""
     fs, path = _open(uri)
     if not fs.exists(path):
         raise ValueError(f"task.env_args: {uri}: no such file or folder")
@@ -146,95 +150,18 @@ def _rows(uri: str) -> list[dict[str, Any]]:
         )
         if not files:
             raise ValueError(f"task.env_args: {uri}: a folder without .arrow, .parquet or .jsonl files")
-        return [row for f in files for row in _file_rows(fs, f, f"{uri}/{f[len(path) :].lstrip('/')}")]
+        rels = [f[len(path) :].lstrip("/") for f in files]
+        return [
+            (row, f"{rel} {line}".strip())
+            for f, rel in zip(files, rels, strict=True)
+            for row, line in _file_rows(fs, f, f"{uri}/{rel}")
+        ]
     return _file_rows(fs, path, uri)
 
 
-def _file_rows(fs: Any, path: str, name: str) -> list[dict[str, Any]]:
-    data = fs.cat_file(path)
-    if path.endswith(".jsonl"):
-        rows = []
-        for i, line in enumerate(data.decode("utf-8", errors="strict").splitlines(), 1):
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"task.env_args: {name}: line {i} is not JSON ({e.msg})") from None
-        return rows
-    if path.endswith(".json"):
-        try:
-            rows = json.loads(data)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"task.env_args: {name}: not JSON ({e.msg})") from None
-        if not isinstance(rows, list):
-            raise ValueError(f"task.env_args: {name}: expected a JSON list of rows")
-        return rows
-    if path.endswith((".parquet", ".arrow")):
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        try:
-            if path.endswith(".parquet"):
-                table = pq.read_table(io.BytesIO(data))
-            else:  # a save_to_disk shard: an Arrow IPC stream
-                table = pa.ipc.open_stream(io.BytesIO(data)).read_all()
-        except (pa.ArrowInvalid, OSError) as e:
-            raise ValueError(f"task.env_args: {name}: unreadable ({e})") from None
-        return table.to_pylist()
-    raise ValueError(f"task.env_args: {name}: not a .jsonl, .json, .parquet file or save_to_disk folder")
-
-
-def _field(row: dict[str, Any], dotted: str, name: str, i: int) -> Any:
-    value: Any = row
-    for part in dotted.split("."):
-        if not isinstance(value, dict) or part not in value or value[part] is None:
-            raise ValueError(f"task.env_args: {name}: row {i} has no field {dotted!r}")
-        value = value[part]
-    return value
-
-
-_ROLES = ("system", "user", "assistant")
-
-
-def _prompt(value: Any, name: str, i: int, field: str) -> str | list[dict[str, str]]:
-    where = f"task.env_args: {name}: row {i} field {field!r}"
-    if isinstance(value, str) and value.strip():
-        return _text(value, where)
-    if (
-        isinstance(value, list)
-        and value
-        and all(
-            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-            for m in value
-        )
-    ):
-        roles = [m["role"] for m in value]
-        if any(r not in _ROLES for r in roles) or "user" not in roles:
-            raise ValueError(f"{where}: chat messages need a user turn and roles among {_ROLES}, not {roles}")
-        if any(not m["content"].strip() for m in value):
-            raise ValueError(f"{where}: a chat message has empty content")
-        return [{"role": m["role"], "content": _text(m["content"], where)} for m in value]
-    raise ValueError(f"{where} is neither a text nor chat messages [{{role, content}}]")
-
-
-def _text(value: str, where: str) -> str:
-    """``value`` if it is valid Unicode text (a lone surrogate cannot be stored or tokenized)."""
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise ValueError(f"{where}: not valid Unicode text ({e.reason} at character {e.start})") from None
-    return value
-
-
-def _answer(value: Any, where: str) -> str:
-    """The answer field as text: a text, a finite number, a boolean or a list (a gold answer of several
-    values, which ``math`` matches in its own form); an object, NaN or infinity is refused rather than
-    compared as its Python spelling."""
-    if not isinstance(value, str | int | float | list):
-        raise ValueError(f"{where} is a {type(value).__name__}, not a text, a number or a list")
-    if isinstance(value, float) and not math.isfinite(value):
-        raise ValueError(f"{where} is {value}, not a number")
-    return _text(str(value).strip(), where)
+def _file_rows(fs: Any, path: str, name: str) -> list[tuple[Any, str]]:
+    """(row, where in the file it is: "line 5" of a JSON Lines file, else "") of one file."""
+    return [(row, f"line {n}" if n else "") for row, n in file_rows(fs.cat_file(path), path, name)]
 
 
 def _key(prompt: str | list[dict[str, str]]) -> str:
@@ -243,29 +170,38 @@ def _key(prompt: str | list[dict[str, str]]) -> str:
 
 def _tasks(opts: DatasetOptions, uri: str, split: str) -> list[dict[str, Any]]:
     out = []
-    for i, row in enumerate(_rows(uri)):
-        if not isinstance(row, dict):
-            raise ValueError(f"task.env_args: {uri}: row {i} is not an object")
-        task: dict[str, Any] = {
-            "task_id": f"{split}-{i:06d}",
-            "prompt": _prompt(_field(row, opts.prompt_field, uri, i), uri, i, opts.prompt_field),
-            "answer": _answer(
-                _field(row, opts.answer_field, uri, i),
-                f"task.env_args: {uri}: row {i} field {opts.answer_field!r}",
-            ),
-            "row": i,
-        }
-        if not task["answer"]:
-            raise ValueError(f"task.env_args: {uri}: row {i} field {opts.answer_field!r} is empty")
-        if opts.solution_field:
-            task["solution"] = str(_field(row, opts.solution_field, uri, i))
-        if opts.verifier == "code":
-            entry = str(_field(row, opts.entry_field, uri, i)) if opts.entry_field else None
-            task["test"], task["entry"] = code_tests(_field(row, opts.tests_field, uri, i), entry, uri, i)
-        out.append(task)
+    for i, (row, line) in enumerate(_rows(uri)):
+        try:
+            out.append(_task(opts, uri, split, i, row))
+        except ValueError as e:
+            if not line:
+                raise
+            raise ValueError(f"{e} ({line})") from None  # row i of the rows is line n of the file
     if not out:
         raise ValueError(f"task.env_args: {uri}: the {split} split has no rows")
     return out
+
+
+def _task(opts: DatasetOptions, uri: str, split: str, i: int, row: Any) -> dict[str, Any]:
+    if not isinstance(row, dict):
+        raise ValueError(f"task.env_args: {uri}: row {i} is not an object")
+    task: dict[str, Any] = {
+        "task_id": f"{split}-{i:06d}",
+        "prompt": _prompt(_field(row, opts.prompt_field, uri, i), uri, i, opts.prompt_field),
+        "answer": _answer(
+            _field(row, opts.answer_field, uri, i),
+            f"task.env_args: {uri}: row {i} field {opts.answer_field!r}",
+        ),
+        "row": i,
+    }
+    if not task["answer"]:
+        raise ValueError(f"task.env_args: {uri}: row {i} field {opts.answer_field!r} is empty")
+    if opts.solution_field:
+        task["solution"] = str(_field(row, opts.solution_field, uri, i))
+    if opts.verifier == "code":
+        entry = str(_field(row, opts.entry_field, uri, i)) if opts.entry_field else None
+        task["test"], task["entry"] = code_tests(_field(row, opts.tests_field, uri, i), entry, uri, i)
+    return task
 
 
 @functools.lru_cache(maxsize=8)

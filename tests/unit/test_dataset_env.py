@@ -316,3 +316,118 @@ def test_data_that_cannot_be_reached_is_named(tmp_path, monkeypatch):
         ConfigError, match=r"s3://bucket/train\.jsonl: cannot be read \(Unreachable: Could not"
     ):
         _cfg(tmp_path, train="s3://bucket/train.jsonl", heldout_fraction=0.1)
+
+
+def test_chat_prompt_ending_with_the_assistant_turn_is_refused(tmp_path):
+    """An SFT `messages` column ends with the assistant's answer: as a prompt it would show the policy the
+    gold answer and open a second assistant turn. Refused, naming the file, row, line and field."""
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 3+4?"}]
+    sft = [{"messages": [*chat, {"role": "assistant", "content": "7"}], "answer": "7"}]
+    with pytest.raises(
+        ConfigError,
+        match=r"train\.jsonl: row 1 field 'messages': the last chat message is the assistant's, not the "
+        r"user's .*\(line 2\)",
+    ):
+        src = _jsonl(tmp_path / "train.jsonl", [{"messages": chat, "answer": "7"}, *sft])
+        held = _jsonl(tmp_path / "held.jsonl", [{"messages": [chat[1]], "answer": "2"}])
+        _cfg(tmp_path, train=str(src), heldout=str(held), prompt_field="messages")
+    turns = [*chat, {"role": "assistant", "content": "Sure."}, {"role": "user", "content": "And 4+4?"}]
+    rows = [{"messages": turns, "answer": "8"}]  # earlier assistant turns are fine: the user's is the last
+    cfg = _cfg(
+        tmp_path,
+        train=str(_jsonl(tmp_path / "multi.jsonl", rows)),
+        heldout=str(held),
+        prompt_field="messages",
+    )
+    assert _env(cfg).tasks("train", cfg.task, 0)[0]["prompt"] == turns
+
+
+def test_numeric_answers_are_compared_as_written_not_in_python_spelling(tmp_path):
+    """A float64 Parquet column (pandas makes one of an int column with a missing value) holds 18.0 for 18:
+    compared as "18", so `exact` pays a right "18"; JSON's 1e20 is 100000000000000000000, not "1e+20"."""
+    src = tmp_path / "train.parquet"
+    pd.DataFrame({"problem": ["9+9?", "2+5?", "3/2?"], "answer": [18.0, 7.0, 1.5]}).to_parquet(src)
+    cfg = _cfg(tmp_path, train=str(src), verifier="exact")
+    env = _env(cfg)
+    train = env.tasks("train", cfg.task, 0)
+    assert [t["answer"] for t in train] == ["18", "7", "1.5"]
+    env.reset(train[0], 0)
+    assert env.step("18").outcome["correct"] and not env.step("18.5").outcome["correct"]
+    rows = [
+        {"problem": "10^20?", "answer": 1e20},
+        {"problem": "1/10^7?", "answer": 1e-07},
+        {"problem": "0.1+0.2 in floats?", "answer": 0.1 + 0.2},
+        {"problem": "-0?", "answer": -0.0},
+        {"problem": "2^70?", "answer": 2**70},
+        {"problem": "as text", "answer": " 18.0 "},
+    ]
+    cfg = _cfg(tmp_path, train=str(_jsonl(tmp_path / "nums.jsonl", rows)))
+    got = [t["answer"] for t in _env(cfg).tasks("train", cfg.task, 0)]
+    assert got == ["100000000000000000000", "0.0000001", "0.30000000000000004", "0", str(2**70), "18.0"]
+    assert check("numeric", got[0], "100000000000000000000").correct
+    assert check("math", got[0], "\\boxed{100000000000000000000}").correct
+
+
+@pytest.mark.parametrize(
+    "value,message",
+    [
+        (True, r"row 1 field 'answer' is a boolean \(True\), not a text or a number"),
+        (["Paris"], r"row 1 field 'answer' is a list, not a text or a number"),
+        (["0.5", "\\frac{1}{2}"], r"row 1 field 'answer' is a list, not a text or a number"),
+        (float("inf"), r"row 1 field 'answer' is inf, not a number"),
+    ],
+)
+def test_answers_without_one_text_form_are_refused(tmp_path, value, message):
+    src = _jsonl(tmp_path / "train.jsonl", [ROWS[0], {"problem": "Q?", "answer": value}])
+    with pytest.raises(ConfigError, match=rf"train\.jsonl: {message}.*\(line 2\)"):
+        _cfg(tmp_path, train=str(src))
+
+
+def test_json_lines_are_read_as_the_writers_write_them(tmp_path):
+    """A byte-order mark; U+2028 and NEL inside a string (json.dumps(ensure_ascii=False) writes them raw: not
+    line breaks); CRLF line ends; a .json holding JSON Lines (datasets' to_json); errors name the line."""
+    rows = [
+        {"problem": "Line one\u2028What is 5+5?", "answer": "10"},
+        {"problem": "caf\u00e9 \x85 7+1?", "answer": 8},
+    ]
+    text = "".join(json.dumps(r, ensure_ascii=False) + "\r\n" for r in rows)
+    src = tmp_path / "train.jsonl"
+    src.write_bytes(b"\xef\xbb\xbf" + text.encode())
+    cfg = _cfg(tmp_path, train=str(src))
+    got = _env(cfg).tasks("train", cfg.task, 0)
+    assert [(t["prompt"], t["answer"]) for t in got] == [(r["problem"], str(r["answer"])) for r in rows]
+    import datasets
+
+    datasets.Dataset.from_list(ROWS[:30]).to_json(str(tmp_path / "hf.json"))
+    cfg = _cfg(tmp_path, train=str(tmp_path / "hf.json"))
+    assert [t["answer"] for t in _env(cfg).tasks("train", cfg.task, 0)] == [r["answer"] for r in ROWS[:30]]
+    gaps = tmp_path / "gaps.jsonl"
+    gaps.write_text("\n" + json.dumps(ROWS[0]) + "\n\n\n" + json.dumps({"problem": "x?"}) + "\n")
+    with pytest.raises(ConfigError, match=r"gaps\.jsonl: row 1 has no field 'answer' \(line 5\)"):
+        _cfg(tmp_path, train=str(gaps))
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(ROWS[0]) + "\n" + json.dumps(ROWS[1]) + "\n{not json\n")
+    with pytest.raises(ConfigError, match=r"bad\.json: line 3 is not JSON"):
+        _cfg(tmp_path, train=str(bad))
+
+
+def test_a_literal_dotted_column_name_is_found(tmp_path):
+    """datasets' Dataset.flatten() names a column `reward_model.ground_truth`: found as it is, before the
+    dotted path is read as nested keys (which still works: test_verl_layout_chat_messages_and_nested_answers);
+    where both are there, the literal key wins."""
+    import datasets
+
+    nested = [
+        {"prompt": f"{i}+1?", "reward_model": {"ground_truth": str(i + 1), "style": "r"}} for i in range(20)
+    ]
+    src = tmp_path / "flat.parquet"
+    datasets.Dataset.from_list(nested).flatten().to_parquet(str(src))
+    args = {"train": str(src), "prompt_field": "prompt", "heldout_fraction": 0.3}
+    cfg = _cfg(tmp_path, answer_field="reward_model.ground_truth", **args)
+    env = _env(cfg)
+    tasks = env.tasks("train", cfg.task, 0) + env.tasks("heldout", cfg.task, 0)
+    assert sorted(int(t["answer"]) for t in tasks) == list(range(1, 21))
+    both = [{"prompt": f"{i}?", "a.b": f"literal{i}", "a": {"b": f"nested{i}"}} for i in range(20)]
+    args["train"] = str(_jsonl(tmp_path / "both.jsonl", both))
+    cfg = _cfg(tmp_path, answer_field="a.b", **args)
+    assert all(t["answer"].startswith("literal") for t in _env(cfg).tasks("train", cfg.task, 0))
