@@ -205,9 +205,10 @@ def _experiment(cfg: Config, run_id: str) -> dict[str, Any]:
         if policy.stored is not False:  # the run's final policy, promoted in MLflow's model registry
             k = cfg.experiment.iterations
             version = lin.promote(f"rlfoundry-{cfg.experiment.name}", run_id, k, policy, final_eval)
-            run_logger().info(
-                "final policy registered: rlfoundry-%s version %s", cfg.experiment.name, version
-            )
+            if version is not None:
+                run_logger().info(
+                    "final policy registered: rlfoundry-%s version %s", cfg.experiment.name, version
+                )
         lin.finish(parent)
     return {
         "run_id": run_id,

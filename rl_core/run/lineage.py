@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import tempfile
 import time
@@ -46,6 +47,7 @@ from rl_core.schema.config import Config
 
 # The stages whose tables are logged as dataset inputs of their iteration's run: train's are the rollouts and
 # rewards the policy update read.
+log = logging.getLogger("rlfoundry.lineage")
 LINEAGE_TABLE_STAGES = ("train",)
 
 
@@ -273,11 +275,12 @@ class Lineage:
 
     def promote(
         self, name: str, run_id: str, iteration: int, checkpoint: Any, metrics: dict[str, Any]
-    ) -> str:
+    ) -> str | None:
         """Register ``checkpoint`` (a train stage's output, in the store) as a version of the registered model
         ``name``, tagged with its run, iteration, digest and held-out accuracy; alias ``newest``, and
         ``champion`` when its accuracy is the best of the model's versions. A checkpoint already registered
-        (a resumed run finishing again) is not registered twice. Returns the version."""
+        (a resumed run finishing again) is not registered twice. Returns the version; None where an MLflow
+        server refuses a local store's path (it registers only sources it can reach: an S3 store's)."""
 
         from mlflow.exceptions import MlflowException
 
@@ -290,7 +293,14 @@ class Lineage:
         acc = metrics.get("accuracy")
         tags = {"rlfoundry.run_id": run_id, "iteration": str(iteration), "checkpoint_sha256": digest}
         tags |= {"eval_accuracy": str(acc)} if acc is not None else {}
-        version = self.client.create_model_version(name, source=checkpoint.uri, tags=tags).version
+        try:
+            version = self.client.create_model_version(name, source=checkpoint.uri, tags=tags).version
+        except MlflowException as e:  # a remote server registers no path on this machine (a local store's)
+            if not checkpoint.uri.startswith("file://"):
+                raise
+            said = "MLflow did not register %s (%s): the final policy stays in the store"
+            log.warning(said, checkpoint.uri, e)
+            return None
         self.client.set_registered_model_alias(name, "newest", version)  # ("latest" is MLflow's own)
         accs = [
             float(v.tags["eval_accuracy"])
