@@ -149,6 +149,19 @@ def write_qwen3_folder(out: Path, *, max_shard_size: str = "40KB", seed: int = 0
     return out
 
 
+def write_biogpt_folder(out: Path, *, tied: bool = False) -> Path:
+    """A tiny BioGPT folder (``BioGptForCausalLM``): an architecture vLLM cannot load, whose output layer is
+    named ``output_projection``, not ``lm_head``."""
+    from transformers import BioGptConfig, BioGptForCausalLM
+
+    tok = build_tokenizer()
+    cfg = BioGptConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=1, num_attention_heads=2)
+    cfg.intermediate_size, cfg.tie_word_embeddings = 64, tied
+    BioGptForCausalLM(cfg).save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
 def write_scripted_folder(out: Path, chain: dict[str, str], **config: Any) -> Path:
     """A Qwen3 folder (``build_qwen3_tokenizer``'s, untied) whose next token is a function of the current one
     alone, ``chain[token]``, by a logit margin of hundreds: greedy and sampled decoding both follow it. Every

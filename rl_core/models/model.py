@@ -15,6 +15,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from rl_core.models.folder_checks import OTHER_WEIGHTS, check_loaded, completed, folder_eos_ids
+
 EOS = "<|endoftext|>"
 PAD = "<|pad|>"
 WEIGHTS = "model.safetensors"
@@ -151,13 +153,19 @@ NO_SHARDS = 1 << 62  # a shard size no model reaches: one file
 
 
 def is_weight_file(name: str) -> bool:
-    """A file that holds (or maps) the weights: ``model.safetensors``, a shard, or the shard index.
+    """A file that holds (or maps) the weights: ``model.safetensors``, a shard, the shard index, or weights in
+    another format (``OTHER_WEIGHTS``: a hub folder's stale ``pytorch_model.bin``, never copied into a
+    checkpoint, where ``from_pretrained(use_safetensors=False)`` would load it untrained).
 
-    >>> names = ("model.safetensors", "model-00001-of-00002.safetensors", INDEX, "a.json")
+    >>> names = ("model.safetensors", "model-00001-of-00002.safetensors", INDEX, "model.pt", "a.json")
     >>> [is_weight_file(n) for n in names]
-    [True, True, True, False]
+    [True, True, True, True, False]
     """
-    return name == INDEX or (name.startswith("model") and name.endswith(".safetensors"))
+    return (
+        name == INDEX
+        or (name.startswith("model") and name.endswith(".safetensors"))
+        or name.endswith(OTHER_WEIGHTS)
+    )
 
 
 def weights_digest(files: dict[str, str]) -> str:
@@ -168,7 +176,7 @@ def weights_digest(files: dict[str, str]) -> str:
 
     if WEIGHTS in files:
         return files[WEIGHTS]
-    names = sorted(n for n in files if is_weight_file(n))
+    names = sorted(n for n in files if is_weight_file(n) and n.endswith((".safetensors", INDEX)))
     if not names:
         raise KeyError(f"no weight files among {sorted(files)[:8]}")
     return hashlib.sha256(json.dumps([[n, files[n]] for n in names]).encode()).hexdigest()
@@ -250,7 +258,8 @@ def load_model(ckpt_dir: str | Path, workload: Any = None, dtype: str = "float32
     extra = {}
     if workload is not None and workload.attn != "sdpa":  # sdpa: transformers' own default
         extra["attn_implementation"] = workload.attn
-    model = auto.from_pretrained(str(ckpt_dir), torch_dtype=dtype, **extra)
+    model, info = auto.from_pretrained(str(ckpt_dir), torch_dtype=dtype, output_loading_info=True, **extra)
+    check_loaded(ckpt_dir, model, info)  # no weight silently left at its random initial value
     if workload is not None and workload.device != "cpu":
         model = model.to(workload.device)
     return model
@@ -263,7 +272,7 @@ def load_tokenizer(ckpt_dir: str | Path) -> Any:
     # replaces ours and silently drops spaces and newlines that our vocabulary spells as plain characters.
     tok = PreTrainedTokenizerFast.from_pretrained(str(ckpt_dir))
     tok.padding_side = "left"
-    return tok
+    return completed(tok, ckpt_dir)  # an EOS and chat template the folder keeps beside the tokenizer
 
 
 Prompt = str | list[dict[str, Any]]  # a text, or chat messages ({"role": ..., "content": ...})
@@ -358,15 +367,9 @@ def prompt_text(tokenizer: Any, prompt: Prompt) -> str:
 
 
 def stop_ids(ckpt_dir: str | Path, tokenizer: Any) -> list[int]:
-    """The ids generation stops at: generation_config.json's ``eos_token_id`` (one or a list) and the
-    tokenizer's EOS, in that order, without repeats."""
-    import json
-
-    ids: list[int] = []
-    gen = Path(ckpt_dir) / "generation_config.json"
-    if gen.exists():
-        eos = json.loads(gen.read_text()).get("eos_token_id")
-        ids += [eos] if isinstance(eos, int) else list(eos or [])
+    """The ids generation stops at: generation_config.json's ``eos_token_id`` (one or a list; without that
+    file, config.json's) and the tokenizer's EOS, in that order, without repeats."""
+    ids = folder_eos_ids(ckpt_dir)
     if tokenizer.eos_token_id is not None:
         ids.append(tokenizer.eos_token_id)
     return list(dict.fromkeys(int(i) for i in ids))
@@ -374,8 +377,10 @@ def stop_ids(ckpt_dir: str | Path, tokenizer: Any) -> list[int]:
 
 def pad_id(tokenizer: Any) -> int:
     """The id that fills padding (never attended to, never trained on): the pad token, else the EOS."""
-    pad = tokenizer.pad_token_id
-    return int(pad if pad is not None else tokenizer.eos_token_id)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    if pad is None:
+        raise ValueError(f"tokenizer {tokenizer.name_or_path}: no pad token and no EOS token to pad with")
+    return int(pad)
 
 
 def defused(tok: Any, said: str) -> str:

@@ -5,12 +5,15 @@ work — a bad one stops the run with ``ModelFolderError`` naming the path and w
 into the store unchanged as the run's base checkpoint, which vLLM, the HF engine and the trainer all load as
 is. What a policy folder must hold:
 
-- ``config.json`` with ``architectures``: a causal LM or a LLaVA-style VLM that transformers builds and, with
-  ``rollout.engine=vllm``, that vLLM's model registry lists; tied or untied embeddings (below);
+- ``config.json`` with ``architectures``: a causal LM (not a classifier: its LM head would start at random)
+  or a supported VLM that transformers builds and, with ``rollout.engine=vllm``, that vLLM's model registry
+  lists; tied or untied embeddings (below; untied, the weights hold the output embedding);
 - ``model.safetensors``, or the shards ``model.safetensors.index.json`` names (as ``save_pretrained`` writes
-  a model above its ``max_shard_size``; the run's own checkpoints are sharded above ``model.max_shard_size``);
-- ``tokenizer.json`` (+ ``tokenizer_config.json``), with an EOS token here or in ``generation_config.json``;
-  a chat template that renders a user message, when one is used (``model.chat_template``);
+  a model above its ``max_shard_size``; the run's own checkpoints are sharded above ``model.max_shard_size``),
+  each file as long as its header says;
+- ``tokenizer.json`` (+ ``tokenizer_config.json``), with an EOS token here or in ``generation_config.json``
+  (without it, ``config.json``); a chat template that renders a user message, when one is used
+  (``model.chat_template``; ``chat_template.json`` is read too);
 - for a VLM, the image processor (``preprocessor_config.json``, or ``processor_config.json`` holding it).
 
 Tied input/output embeddings (Qwen2.5/Qwen3 small models, Llama-3.2, Gemma) are trained tied and saved
@@ -30,7 +33,15 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from rl_core.models.model import INDEX, WEIGHTS, has_chat_template, load_tokenizer, render_prompt, stop_ids
+from rl_core.models.folder_checks import head_weight, trainable_kind
+from rl_core.models.model import (
+    INDEX,
+    WEIGHTS,
+    has_chat_template,
+    load_tokenizer,
+    render_prompt,
+    stop_ids,
+)
 from rl_core.schema.config import ConfigError
 
 _LARGE = (".safetensors", ".bin", ".pt", ".pth", ".gguf")  # not fetched just to check the folder
@@ -75,18 +86,29 @@ def fetch_policy_folder(path: str, dest: str | Path, *, large: bool = True) -> P
     return out
 
 
-def _header(path: str, fs: Any, root: str, name: str) -> dict[str, Any]:
+def _header(path: str, fs: Any, root: str, name: str, size: int) -> dict[str, Any]:
+    """The safetensors header of ``name`` (``size`` bytes), whose tensors must end where the file does: a
+    truncated copy (an interrupted download) is refused here, not mid-run by the loader."""
     try:
         with fs.open(f"{root}/{name}", "rb") as f:
             (n,) = struct.unpack("<Q", f.read(8))
-            return json.loads(f.read(n))
-    except (struct.error, ValueError, MemoryError, OSError) as e:
+            header = json.loads(f.read(n))
+        end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+    except (struct.error, ValueError, MemoryError, OSError, KeyError, TypeError, IndexError) as e:
         raise ModelFolderError(f"model.path {path}: {name} is not a safetensors file ({e})") from None
+    if 8 + n + end != size:
+        what = "truncated (an incomplete copy or download?)" if size < 8 + n + end else "longer than that"
+        raise ModelFolderError(
+            f"model.path {path}: {name} is {size} bytes but its header says its tensors end at byte "
+            f"{8 + n + end}: the file is {what}; copy it again"
+        )
+    return header
 
 
-def _weights(path: str, fs: Any, root: str, files: dict[str, int]) -> int:
-    """The parameter count from the safetensors headers (one ``model.safetensors``, or the shards its index
-    names, every tensor of the index in the shard it names); the folder's weights problem otherwise."""
+def _weights(path: str, fs: Any, root: str, files: dict[str, int]) -> tuple[int, set[str]]:
+    """The parameter count and the tensor names from the safetensors headers (one ``model.safetensors``, or
+    the shards its index names, every tensor of the index in the shard it names, each shard whole); the
+    folder's weights problem otherwise."""
     if INDEX in files:
         try:
             with fs.open(f"{root}/{INDEX}", "rb") as f:
@@ -99,22 +121,23 @@ def _weights(path: str, fs: Any, root: str, files: dict[str, int]) -> int:
             raise ModelFolderError(
                 f"model.path {path}: {INDEX} names shards that are not there: {missing[:3]}"
             )
-        headers = {s: _header(path, fs, root, s) for s in shards}
+        headers = {s: _header(path, fs, root, s, files[s]) for s in shards}
         for tensor, shard in weight_map.items():
             if tensor not in headers[shard]:
                 raise ModelFolderError(
                     f"model.path {path}: {INDEX} puts {tensor} in {shard}, which does not hold it"
                 )
-        shapes = [v["shape"] for h in headers.values() for k, v in h.items() if k != "__metadata__"]
-        return sum(math.prod(s) for s in shapes)
+        tensors = {k: v["shape"] for h in headers.values() for k, v in h.items() if k != "__metadata__"}
+        return sum(math.prod(s) for s in tensors.values()), set(tensors)
     if WEIGHTS not in files:
         found = [n for n in files if n.endswith(_LARGE)]
         hint = f" (found {', '.join(sorted(found))}: re-save with safe_serialization=True)" if found else ""
         raise ModelFolderError(f"model.path {path}: no weights ({WEIGHTS}){hint}")
-    shapes = [v["shape"] for k, v in _header(path, fs, root, WEIGHTS).items() if k != "__metadata__"]
-    if not shapes:
+    header = _header(path, fs, root, WEIGHTS, files[WEIGHTS])
+    tensors = {k: v["shape"] for k, v in header.items() if k != "__metadata__"}
+    if not tensors:
         raise ModelFolderError(f"model.path {path}: {WEIGHTS} holds no tensors")
-    return sum(math.prod(s) for s in shapes)
+    return sum(math.prod(s) for s in tensors.values()), set(tensors)
 
 
 def _architecture(path: str, local: Path, vllm: bool, max_model_len: int) -> tuple[str, Any]:
@@ -130,14 +153,6 @@ def _architecture(path: str, local: Path, vllm: bool, max_model_len: int) -> tup
     arch = (getattr(config, "architectures", None) or [""])[0]
     if not arch:
         raise ModelFolderError(f"model.path {path}: config.json names no architecture ('architectures')")
-    if vllm:
-        from vllm import ModelRegistry
-
-        if arch not in ModelRegistry.get_supported_archs():
-            raise ModelFolderError(
-                f"model.path {path}: architecture {arch} cannot be loaded by vLLM (not in its model "
-                "registry); use a vLLM-supported architecture or rollout.engine=hf"
-            )
     import transformers
 
     if not hasattr(transformers, arch):
@@ -150,6 +165,19 @@ def _architecture(path: str, local: Path, vllm: bool, max_model_len: int) -> tup
             f"model.path {path}: vision-language model type {config.model_type!r} is not supported (LLaVA, "
             "Idefics3, SmolVLM, Qwen2-VL, Qwen2.5-VL and Qwen3-VL are)"
         )
+    if trainable_kind(arch, family(local) is not None) is None:
+        raise ModelFolderError(
+            f"model.path {path}: config.json's architecture {arch} is not a causal language model (a "
+            "*ForCausalLM) nor a supported vision-language model: a policy generates text through its LM head"
+        )
+    if vllm:
+        from vllm import ModelRegistry
+
+        if arch not in ModelRegistry.get_supported_archs():
+            raise ModelFolderError(
+                f"model.path {path}: architecture {arch} cannot be loaded by vLLM (not in its model "
+                "registry); use a vLLM-supported architecture or rollout.engine=hf"
+            )
     if expands_in_processor(local):  # the processor is the source of ids and pixels: it must assemble
         try:
             processor(str(local))
@@ -203,10 +231,11 @@ def check_policy_folder(
             f"model.path {path}: no tokenizer (tokenizer.json); save it beside the model "
             "(tokenizer.save_pretrained(path))"
         )
-    parameters = _weights(path, fs, root, files)
+    parameters, tensors = _weights(path, fs, root, files)
     with tempfile.TemporaryDirectory() as d:
         local = fetch_policy_folder(path, d, large=False)
         arch, config = _architecture(path, local, vllm, max_model_len)
+        _has_head(path, arch, config, tensors)
         if getattr(config, "model_type", "") == "llava" and not _has_image_processor(Path(local), files):
             raise ModelFolderError(
                 f"model.path {path}: a LLaVA model needs its image processor (preprocessor_config.json, or "
@@ -214,6 +243,21 @@ def check_policy_folder(
             )
         tok = _tokenizer(path, local, chat_template)
     return {"architecture": arch, "parameters": parameters, "vocab_size": len(tok)}
+
+
+def _has_head(path: str, arch: str, config: Any, tensors: set[str]) -> None:
+    """An untied model's output embedding (``lm_head.weight``) must be among the weights: transformers would
+    otherwise start it at random values and the run would train it from there, silently."""
+    text = config.get_text_config()
+    if getattr(config, "tie_word_embeddings", False) or getattr(text, "tie_word_embeddings", False):
+        return
+    head = head_weight(arch, config)
+    if head is not None and not any(t == head or t.endswith(f".{head}") for t in tensors):
+        raise ModelFolderError(
+            f"model.path {path}: config.json has untied embeddings (tie_word_embeddings=false) but the "
+            f"weights hold no {head}: the LM head would start at random values; re-save the model with "
+            "save_pretrained"
+        )
 
 
 def _has_image_processor(local: Path, files: dict[str, int]) -> bool:

@@ -43,17 +43,25 @@ def longest_prompt(ctx: Any, folder: Path) -> tuple[int, str]:
     images = isinstance(ctx.env, Multimodal) and ctx.multimodal
     extra = len(image_prefix(folder)) if images and not expands_in_processor(folder) else 0
 
-    def length(task: dict[str, Any]) -> int:
+    def length(task: dict[str, Any], where: str) -> int:
         prompt = ctx.env.reset(task, 0)
-        if images and expands_in_processor(folder):  # the image's tiles: as many tokens as its size makes
-            marked = with_image_marker(prompt, uses_chat_template(tok, prompt, chat), image_marker(folder))
-            return len(expanded_ids(folder, tok, marked, [ctx.env.image(task)], chat))
-        return len(prompt_ids(tok, prompt, chat)) + extra
+        try:
+            if images and expands_in_processor(folder):  # the image's tiles: as many tokens as its size makes
+                marked = with_image_marker(
+                    prompt, uses_chat_template(tok, prompt, chat), image_marker(folder)
+                )
+                return len(expanded_ids(folder, tok, marked, [ctx.env.image(task)], chat))
+            return len(prompt_ids(tok, prompt, chat)) + extra
+        except Exception as e:  # noqa: BLE001 - a template raises what it likes (Jinja errors, raise_exception)
+            raise ConfigError(
+                f"model.path {ctx.cfg.model.path}: the prompt of task.env={ctx.cfg.task.env} {where} cannot "
+                f"be rendered for the policy (model.chat_template={chat}): {type(e).__name__}: {e}"
+            ) from None
 
     best, where = 0, ""
     for split, tasks in (("train", ctx.train_tasks), ("heldout", ctx.heldout_tasks)):
         for i, task in enumerate(tasks):
-            n = length(task)
+            n = length(task, f"{split} row {i}")
             if n > best:
                 best, where = n, f"{split} row {i}"
     return best, where

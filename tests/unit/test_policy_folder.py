@@ -96,22 +96,9 @@ def test_corrupt_weights(folder, tmp_path):
 
 
 def test_an_architecture_vllm_cannot_load(tmp_path):
-    from transformers import BioGptConfig, BioGptForCausalLM
+    from tests.model_folders import write_biogpt_folder
 
-    from tests.model_folders import build_tokenizer as own_tokenizer
-
-    tok = own_tokenizer()
-    cfg = BioGptConfig(
-        vocab_size=len(tok),
-        hidden_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=64,
-        tie_word_embeddings=False,
-    )
-    out = tmp_path / "biogpt"
-    BioGptForCausalLM(cfg).save_pretrained(out)
-    tok.save_pretrained(out)
+    out = write_biogpt_folder(tmp_path / "biogpt")
     msg = _refused(out, "architecture BioGptForCausalLM cannot be loaded by vLLM", vllm=True)
     assert "rollout.engine=hf" in msg
     assert check_policy_folder(str(out), vllm=False)["architecture"] == "BioGptForCausalLM"
