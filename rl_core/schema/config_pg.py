@@ -76,7 +76,8 @@ class PolicyGradientFields(BaseModel):
     )
     kl_estimator: Literal["k1", "k2", "k3"] = Field(
         "k3",
-        description="Per-token KL estimator (Schulman): k1 log-ratio, k2 half squared, k3 unbiased >= 0.",
+        description="Per-token KL estimator (Schulman): k1 log-ratio, k2 half squared, k3 unbiased >= 0. As "
+        "a loss, k2's gradient is KL(pi||ref)'s and k3's KL(ref||pi)'s; k1's is 0 in expectation (refused).",
     )
     kl_in: Literal["loss", "reward"] = Field(
         "loss",
@@ -118,6 +119,11 @@ class PolicyGradientFields(BaseModel):
             raise ValueError(f"train.loss_agg: {self.algorithm} aggregates {algo.aggregation} only")
         if self.kl_in == "reward" and self.kl_coef == 0:
             raise ValueError("train.kl_in=reward needs train.kl_coef > 0")
+        if self.kl_in == "loss" and self.kl_coef > 0 and self.kl_estimator == "k1":
+            raise ValueError(
+                "train.kl_estimator=k1 as a loss regularises nothing: its expected gradient is 0 (E[grad log "
+                "pi] = 0 under pi); use k2 (the gradient of KL(pi||ref)) or k3, or train.kl_in=reward"
+            )
         # Fill the algorithm's values in (each assignment re-validates once; the values are then set).
         if self.clip_low is None:
             self.clip_low = algo.clip[0]

@@ -34,7 +34,7 @@ from envs.base import Outcome
 from rl_core.artifacts.stage import StageJob, StageResult
 from rl_core.run.context import RunContext
 from rl_core.schema.config_reward import BUILTIN_REWARDS, user_reward_function
-from rl_core.training.algorithms import drgrpo, given_advantages, grpo, score
+from rl_core.training.algorithms import drgrpo, given_advantages, grpo, longest_turn, score
 
 log = logging.getLogger("rlfoundry.rewards")
 
@@ -280,7 +280,7 @@ def score_rewards_body(ctx: RunContext, job: StageJob) -> StageResult:
     )
     infra = infra_failures(outcomes, extra.infra_errors)
     groups = df["prompt_index"].to_numpy()
-    lengths = np.array([np.sum(m) for m in df["loss_mask"]], dtype=np.int64)  # the model's own tokens
+    lengths = np.array([longest_turn(m) for m in df["loss_mask"]], dtype=np.int64)  # what max_tokens caps
     combined = combine(rc.weights, parts)
     zeroed = audit_zeroed(ctx, job, df)
     combined[zeroed] = 0.0

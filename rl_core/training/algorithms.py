@@ -164,9 +164,25 @@ def zero_std_groups(reward: np.ndarray, groups: np.ndarray) -> np.ndarray:
     return flat
 
 
+def longest_turn(loss_mask: Any) -> int:
+    """The longest run of the model's own tokens in a completion (``loss_mask`` 1; observations 0): its
+    length single-turn, its longest turn multi-turn, the length ``rollout.max_tokens`` caps (per turn).
+
+    >>> longest_turn([1, 1, 1]), longest_turn([1, 1, 0, 0, 1, 1, 1, 0, 1]), longest_turn([])
+    (3, 3, 0)
+    """
+    best = run = 0
+    for m in loss_mask:
+        run = run + 1 if m else 0
+        best = max(best, run)
+    return best
+
+
 def overlong_penalty(lengths: np.ndarray, max_tokens: int, cache: int, penalty: float = 1.0) -> np.ndarray:
     """DAPO's soft overlong punishment: 0 up to ``max_tokens - cache`` tokens, then falling linearly to
-    ``-penalty`` at ``max_tokens`` (a completion cannot be longer here: the engine stops it there).
+    ``-penalty`` at ``max_tokens`` (a turn cannot be longer here: the engine stops it there). ``lengths``:
+    each completion's ``longest_turn`` (an episode's whole length would punish one that took more turns, each
+    far from the cap: three correct tool-use episodes got opposite-sign advantages by their number of turns).
 
     >>> overlong_penalty(np.array([4, 5, 6, 7, 8]), max_tokens=8, cache=4).tolist()
     [0.0, -0.25, -0.5, -0.75, -1.0]

@@ -23,6 +23,7 @@ import torch
 from rl_core.artifacts import safe_state
 from rl_core.artifacts.seeding import derive_seed
 from rl_core.models.model import load_model
+from rl_core.training.train_engine import without_dropout
 
 
 class ValueModel(torch.nn.Module):
@@ -97,7 +98,7 @@ def value_loss(
 
 def _load(ctx: Any, job: Any) -> tuple[ValueModel, torch.optim.Optimizer]:
     cfg = ctx.cfg.train
-    model = ValueModel(load_model(ctx.local_checkpoint(job.inputs["policy"])))
+    model = ValueModel(without_dropout(load_model(ctx.local_checkpoint(job.inputs["policy"]))))
     model.to(ctx.placement.workloads["critic"].device)  # a no-op on the CPU
     opt = torch.optim.AdamW(
         model.parameters(), lr=cfg.critic_lr, weight_decay=0.0, betas=(0.9, 0.999), eps=1e-8
@@ -121,9 +122,17 @@ def _values(model: ValueModel, batch: Any, chunk: int) -> torch.Tensor:
 
 
 def _fit(
-    model: ValueModel, opt: Any, batch: Any, old: torch.Tensor, returns: torch.Tensor, cfg: Any, seed: int
+    model: ValueModel,
+    opt: Any,
+    batch: Any,
+    fitted: torch.Tensor,
+    targets: tuple[torch.Tensor, torch.Tensor],
+    cfg: Any,
+    seed: int,
 ) -> list[float]:
-    """``cfg.epochs`` passes of mini-batches of ``cfg.micro_batch_size`` sequences, one AdamW step each."""
+    """``cfg.epochs`` passes of mini-batches of ``cfg.micro_batch_size`` sequences, one AdamW step each, on
+    the tokens of ``fitted`` (a mask), toward ``targets``: (the values before, the returns)."""
+    old, returns = targets
     model.train()
     dev = next(model.parameters()).device
     losses = []
@@ -132,7 +141,7 @@ def _fit(
         order = torch.randperm(len(batch), generator=gen)
         for start in range(0, len(batch), cfg.micro_batch_size):
             mb = order[start : start + cfg.micro_batch_size]
-            mask = batch.loss_mask[mb]
+            mask = fitted[mb]
             if mask.sum() == 0:
                 continue
             v = model(batch.input_ids[mb].to(dev), batch.attention_mask[mb].to(dev))
@@ -145,6 +154,29 @@ def _fit(
     return losses
 
 
+def ppo_targets(
+    seq_reward: np.ndarray, values: torch.Tensor, mask: torch.Tensor, kl_tokens: torch.Tensor | None, cfg: Any
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-token GAE advantages, the critic's returns, and the tokens the critic is fitted on. A completion
+    given no reward (NaN: an infra failure, every judge abstaining) gets advantage 0 and is no target of the
+    critic, as GRPO's advantages leave it: never trained as if it had earned 0 (it was, through
+    ``terminal_rewards``' 0).
+
+    >>> cfg = type("C", (), {"kl_coef": 0.0, "gamma": 1.0, "lam": 1.0})
+    >>> values, mask = torch.full((2, 2), 0.5), torch.ones(2, 2)
+    >>> adv, ret, fit = ppo_targets(np.array([1.0, np.nan]), values, mask, None, cfg)
+    >>> adv.tolist(), fit.tolist()
+    ([[0.5, 0.5], [0.0, 0.0]], [[1.0, 1.0], [0.0, 0.0]])
+    """
+    rewards = terminal_rewards(seq_reward, mask)
+    if kl_tokens is not None:
+        rewards = rewards - cfg.kl_coef * kl_tokens * mask
+    adv, returns = gae(rewards, values, mask, cfg.gamma, cfg.lam)
+    unscored = torch.from_numpy(np.isnan(np.asarray(seq_reward, dtype=np.float64)))
+    adv[unscored] = 0.0
+    return adv, returns, mask * (~unscored).to(mask.dtype)[:, None]
+
+
 def critic_step(
     ctx: Any, job: Any, batch: Any, seq_reward: np.ndarray, kl_tokens: torch.Tensor | None
 ) -> tuple[dict[str, float], bytes]:
@@ -154,14 +186,10 @@ def critic_step(
     model, opt = _load(ctx, job)
     model.eval()
     values = _values(model, batch, cfg.micro_batch_size)
-    rewards = terminal_rewards(seq_reward, batch.loss_mask)
-    if kl_tokens is not None:
-        rewards = rewards - cfg.kl_coef * kl_tokens * batch.loss_mask
-    adv, returns = gae(rewards, values, batch.loss_mask, cfg.gamma, cfg.lam)
+    adv, returns, fitted = ppo_targets(seq_reward, values, batch.loss_mask, kl_tokens, cfg)
     batch.advantages = adv
-    losses = _fit(
-        model, opt, batch, values, returns, cfg, derive_seed(ctx.cfg.experiment.seed, job.iteration, "critic")
-    )
+    seed = derive_seed(ctx.cfg.experiment.seed, job.iteration, "critic")
+    losses = _fit(model, opt, batch, fitted, (values, returns), cfg, seed)
     state = safe_state.dumps({"model": model.state_dict(), "optimizer": opt.state_dict()})
     n = batch.loss_mask.sum().clamp(min=1)
     metrics = {
