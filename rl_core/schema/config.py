@@ -294,7 +294,7 @@ class TrainSection(_Section, PolicyGradientFields, TrainLayoutFields, TrainDevic
         description=(
             "Off-policy correction for the gap between the recomputed anchor and the engine's behaviour "
             "logprobs: tis = truncated importance weights min(w, is_cap); mis = tokens with w outside "
-            "[1/is_cap, is_cap] masked out. Needs old_logprobs: recompute."
+            "[1/is_cap, is_cap] weighted 0 (still counted in the mean). Needs old_logprobs: recompute."
         ),
     )
     is_cap: float = Field(2.0, gt=1.0, description="Truncation / masking threshold of the correction.")
