@@ -19,6 +19,7 @@ image; the pool is created when missing).
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -29,7 +30,7 @@ from pydantic import Field
 from flows.form_policy import FormPolicy
 from rl_core.pipeline.stages import STAGES
 from rl_core.run.runs import OptionalRunId, RunId, check_run_id
-from rl_core.schema.config import Config
+from rl_core.schema.config import Config, config_from_dict
 from rl_core.schema.config_eval import InspectTask
 
 StageName = Literal[tuple(STAGES)]  # type: ignore[valid-type]  (the stage table's names: the form's choices)
@@ -55,7 +56,8 @@ def experiment(config: Config, run_id: OptionalRunId = "") -> dict[str, Any]:
         policy = deployment_policy()
         if policy is not None:
             policy.check(config)
-        config = Config.model_validate(config)
+    data = config.model_dump(mode="json") if isinstance(config, Config) else config
+    config = config_from_dict(data, "the form")  # load_config's checks, the cross-field ones too
     from flows.experiment import experiment_flow, with_result_storage
     from flows.observe import mirror
     from rl_core.artifacts.report import subscribe
@@ -134,7 +136,7 @@ def evaluation_sweep(
     _check_inspect(inspect)
     st = _store(store)
     runs = run_ids or [r for r in st.list_runs() if _is_run_id(r)]
-    out = {rid: _sweep_run(st, rid, inspect or {}) for rid in runs}
+    out, unswept = _sweep_runs(st, runs, inspect or {})
     from infra.inspect_harness import scores_cell  # (imports rl_core: after the store check)
 
     rows = [
@@ -142,12 +144,33 @@ def evaluation_sweep(
         for r, its in out.items()
         for k, v in its.items()
     ]
+    rows += [f"| {r} | - | - | not swept: {why} | |" for r, why in unswept.items()]
     create_markdown_artifact(
         "| run | iteration | accuracy | evaluated by | inspect-ai |\n|---|---|---|---|---|\n"
         + "\n".join(rows),
         key="evaluation-sweep",
     )
     return out
+
+
+def _sweep_runs(
+    st: Any, runs: list[str], inspect: dict[str, Any]
+) -> tuple[dict[str, dict[int, dict[str, Any]]], dict[str, str]]:
+    """Each run swept (``_sweep_run``); one whose record is unreadable or invalid (a corrupt ``run.json``, a
+    config an older version accepted) is listed with why, and the others are swept all the same."""
+    from rl_core.artifacts.store import ArtifactError
+    from rl_core.run.runs import RunError
+    from rl_core.schema.config import ConfigError
+
+    out: dict[str, dict[int, dict[str, Any]]] = {}
+    unswept: dict[str, str] = {}
+    for rid in runs:
+        try:
+            out[rid] = _sweep_run(st, rid, inspect)
+        except (RunError, ConfigError, ArtifactError) as e:
+            unswept[rid] = str(e).replace("\n", " ").replace("|", "/")[:300]
+            logging.getLogger("rlfoundry.sweep").warning("run %s not swept: %s", rid, unswept[rid])
+    return out, unswept
 
 
 def _sweep_run(st: Any, rid: str, inspect: dict[str, Any]) -> dict[int, dict[str, Any]]:

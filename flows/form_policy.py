@@ -9,15 +9,16 @@ code is the worker's authority, so each is held to what the operator allowed:
 - **what the worker reads** — ``model.path``, ``reward.model.path``, ``reward.judge.model`` and the files an
   environment reads (its ``path_options``: a dataset's ``train`` / ``heldout``): empty (the built-in model),
   the served value, or a path / URL under one of ``roots`` (resolved: no ``..``, no symlink out of the root);
-- **whom the worker talks to** — ``rollout.server_urls``, ``reward.model.url``, ``tracking.mlflow_uri``: the
-  served value or one of ``urls``;
+- **whom the worker talks to** — ``rollout.server_urls``, ``reward.model.url``, ``tracking.mlflow_uri``,
+  ``task.ray_address``, ``cluster.ray_address``: the served value or one of ``urls``;
 - **what code the worker imports** — ``task.env`` and the ``reward.weights`` keys: the built-in and installed
   (entry point) names, and only the ``module:attr`` targets listed in ``envs`` / ``rewards``; the inspect-ai
   tasks of ``eval.inspect`` (which the evaluation sweep runs): the built-in ones only, on the held-out set
   or a dataset under one of ``roots``.
 
 The policy lives in the deployment (its parameter schema, ``definitions.RlfoundryFormPolicy``), not in the
-flow run: a run's parameters and job variables cannot change it. It is enforced twice: the schema constrains
+flow run: a run's parameters cannot change it (Prefect's API can: whoever may edit deployments, work pools
+or job variables may run code on the worker, so that API is for people trusted with the workers). It is enforced twice: the schema constrains
 the fields (the Prefect server refuses a run whose parameters break it, and the form offers only the allowed
 choices), and the flow checks the raw parameters against the deployment's policy before anything is imported,
 read or written (a run created with ``enforce_parameter_schema: false`` meets this one).
@@ -38,7 +39,14 @@ from rl_core.schema.config import Config
 
 SCHEMA_KEY = "RlfoundryFormPolicy"
 PATH_FIELDS = (("model", "path"), ("reward.model", "path"), ("reward.judge", "model"))
-URL_FIELDS = (("reward.model", "url"), ("tracking", "mlflow_uri"))
+# (task.ray_address and cluster.ray_address: a Ray cluster is sent the run's weights, data and code, and what
+# it sends back is unpickled on the worker)
+URL_FIELDS = (
+    ("reward.model", "url"),
+    ("tracking", "mlflow_uri"),
+    ("task", "ray_address"),
+    ("cluster", "ray_address"),
+)
 
 
 class PolicyError(ValueError):
@@ -119,7 +127,10 @@ class FormPolicy(BaseModel):
                     f"served {self.served_paths or 'none'}, or under {self.roots or 'no root'}; "
                     "rlfoundry serve --allow-root)"
                 )
-        urls = [*(_section(config, "rollout").get("server_urls") or [])]
+        given = _section(config, "rollout").get("server_urls") or []
+        if not isinstance(given, list) or not all(isinstance(u, str) for u in given):
+            raise PolicyError(f"config.rollout.server_urls={given!r}: expected a list of URLs")
+        urls = [*given]
         named = [f"config.rollout.server_urls[{i}]" for i in range(len(urls))]
         for section, name in URL_FIELDS:
             urls.append(_section(config, section).get(name, ""))
@@ -200,7 +211,7 @@ class FormPolicy(BaseModel):
             if any(p in ("..", ".") for p in parts):
                 return False
             return any(value.startswith(r.rstrip("/") + "/") for r in self.roots if "://" in r)
-        real = os.path.realpath(value)
+        real = os.path.realpath(os.path.expanduser(value))  # as the config reads it: ~ and ~user expanded
         for root in self.roots:
             if "://" in root:
                 continue
@@ -234,6 +245,8 @@ class FormPolicy(BaseModel):
             )
             field("RewardModelSettings", "url")["enum"] = ["", *self.urls]
             field("TrackingSection", "mlflow_uri")["enum"] = ["", *self.urls]
+            field("TaskSection", "ray_address")["enum"] = ["", *self.urls]
+            field("ClusterSection", "ray_address")["enum"] = ["", *self.urls]
             exact = [re.escape(p) for p in ["", *self.served_paths]]
             under = self._under_roots()
             pattern = "^(" + "|".join(exact + under) + ")$"

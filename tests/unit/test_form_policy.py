@@ -5,6 +5,7 @@ validator). Through the REST API of a served deployment: tests/integration/test_
 
 from __future__ import annotations
 
+import re
 import sys
 
 import pytest
@@ -53,6 +54,10 @@ REFUSED = [
     ({"rollout__server_urls": ["http://169.254.169.254/latest"]}, "config.rollout.server_urls[0]"),
     ({"reward__model__url": "http://attacker.example:80"}, "config.reward.model.url"),
     ({"tracking__mlflow_uri": "sqlite:////tmp/elsewhere.db"}, "config.tracking.mlflow_uri"),
+    # a Ray cluster is sent the run's weights, data and code; what it returns is unpickled on the worker
+    ({"task__ray_address": "ray://attacker.example:10001"}, "config.task.ray_address"),
+    ({"cluster__ray_address": "auto"}, "config.cluster.ray_address"),
+    ({"model__path": "~root/.cache"}, "config.model.path"),  # ~ is expanded where the config is read
     # an inspect-ai task file is code the sweep's worker runs: the form names built-in tasks only
     ({"eval__inspect": {"x": {"task": "/tmp/payload.py"}}}, "config.eval.inspect.x.task"),
     ({"eval__inspect": {"x": {"task": "infra/inspect/qa_task.py@qa"}}}, "config.eval.inspect.x.task"),
@@ -181,3 +186,53 @@ def test_the_sweeps_inspect_tasks_are_held_too(tmp_path):
     bad = validate({"inspect": {"x": {"task": "/tmp/payload.py"}}}, schema, ignore_required=True)
     assert bad and all(".".join(map(str, e.path)).startswith("inspect") for e in bad)  # (anyOf: dict | None)
     assert validate({"inspect": {"x": {"task": "qa"}}}, schema, ignore_required=True) == []
+
+
+def test_a_home_folder_is_not_a_way_out_of_the_roots(tmp_path, monkeypatch):
+    """``~/secret.jsonl`` with a root that holds the worker's working folder: the check compared the path
+    unexpanded (under the root, relative to it), the dataset then read the home folder's file."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "secret.jsonl").write_text('{"prompt": "p", "answer": "1"}\n')
+    monkeypatch.setenv("HOME", str(home))
+    (tmp_path / "work").mkdir()
+    monkeypatch.chdir(tmp_path / "work")  # the root holds the worker's working folder, not the home folder
+    policy = FormPolicy.served(SERVED, store="", roots=["."])
+    for path in ("~/secret.jsonl", f"~{__import__('getpass').getuser()}/x"):
+        raw = _raw(task__env="dataset", task__env_args={"train": path, "heldout_fraction": 0.1})
+        with pytest.raises(PolicyError, match=r"config\.task\.env_args\.train"):
+            policy.check(raw)
+
+
+def test_server_urls_that_are_no_list_are_refused_naming_the_field(tmp_path):
+    for given in (5, "http://x", [1]):
+        with pytest.raises(PolicyError, match="config.rollout.server_urls=.*expected a list of URLs"):
+            _policy(tmp_path).check(_raw(rollout__server_urls=given))
+
+
+def test_the_experiment_flow_makes_every_config_check(tmp_path, monkeypatch):
+    """The flow validated the form's config with the model alone: a config load_config refuses (heads that
+    do not divide the width, eval.samples below pass@k) was accepted and recorded, and then broke every
+    evaluation sweep of the store."""
+    from flows.deployments import experiment
+    from rl_core.schema.config import ConfigError
+
+    monkeypatch.setenv("RLFOUNDRY_STATE_DIR", str(tmp_path))
+    for change, said in (
+        ({"model__num_heads": 3}, "model.num_heads: must divide model.hidden_size"),
+        ({"eval__samples": 1}, "eval.samples: must be >= max(eval.pass_k)"),
+    ):
+        with pytest.raises(ConfigError, match=re.escape(said)):
+            experiment.fn(config=_raw(**change), run_id="heads3")
+    assert not (tmp_path / "store" / "heads3").exists()
+
+
+def test_a_sweep_lists_a_run_it_cannot_read_and_goes_on(tmp_path):
+    from flows.deployments import _sweep_runs
+    from rl_core.artifacts.store import Store
+
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "run.json").write_text('{"run_id": "bad", "conf')
+    out, unswept = _sweep_runs(Store(str(tmp_path)), ["bad", "gone"], {})
+    assert out == {} and sorted(unswept) == ["bad", "gone"]
+    assert "corrupt JSON" in unswept["bad"] and "no run 'gone'" in unswept["gone"]
