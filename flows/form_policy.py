@@ -18,10 +18,11 @@ code is the worker's authority, so each is held to what the operator allowed:
 
 The policy lives in the deployment (its parameter schema, ``definitions.RlfoundryFormPolicy``), not in the
 flow run: a run's parameters cannot change it (Prefect's API can: whoever may edit deployments, work pools
-or job variables may run code on the worker, so that API is for people trusted with the workers). It is enforced twice: the schema constrains
-the fields (the Prefect server refuses a run whose parameters break it, and the form offers only the allowed
-choices), and the flow checks the raw parameters against the deployment's policy before anything is imported,
-read or written (a run created with ``enforce_parameter_schema: false`` meets this one).
+or job variables may run code on the worker, so that API is for people trusted with the workers). It is
+enforced twice: the schema constrains the fields (the Prefect server refuses a run whose parameters break it,
+and the form offers only the allowed choices), and the flow checks the raw parameters against the
+deployment's policy before anything is imported, read or written (a run created with
+``enforce_parameter_schema: false`` meets this one).
 
     policy = FormPolicy.served(cfg, store="", roots=["/models"])
     policy.check(raw_config)         # PolicyError naming the field and the rule
