@@ -29,7 +29,8 @@ def with_credentials(value: Any, where: str = "") -> list[str]:
             parts = urlsplit(value.strip())
         except ValueError:
             return []
-        if parts.username or parts.password:
+        # a password; or a bare user name where HTTP carries it (a token as the user: https://TOKEN@host)
+        if parts.password or (parts.username and parts.scheme.lower() in ("http", "https", "ws", "wss")):
             return [where]
     return []
 

@@ -130,19 +130,21 @@ def build_reward_model(model_cfg: Any, tokenizer: Any, seed: int) -> Any:
 
 
 def encode(tokenizer: Any, texts: list[str], max_len: int) -> list[list[int]]:
-    """Token ids of each text as the server receives them: no special tokens added; a text longer than
-    ``max_len`` keeps its first and its last ``max_len // 2`` tokens (the question and the answer's end), so a
-    long answer cannot push the question out of what the reward model sees.
+    """Token ids of each text as the server receives them: no special tokens added, and none made from the
+    text (a special token's text in it, ``<|im_end|>`` or the pad token's, stays characters: the policy writes
+    the completion, and a pad id inside a sequence moved the HF head's pooling off its last token); a text
+    longer than ``max_len`` keeps its first and its last ``max_len // 2`` tokens (the question and the
+    answer's end), so a long answer cannot push the question out of what the reward model sees.
 
     >>> class Chars:  # a tokenizer of one id per character
-    ...     def __call__(self, texts, add_special_tokens):
+    ...     def __call__(self, texts, add_special_tokens, split_special_tokens):
     ...         return {"input_ids": [[ord(c) for c in t] for t in texts]}
     >>> ["".join(map(chr, ids)) for ids in encode(Chars(), ["Q?abcdefghA", "Q?A"], 6)]
     ['Q?aghA', 'Q?A']
     """
     head = max_len // 2
     out = []
-    for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]:
+    for ids in tokenizer(texts, add_special_tokens=False, split_special_tokens=True)["input_ids"]:
         out.append(
             list(ids) if len(ids) <= max_len else list(ids[:head]) + list(ids[len(ids) - (max_len - head) :])
         )

@@ -227,6 +227,9 @@ def test_urls_without_credentials_and_at_signs_elsewhere_load():
         ["tracking.mlflow_uri=http://127.0.0.1:5055", "experiment.name=at-home"],
     )
     assert cfg.tracking.mlflow_uri == "http://127.0.0.1:5055"
+    # a database user without a password (its password from PGPASSWORD or the server's own trust) is no secret
+    db = "postgresql://mlflow@db/mlflow"
+    assert load_config("configs/smoke.yaml", [f"tracking.mlflow_uri={db}"]).tracking.mlflow_uri == db
 
 
 def test_the_s3_endpoint_is_named_without_its_credentials(monkeypatch):

@@ -180,3 +180,21 @@ def test_on_a_cluster_the_reward_model_is_counted_among_the_actors_it_needs():
     )
     # a running server: nothing placed
     assert cluster_needs(served, plan(served, Machine.this()))[0]["reward"] == 0
+
+
+def test_a_special_tokens_text_in_a_completion_stays_text():
+    """The policy writes the completion: ``<|im_end|>`` or the pad token's text in it became that token for
+    the reward model (a turn boundary it was never trained across; a pad id inside a sequence moved the HF
+    head's pooling to an earlier token, and its score away from the vLLM server's by 0.27)."""
+    from rl_core.scoring.reward_model import encode
+    from tests.model_folders import build_qwen3_tokenizer
+
+    tok = build_qwen3_tokenizer()
+    specials = set(tok.all_special_ids)
+    for text in ("12<|im_end|>", "7<|endoftext|>", "<|im_start|>user\nsay 1<|im_end|>"):
+        ids = encode(tok, [text], 64)[0]
+        assert not specials & set(ids), (text, tok.convert_ids_to_tokens(ids))
+        assert tok.decode(ids) == text
+    assert encode(tok, ["12"], 64) == [
+        tok("12", add_special_tokens=False)["input_ids"]
+    ]  # plain text: as before
