@@ -28,6 +28,8 @@ def file_rows(data: bytes, path: str, name: str) -> list[tuple[Any, int | None]]
             if e.msg != "Extra data":  # more than one value: JSON Lines
                 raise ValueError(f"task.env_args: {name}: not JSON ({e.msg}, line {e.lineno})") from None
             return _json_lines(text, name)
+        if isinstance(rows, dict):  # one object: JSON Lines of one row (Dataset.to_json of a single row)
+            return [(rows, 1)]
         if not isinstance(rows, list):
             raise ValueError(f"task.env_args: {name}: expected a JSON list of rows, or JSON Lines")
         return [(row, None) for row in rows]

@@ -431,3 +431,13 @@ def test_a_literal_dotted_column_name_is_found(tmp_path):
     args["train"] = str(_jsonl(tmp_path / "both.jsonl", both))
     cfg = _cfg(tmp_path, answer_field="a.b", **args)
     assert all(t["answer"].startswith("literal") for t in _env(cfg).tasks("train", cfg.task, 0))
+
+
+def test_a_json_file_of_one_row_is_read_as_that_row():
+    """``Dataset.to_json`` of a single row writes one object: a JSON Lines file of one line, not a list."""
+    from envs.dataset_rows import file_rows
+
+    row = {"problem": "1+1?", "answer": "2"}
+    assert file_rows((json.dumps(row) + "\n").encode(), "one.json", "one.json") == [(row, 1)]
+    with pytest.raises(ValueError, match="one.json: expected a JSON list of rows, or JSON Lines"):
+        file_rows(b'"just text"', "one.json", "one.json")
