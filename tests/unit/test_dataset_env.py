@@ -441,3 +441,17 @@ def test_a_json_file_of_one_row_is_read_as_that_row():
     assert file_rows((json.dumps(row) + "\n").encode(), "one.json", "one.json") == [(row, 1)]
     with pytest.raises(ValueError, match="one.json: expected a JSON list of rows, or JSON Lines"):
         file_rows(b'"just text"', "one.json", "one.json")
+
+
+def test_a_numeric_solution_is_written_as_its_answer_is(tmp_path):
+    """The warm-up imitates the solution: a float64 column's ``18.0`` taught ``18.0`` while the verifier pays
+    the answer's ``18``."""
+    rows = [{"problem": f"What is {i} + {i}?", "answer": 2 * i, "solution": float(2 * i)} for i in range(40)]
+    cfg = _cfg(
+        tmp_path,
+        train=str(_jsonl(tmp_path / "tr.jsonl", rows[:30])),
+        heldout=str(_jsonl(tmp_path / "te.jsonl", rows[30:])),
+        solution_field="solution",
+    )
+    got = _env(cfg).tasks("train", cfg.task, 0)[9]
+    assert (got["answer"], got["solution"]) == ("18", "18")
