@@ -197,8 +197,10 @@ def _task(opts: DatasetOptions, uri: str, split: str, i: int, row: Any) -> dict[
     if not task["answer"]:
         raise ValueError(f"task.env_args: {uri}: row {i} field {opts.answer_field!r} is empty")
     if opts.solution_field:
+        value = _field(row, opts.solution_field, uri, i)
+        # a text as it is (a code solution's indentation is its meaning); a number written as answers are
         where = f"task.env_args: {uri}: row {i} field {opts.solution_field!r}"
-        task["solution"] = _answer(_field(row, opts.solution_field, uri, i), where)  # as answers are
+        task["solution"] = value if isinstance(value, str) else _answer(value, where)
     if opts.verifier == "code":
         entry = str(_field(row, opts.entry_field, uri, i)) if opts.entry_field else None
         task["test"], task["entry"] = code_tests(_field(row, opts.tests_field, uri, i), entry, uri, i)

@@ -455,3 +455,11 @@ def test_a_numeric_solution_is_written_as_its_answer_is(tmp_path):
     )
     got = _env(cfg).tasks("train", cfg.task, 0)[9]
     assert (got["answer"], got["solution"]) == ("18", "18")
+    code = [{**r, "solution": "    return 2 * x\n"} for r in rows]  # a text: as it is, indentation kept
+    cfg = _cfg(
+        tmp_path,
+        train=str(_jsonl(tmp_path / "tr2.jsonl", code[:30])),
+        heldout=str(_jsonl(tmp_path / "te2.jsonl", code[30:])),
+        solution_field="solution",
+    )
+    assert _env(cfg).tasks("train", cfg.task, 0)[0]["solution"] == "    return 2 * x\n"
