@@ -11,6 +11,7 @@ import json
 import shutil
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from safetensors.torch import load_file, save_file
@@ -33,6 +34,13 @@ from tests.model_folders import CHAT_TEMPLATE, EOS, EOT, write_llama_folder
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory) -> Path:
     return write_llama_folder(tmp_path_factory.mktemp("own") / "llama")
+
+
+def _edit_json(path: Path, edit: Any) -> None:
+    """Rewrite the JSON file ``path`` with ``edit`` applied to its data (in place)."""
+    data = json.loads(path.read_text())
+    edit(data)
+    path.write_text(json.dumps(data))
 
 
 def _copy(src: Path, dest: Path) -> Path:
@@ -166,12 +174,8 @@ def _llama31_layout(folder: Path, out: Path) -> tuple[Path, list[int]]:
     (out / "generation_config.json").unlink()
     tok = load_tokenizer(out)
     eos, eot = tok.convert_tokens_to_ids(EOS), tok.convert_tokens_to_ids(EOT)
-    data = json.loads((out / "config.json").read_text())
-    data["eos_token_id"] = [eos, eot]
-    (out / "config.json").write_text(json.dumps(data))
-    tc = json.loads((out / "tokenizer_config.json").read_text())
-    tc["eos_token"] = EOT
-    (out / "tokenizer_config.json").write_text(json.dumps(tc))
+    _edit_json(out / "config.json", lambda d: d.update(eos_token_id=[eos, eot]))
+    _edit_json(out / "tokenizer_config.json", lambda d: d.update(eos_token=EOT))
     return out, [eos, eot]
 
 
@@ -184,9 +188,7 @@ def test_stop_ids_fall_back_to_config_json_without_a_generation_config(folder, t
 
 def test_a_vlm_config_names_its_eos_in_the_text_config(folder, tmp_path):
     out, (eos, eot) = _llama31_layout(folder, tmp_path / "vl")
-    data = json.loads((out / "config.json").read_text())
-    data["text_config"] = {"eos_token_id": data.pop("eos_token_id")}
-    (out / "config.json").write_text(json.dumps(data))
+    _edit_json(out / "config.json", lambda d: d.update(text_config={"eos_token_id": d.pop("eos_token_id")}))
     assert stop_ids(out, load_tokenizer(out)) == [eos, eot]
 
 
@@ -203,10 +205,7 @@ def test_a_generation_config_keeps_its_priority_over_config_json(folder, tmp_pat
 
 def _no_eos_tokenizer(folder: Path, out: Path) -> Path:
     out = _copy(folder, out)
-    tc = json.loads((out / "tokenizer_config.json").read_text())
-    tc.pop("eos_token", None)
-    tc.pop("pad_token", None)
-    (out / "tokenizer_config.json").write_text(json.dumps(tc))
+    _edit_json(out / "tokenizer_config.json", lambda d: [d.pop(k, None) for k in ("eos_token", "pad_token")])
     return out
 
 
@@ -229,9 +228,7 @@ def test_a_tokenizer_without_eos_or_pad_takes_the_generation_configs_first_eos(f
 def test_a_folder_with_no_eos_anywhere_is_refused(folder, tmp_path):
     out = _no_eos_tokenizer(folder, tmp_path / "none")
     (out / "generation_config.json").unlink()
-    data = json.loads((out / "config.json").read_text())
-    data.pop("eos_token_id", None)
-    (out / "config.json").write_text(json.dumps(data))
+    _edit_json(out / "config.json", lambda d: d.pop("eos_token_id", None))
     _refused(out, "no EOS token")
     with pytest.raises(ValueError, match="no pad token and no EOS token"):
         pad_id(load_tokenizer(out))
@@ -323,9 +320,7 @@ def test_the_run_stops_with_one_line_for_an_unrenderable_dataset(tmp_path):
 def test_a_chat_template_in_chat_template_json_is_used(folder, tmp_path):
     out = _copy(folder, tmp_path / "tjson")
     (out / "chat_template.jinja").unlink()
-    tc = json.loads((out / "tokenizer_config.json").read_text())
-    tc.pop("chat_template", None)
-    (out / "tokenizer_config.json").write_text(json.dumps(tc))
+    _edit_json(out / "tokenizer_config.json", lambda d: d.pop("chat_template", None))
     (out / "chat_template.json").write_text(json.dumps({"chat_template": CHAT_TEMPLATE}))
     tok = load_tokenizer(out)
     assert tok.chat_template == CHAT_TEMPLATE
