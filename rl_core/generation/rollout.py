@@ -110,10 +110,9 @@ class VLLMEngine:
         self.stop = stop_ids(ckpt_dir, self.tokenizer)
         # the engine loads an untied view of a tied model (rl_core.models.engine_view)
         self.tied = is_tied(ckpt_dir)
-        # vLLM collects garbage five times while it starts, each time walking this process's whole heap (~880k
-        # objects: the start took 3.4 s, not 1.6 s, on a 2-core CPU: benchmarks/engine_start.py). One here,
-        # then what is alive moves to the permanent generation, so its collections walk only what it allocates
-        # (vLLM itself freezes the whole heap once up, and unfreezes it at shutdown).
+        # vLLM collects garbage five times while it starts, each walking this process's whole heap (~880k
+        # objects: 3.4 s, not 1.6 s, on a 2-core CPU: benchmarks/engine_start.py). One here, then the living
+        # move to the permanent generation (vLLM itself freezes the heap once up, unfreezes it at shutdown).
         gc.collect()
         gc.freeze()
         with captured_stderr(), visible_gpus(gpus):
@@ -158,6 +157,7 @@ class VLLMEngine:
                 seed=r.seed,
                 logprobs=0,
                 stop_token_ids=self.stop,
+                detokenize=False,  # the text is completion_text's, from the ids: not decoded twice
             )
             for r in requests
         ]

@@ -137,7 +137,6 @@ class ServerEngine:
             "seed": r.seed,
             "logprobs": 0,
             "return_tokens_as_token_ids": True,
-            "skip_special_tokens": True,
         }
         if self.allowed is not None:
             body["allowed_token_ids"] = self.allowed

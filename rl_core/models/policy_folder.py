@@ -33,7 +33,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from rl_core.models.folder_checks import head_weight, trainable_kind
+from rl_core.models.folder_checks import OTHER_WEIGHTS, head_weight, trainable_kind
 from rl_core.models.model import (
     INDEX,
     WEIGHTS,
@@ -44,7 +44,7 @@ from rl_core.models.model import (
 )
 from rl_core.schema.config import ConfigError
 
-_LARGE = (".safetensors", ".bin", ".pt", ".pth", ".gguf")  # not fetched just to check the folder
+_LARGE = (".safetensors", *OTHER_WEIGHTS)  # weight files: not fetched just to check the folder
 
 
 class ModelFolderError(ConfigError):
