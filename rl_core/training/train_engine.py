@@ -319,9 +319,8 @@ class TorchTrainEngine:
 def without_dropout(model: Any) -> Any:
     """``model`` with every dropout off (``nn.Dropout`` modules, and the rates attention layers keep as
     numbers: ``attention_dropout``), in place. RL trains with it off, as TRL and OpenRLHF do: with it on, the
-    trainer's logprobs of the very tokens the policy sampled are noise (a GPT-2's 0.1 dropout: on-policy
-    ratios 0.88-1.13 before any step, 59% of sequences clipped by GSPO's 3e-4 range), and they disagree with
-    the engine's, which has none.
+    trainer's logprobs of the very tokens the policy sampled are noise (a GPT-2 folder's 0.1 dropout: the
+    on-policy ratio is not 1 before any step), and they disagree with the engine's, which has none.
 
     >>> import torch
     >>> m = without_dropout(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout(0.1)))
