@@ -41,15 +41,23 @@ def module_path(classname: str) -> str:
 
 
 def strip_group(name: str) -> str:
-    """A JUnit test name without the ``@group`` suffix xdist's loadgroup gives it (after the last ``]``).
+    """A JUnit test name without the ``@group`` suffix xdist's loadgroup gives it: a group is a module path or
+    a shared group's name (no ``]``), or a per-test group ``module:name`` (tests/conftest.py ``group_of``).
 
     >>> strip_group("test_a[x@1]@tests/integration/test_resume.py"), strip_group("test_a[x@1]")
     ('test_a[x@1]', 'test_a[x@1]')
     >>> strip_group("test_b@s3")
     'test_b'
+    >>> strip_group("test_s[a@b]@tests/integration/test_benchmarks_smoke.py:test_s[a@b]")
+    'test_s[a@b]'
     """
-    head, sep, group = name.rpartition("@")
-    return head if sep and "]" not in group else name
+    at = name.find("@")
+    while at != -1:
+        head, group = name[:at], name[at + 1 :]
+        if "]" not in group or group.endswith(f":{head}"):
+            return head
+        at = name.find("@", at + 1)
+    return name
 
 
 def read_reports(paths: list[Path]) -> list[dict]:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from flows.cli import app
-from tests.conftest import DEFAULT_GROUP_S, DURATIONS, group_of
+from tests.conftest import DEFAULT_GROUP_S, DURATIONS, SPLIT_GROUPS, group_of
 from tests.machine import fingerprint
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,14 +55,32 @@ def test_profile_sums_modules_ranks_tests_and_writes_group_seconds(tmp_path, cap
     assert prof.main([str(tmp_path / "missing.xml")]) == 2
 
 
+def test_a_per_test_group_is_recorded_under_the_name_the_schedule_looks_up(tmp_path):
+    """xdist names a test ``name@group``; a benchmark smoke's group is ``module:name`` itself: the seconds
+    must be stored under that group, not under ``module:name@module:name`` (then every smoke was scheduled at
+    the default seconds)."""
+    prof = _profile_module()
+    smoke = "tests/integration/test_benchmarks_smoke.py"
+    name = "test_benchmark_smoke[server_start]"
+    xml = tmp_path / "parallel.xml"
+    xml.write_text(
+        '<testsuites><testsuite name="pytest" tests="1">'
+        f'<testcase classname="tests.integration.test_benchmarks_smoke" name="{name}@{smoke}:{name}" '
+        'time="67.5"/></testsuite></testsuites>'
+    )
+    assert prof.group_seconds(prof.read_reports([xml])) == {group_of(smoke, name): 67.5}
+
+
 def test_every_recorded_group_is_a_group_the_suite_still_has():
     """tests/durations.json names groups by module path: a renamed or deleted module must leave it, else the
     schedule silently falls back to the default for the new name."""
     seconds = json.loads(DURATIONS.read_text())
     assert seconds and all(s >= 0 for s in seconds.values()) and DEFAULT_GROUP_S > 0
     for group in seconds:
-        path = group.split(":")[0]
+        path, _, name = group.partition(":")
         assert group == "sandbox" or group == "s3" or (ROOT / path).exists(), group
+        split = SPLIT_GROUPS.get(path, ("", ""))[1]
+        assert "@" not in group and name in ("", split, group_of(path, name).partition(":")[2]), group
     assert group_of("tests/integration/test_stack.py", "test_x") == "s3"
 
 
