@@ -21,8 +21,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from infra.localstack.process import Server, clean_env, spawn
+from rl_core.artifacts.paths import shed_dead_sockets
 
 PORT_NAMES = ("master", "volume", "filer", "s3")
+# weed puts its components' local sockets here whatever the temp folder (``/tmp/seaweedfs-s3-<port>.sock``, the
+# gRPC ones without a flag to move them) and leaves them when stopped by a signal: ``start`` and ``stop`` remove
+# the ones no process listens on.
+WEED_SOCKETS = Path("/tmp")
 
 
 def _bindable(port: int) -> bool:
@@ -96,8 +101,10 @@ class S3Server:
         ports = ports or {k: _free_port(taken) for k in PORT_NAMES}
         ident = data_dir / "s3-identities.json"
         _write_identity(ident, access_key, secret_key)
+        shed_dead_sockets(WEED_SOCKETS, "seaweedfs-*.sock")  # those of weeds killed before (an outage)
         cmd = [
             weed_binary(),
+            "-logtostderr",  # its log is weed.log only: no glog files in the temp folder
             "server",
             f"-dir={data_dir}",
             "-ip=127.0.0.1",
@@ -140,3 +147,4 @@ class S3Server:
         # is on disk by then (volumes and the filer's journaled store: restarting after a SIGKILL is what
         # tests/integration/test_s3_store.py's outage does).
         self.server.stop()  # after STOP_GRACE_S
+        shed_dead_sockets(WEED_SOCKETS, "seaweedfs-*.sock")

@@ -27,7 +27,7 @@ from typing import Any
 
 from infra.localstack import prefect_server
 from infra.localstack.process import Server, ServerError, clean_env, spawn
-from rl_core.artifacts.paths import free_port, state_dir
+from rl_core.artifacts.paths import free_port, shed_dead_sockets, state_dir
 
 BUCKET = "rlfoundry"
 
@@ -267,6 +267,10 @@ def down() -> dict[str, bool]:
     with ThreadPoolExecutor(max_workers=max(1, len(records))) as pool:
         ran = pool.map(lambda rec: Server.from_record(rec).stop(), records.values())
         stopped = dict(zip(records, ran, strict=True))
+    if "s3" in records:
+        from infra.localstack.s3_server import WEED_SOCKETS
+
+        shed_dead_sockets(WEED_SOCKETS, "seaweedfs-*.sock")
     (stack_dir() / "stack.json").unlink(missing_ok=True)
     (stack_dir() / "rollout.json").unlink(missing_ok=True)
     (stack_dir() / "reward.json").unlink(missing_ok=True)

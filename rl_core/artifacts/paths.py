@@ -54,10 +54,23 @@ def vllm_ipc_dir() -> str:
     base = tempfile.gettempdir()  # a socket's path has 107 bytes at most: /tmp when the temp folder's is long
     folder = Path(base if len(base) <= 48 else "/tmp") / f"rlfoundry-vllm-{os.geteuid()}"
     folder.mkdir(mode=0o700, exist_ok=True)
-    for entry in folder.iterdir():
-        if entry.is_socket() and not _listened_on(entry):
-            entry.unlink(missing_ok=True)
+    shed_dead_sockets(folder)
     return str(folder)
+
+
+def shed_dead_sockets(folder: Path, pattern: str = "*") -> int:
+    """Remove this user's Unix sockets matching ``pattern`` in ``folder`` on which no process listens any
+    more (left by a server killed before its shutdown); returns how many went."""
+    gone = 0
+    for entry in folder.glob(pattern):
+        try:
+            mine = entry.is_socket() and entry.lstat().st_uid == os.geteuid()
+        except OSError:
+            continue  # removed meanwhile
+        if mine and not _listened_on(entry):
+            entry.unlink(missing_ok=True)
+            gone += 1
+    return gone
 
 
 def _listened_on(path: Path) -> bool:

@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
-from infra.localstack.s3_server import S3Server
+from infra.localstack.s3_server import WEED_SOCKETS, S3Server
 from rl_core.artifacts.manifest import Manifest, Timings
 from rl_core.artifacts.store import ArtifactError, Store
 from tests.conftest import S3_KEY as KEY
@@ -186,7 +187,9 @@ def test_s3_outage_fails_clearly_then_resume_matches(s3, s3_run, tmp_path):
     printed = err.rsplit("once the store answers again: ", 1)[1].split("\n")[0].split()
     assert printed == ["rlfoundry", "resume", "o1", "--store", "s3://outage/runs"]  # works as printed
     assert SECRET not in out + err
+    pids = [srv.server.pid]
     srv = S3Server.start(tmp_path / "weed", access_key=KEY, secret_key=SECRET, ports=srv.ports)
+    pids.append(srv.server.pid)
     try:
         r = cli(printed[1:], env)
         assert r.returncode == 0, r.stderr[-3000:]
@@ -195,3 +198,9 @@ def test_s3_outage_fails_clearly_then_resume_matches(s3, s3_run, tmp_path):
     finally:
         srv.stop()
     assert resumed == _hashes(s3_run[0], "s3run", "s3://rlf-test/runs")
+    # Nothing of either weed (the killed one, the stopped one) is left in /tmp: their sockets (weed names them
+    # by port, gRPC ports at +10000) went at the restart and at the stop; glog wrote no files there.
+    ports = {*srv.ports.values(), *(p + 10000 for p in srv.ports.values())}
+    left = [p.name for p in WEED_SOCKETS.glob("seaweedfs-*.sock") if int(p.stem.rsplit("-", 1)[1]) in ports]
+    glog = [p.name for p in Path(tempfile.gettempdir()).glob("weed.*") if p.suffix[1:] in map(str, pids)]
+    assert left == [] and glog == [], (left, glog)

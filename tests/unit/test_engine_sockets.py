@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from rl_core.artifacts.paths import vllm_env, vllm_ipc_dir
+from rl_core.artifacts.paths import shed_dead_sockets, vllm_env, vllm_ipc_dir
 
 
 def _socket_file(path: Path, *, listening: bool) -> socket.socket | None:
@@ -70,3 +70,18 @@ def test_vllm_names_its_sockets_in_the_folder(temp_root: Path, monkeypatch: pyte
     monkeypatch.setenv("VLLM_RPC_BASE_PATH", vllm_env()["VLLM_RPC_BASE_PATH"])
     path = get_open_zmq_ipc_path()
     assert path.startswith(f"ipc://{temp_root}/rlfoundry-vllm-"), path
+
+
+def test_only_the_dead_sockets_of_the_pattern_go(temp_root: Path) -> None:
+    """What the S3 server's start and stop use for the sockets weed leaves in /tmp."""
+    _socket_file(temp_root / "seaweedfs-s3-1.sock", listening=False)
+    _socket_file(temp_root / "other-2.sock", listening=False)
+    live = _socket_file(temp_root / "seaweedfs-master-grpc-3.sock", listening=True)
+    (temp_root / "seaweedfs-note.sock").write_text("a file, not a socket")
+    try:
+        assert shed_dead_sockets(temp_root, "seaweedfs-*.sock") == 1
+    finally:
+        assert live is not None
+        live.close()
+    left = sorted(p.name for p in temp_root.iterdir())
+    assert left == ["other-2.sock", "seaweedfs-master-grpc-3.sock", "seaweedfs-note.sock"]
