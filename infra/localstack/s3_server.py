@@ -24,9 +24,9 @@ from infra.localstack.process import Server, clean_env, spawn
 from rl_core.artifacts.paths import shed_dead_sockets
 
 PORT_NAMES = ("master", "volume", "filer", "s3")
-# weed puts its components' local sockets here whatever the temp folder (``/tmp/seaweedfs-s3-<port>.sock``, the
-# gRPC ones without a flag to move them) and leaves them when stopped by a signal: ``start`` and ``stop`` remove
-# the ones no process listens on.
+# weed puts its components' local sockets here whatever the temp folder (``/tmp/seaweedfs-s3-<port>.sock``;
+# the gRPC ones have no flag to move them) and leaves them when stopped by a signal: ``start`` and ``stop``
+# remove the ones no process listens on.
 WEED_SOCKETS = Path("/tmp")
 
 
