@@ -20,6 +20,8 @@ fetches and verifies it itself (``StoreCheckpointLoader``).
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import secrets
 import sys
@@ -29,7 +31,7 @@ from typing import Any
 
 from infra.localstack.process import Server, clean_env, spawn
 from infra.rollout_auth import TOKEN_ENV
-from rl_core.artifacts.paths import PROJECT_ROOT, free_port, state_dir, vllm_env
+from rl_core.artifacts.paths import PROJECT_ROOT, free_port, state_dir, vllm_env, vllm_ipc_dir
 from rl_core.models.engine_view import engine_folder
 from rl_core.models.vllm_args import cuda_visible, rollout_server_args, vllm_flags
 
@@ -121,7 +123,9 @@ class RolloutServers:
         self.logs.mkdir(parents=True, exist_ok=True)
         log = self.logs / f"rollout-server-{i}-{port}.log"
         name, tie = f"rollout server {i}", self.tie_to_parent
+        env["TMPDIR"] = str(scratch := server_scratch())
         srv = spawn(name, self._command(port), env=env, log=log, tie_to_parent=tie)
+        (scratch / OWNER).write_text(json.dumps(srv.record()))
         url = f"http://127.0.0.1:{port}"
         srv.wait_http(url + "/health", timeout_s=600)
         return srv, url
@@ -143,3 +147,42 @@ class RolloutServers:
     def stop(self) -> None:
         for s in self.servers:
             s.stop()
+        shed_server_scratch()
+
+
+# A server's temp folder: vLLM's engine writes its torch.distributed file store there (``vllm_dist_<hex>``),
+# and a server stopped by a signal leaves it behind (one file in /tmp per server start, before). Each server
+# gets a folder of its own in the private vLLM folder (``vllm_ipc_dir``), its identity in OWNER; a folder
+# whose server is gone is removed by the next start or stop.
+OWNER = "server.json"
+SCRATCH_ORPHAN_S = 600.0  # a folder with no OWNER yet: a start in progress, unless this old
+
+
+def server_scratch() -> Path:
+    """A new temp folder for one server (after shedding those of servers that are gone)."""
+    import tempfile
+
+    shed_server_scratch()
+    return Path(tempfile.mkdtemp(prefix="server-", dir=vllm_ipc_dir()))
+
+
+def shed_server_scratch() -> int:
+    """Remove the server temp folders whose server is gone; returns how many went."""
+    import shutil
+    import time
+
+    gone = 0
+    for folder in Path(vllm_ipc_dir()).glob("server-*"):
+        try:
+            owner = Server.from_record(json.loads((folder / OWNER).read_text()))
+        except FileNotFoundError:
+            with contextlib.suppress(OSError):
+                if time.time() - folder.stat().st_mtime > SCRATCH_ORPHAN_S:
+                    shutil.rmtree(folder, ignore_errors=True)
+            continue
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # not a record this code wrote: not ours to remove
+        if not owner.alive():
+            shutil.rmtree(folder, ignore_errors=True)
+            gone += 1
+    return gone

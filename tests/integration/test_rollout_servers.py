@@ -4,12 +4,14 @@ the prefix-cache hit rate reported, nothing left running; and a run on them that
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
 import pytest
 
-from infra.rollout_servers import RolloutServers
+from infra.rollout_servers import OWNER, RolloutServers
+from rl_core.artifacts.paths import vllm_ipc_dir
 from rl_core.generation.rollout import Request, SamplingSpec
 from rl_core.generation.rollout_server import ServerEngine
 from rl_core.schema.config import RolloutSection
@@ -112,14 +114,33 @@ def test_servers_match_the_in_process_engine_take_weights_and_survive_a_kill(che
         second = _in_process(b, reqs, spec, tmp_path)
         assert [x[0] for g in second for x in g] != [x[0] for g in first for x in g]
         assert _same(remote.generate(reqs, spec), second)
+        killed = servers.servers[1].pid
+        assert killed in _scratch_of({killed})
         servers.servers[1].kill()  # an outage: the next batch restarts it on B's weights
         assert _same(remote.generate(reqs, spec), second)
         assert remote.restarts == 1 and servers.servers[1].alive()
         stats = remote.stats()
         assert stats["prefix_cache_queries"] > 0 and 0 < stats["prefix_cache_hit_rate"] <= 1
+        # each server's temp files (vLLM's distributed file store) in its own folder; the killed one's went
+        # at its restart
+        pids = {s.pid for s in servers.servers}
+        scratch = _scratch_of({*pids, killed})
+        assert set(scratch) == pids and all(list(f.glob("vllm_dist_*")) for f in scratch.values()), scratch
     finally:
         servers.stop()
     assert not any(s.alive() for s in servers.servers)
+    assert all(not f.exists() for f in scratch.values()) and not _scratch_of(pids)
+
+
+def _scratch_of(pids: set[int]) -> dict[int, Path]:
+    """The temp folders of the rollout servers whose processes are ``pids`` (their OWNER records), by pid."""
+    found = {}
+    for f in Path(vllm_ipc_dir()).glob("server-*"):
+        with contextlib.suppress(OSError, ValueError):
+            pid = json.loads((f / OWNER).read_text())["pid"]
+            if pid in pids:
+                found[pid] = f
+    return found
 
 
 @pytest.mark.slow

@@ -85,3 +85,32 @@ def test_only_the_dead_sockets_of_the_pattern_go(temp_root: Path) -> None:
         live.close()
     left = sorted(p.name for p in temp_root.iterdir())
     assert left == ["other-2.sock", "seaweedfs-master-grpc-3.sock", "seaweedfs-note.sock"]
+
+
+def test_a_gone_servers_temp_folder_goes_and_the_rest_stay(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A rollout server's temp folder (infra.rollout_servers.server_scratch) is removed once its server is
+    gone; a live server's, a start in progress (no record yet) and what this code did not write stay."""
+    import json
+    import os
+    import time
+
+    import psutil
+
+    from infra.localstack.process import Server
+    from infra.rollout_servers import OWNER, SCRATCH_ORPHAN_S, server_scratch, shed_server_scratch
+
+    monkeypatch.setenv("VLLM_RPC_BASE_PATH", str(tmp_path))
+    me = Server("live", os.getpid(), psutil.Process().create_time(), tmp_path / "log")
+    gone = Server("gone", me.pid, me.create_time - 5.0, tmp_path / "log")  # the pid, reused since
+    folders = {name: server_scratch() for name in ("live", "gone", "starting", "orphan", "foreign")}
+    assert all(f.parent == tmp_path and f.name.startswith("server-") for f in folders.values())
+    (folders["live"] / OWNER).write_text(json.dumps(me.record()))
+    (folders["gone"] / OWNER).write_text(json.dumps(gone.record()))
+    (folders["gone"] / "vllm_dist_0").write_text("a file store")
+    (folders["foreign"] / OWNER).write_text("not a record")
+    old = time.time() - SCRATCH_ORPHAN_S - 1
+    os.utime(folders["orphan"], (old, old))
+    assert shed_server_scratch() == 1
+    assert sorted(n for n, f in folders.items() if f.exists()) == ["foreign", "live", "starting"]
