@@ -68,10 +68,22 @@ def _env(world_size: int, gpus: tuple[int, ...] = ()) -> dict[str, str]:
     return env
 
 
-def _job(cmd: list[str], env: dict[str, str], log: Path) -> int:
-    """Run the torchrun agent with its output in ``log``; its exit status."""
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, cwd=PROJECT_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+def agent_command(ranks: int, own: str) -> list[str]:
+    """The torchrun agent of a job of ``ranks`` processes on this machine, its folder ``own`` (``_job``),
+    on a fresh rendezvous port; the rank's program follows."""
+    agent = [sys.executable, "-m", "rl_core.training.train_launch", "agent", f"--nproc-per-node={ranks}"]
+    rendezvous = ["--master-addr=127.0.0.1", f"--master-port={free_port()}"]
+    return [*agent, f"--log-dir={own}", *rendezvous, "--max-restarts=0", "--monitor-interval=0.5"]
+
+
+def _job(command: Callable[[str], list[str]], env: dict[str, str], log: Path) -> int:
+    """Run the torchrun agent ``command(its folder)`` with its output in ``log``; its exit status. The agent's
+    folder (torchrun's ``--log-dir``; by default a ``torchelastic_*`` it makes in the temp folder and never
+    removes: one a job) is a temporary one, removed after the job."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="rlfoundry-torchrun-") as own, open(log, "wb") as out:
+        proc = subprocess.Popen(command(own), cwd=PROJECT_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
         try:
             return proc.wait()
         finally:
@@ -166,27 +178,12 @@ def launch_train(ctx: Any, job: Any) -> Any:
     log = logs / _log_name(ctx, job)
     job_uri, result_uri = write_job(ctx, job)
 
-    def command() -> list[str]:  # a fresh rendezvous port for each attempt
-        cmd = [
-            sys.executable,
-            "-m",
-            "rl_core.training.train_launch",
-            "agent",
-            f"--nproc-per-node={tc.world_size}",
-        ]
-        cmd += ["--master-addr=127.0.0.1", f"--master-port={free_port()}", "--max-restarts=0"]
-        return [
-            *cmd,
-            "--monitor-interval=0.5",
-            "-m",
-            "rl_core.training.train_launch",
-            "rank",
-            ctx.store.root,
-            job_uri,
-        ]
+    def command(own: str) -> list[str]:  # a fresh rendezvous port for each attempt
+        rank = ["-m", "rl_core.training.train_launch", "rank", ctx.store.root, job_uri]
+        return [*agent_command(tc.world_size, own), *rank]
 
     env = _env(tc.world_size, ctx.placement.trainer_gpus)
-    rc = _job(command(), env, log)
+    rc = _job(command, env, log)
     if rc != 0 and _aborted(log):
         # A rank ended by SIGABRT from a native library during the work (the one seen at exit is gone:
         # end_rank): the job runs once more, its first log kept beside (with the rank's Python stacks:
@@ -194,7 +191,7 @@ def launch_train(ctx: Any, job: Any) -> Any:
         # outputs are the same either way.
         first = log.with_suffix(".aborted.log")
         log.replace(first)
-        rc = _job(command(), env, log)
+        rc = _job(command, env, log)
         if rc != 0:
             raise _failure(log, job.iteration, tc.world_size, rc, f"; a first attempt aborted too ({first})")
     if rc != 0:

@@ -90,3 +90,29 @@ def test_a_log_without_a_summary_names_the_jobs_exit_code(tmp_path):
     log.write_text("Traceback (most recent call last):\nOSError: port in use\n")
     assert culprit(log.read_text()) is None and not _aborted(log)
     assert "the job of 2 processes exited with code 1" in str(_failure(log, 3, 2, 1))
+
+
+@pytest.mark.slow  # a torchrun agent and its rank: ~5 s
+def test_the_torchrun_agent_leaves_no_folder_behind(tmp_path):
+    """torchrun makes a ``torchelastic_*`` folder in the temp folder for every job and never removes it (the
+    suite left ~100 in /tmp a run): the agent's folder is a temporary one of the job's (``_job``)."""
+    import os
+
+    from rl_core.training.train_launch import _job, agent_command
+
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    script = tmp_path / "rank.py"
+    script.write_text("import os; print('error file', os.environ['TORCHELASTIC_ERROR_FILE'], flush=True)\n")
+    given: list[str] = []
+
+    def command(own: str) -> list[str]:  # the train stage's agent, one rank running the script
+        given.append(own)
+        return [*agent_command(1, own), str(script)]
+
+    log = tmp_path / "job.log"
+    env = {**os.environ, "TMPDIR": str(temp), "PYTHONPATH": str(PROJECT_ROOT)}
+    assert _job(command, env, log) == 0, log.read_text()
+    (own,) = given
+    assert f"error file {own}/" in log.read_text()  # the rank's files were in the job's folder...
+    assert not os.path.exists(own) and list(temp.iterdir()) == []  # ...which went, and nothing else stayed
