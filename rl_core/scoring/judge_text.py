@@ -12,6 +12,7 @@ rendered prompt, escaped inside the answer's tag, and never reaches the parser.
 from __future__ import annotations
 
 import re
+import unicodedata
 
 # A number (sign, decimals) and, optionally, the scale it is out of ("7/10", "7 out of 10").
 _NUMBER = r"(-?\d+(?:\.\d+)?)(?:\s*(?:/|out\s+of)\s*(\d+(?:\.\d+)?))?"
@@ -50,7 +51,10 @@ def render(template: str, **values: str | int) -> str:
 
 
 def _unmarked(text: str) -> str:
-    """Markdown emphasis and code marks removed ("**8**" -> "8")."""
+    """Markdown emphasis and code marks removed ("**8**" -> "8"), compatibility forms folded (NFKC: "９" is
+    9), every dash and the minus sign read as "-" ("−9" is -9, not 9)."""
+    text = unicodedata.normalize("NFKC", text)
+    text = "".join("-" if c == "\u2212" or unicodedata.category(c) == "Pd" else c for c in text)
     return text.replace("*", "").replace("`", "").replace("_", " ")
 
 
@@ -77,6 +81,8 @@ def parse_score(text: str, max_score: int = 9) -> float | None:
     [None, None, None, None, None, None, None]
     >>> parse_score("10", max_score=10), parse_score("10", max_score=9)
     (1.0, None)
+    >>> parse_score("Score: \\u22129"), parse_score("Score: \\u20139"), parse_score("Score: \\uff19")
+    (None, None, 1.0)
     """
     text = _unmarked(text)
     labelled = {(v, s) for v, s in _LABELLED.findall(text)}

@@ -23,6 +23,7 @@ Batch components score a whole iteration at once (``batch_builtin``): ``judge``,
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -155,31 +156,31 @@ def components(
     for name in weights:
         if name in _BATCH:
             got = _BATCH[name](ctx, prompts, texts, outcomes)  # type: ignore[arg-type]
-            out[name] = _checked(name, got.values, len(texts))
+            out[name] = _checked(f"reward component {name!r}", got.values, len(texts))
             for i, err in enumerate(got.infra_errors or []):
                 if err is not None and extra.infra_errors[i] is None:  # type: ignore[index]
                     extra.infra_errors[i] = f"{name}: {err}"  # type: ignore[index]
             extra.metrics |= {f"{name}_{k}": v for k, v in got.metrics.items()}
             extra.columns |= {f"{name}_{k}": v for k, v in got.columns.items()}
             continue
-        fn, values = reward_function(name), np.empty(len(texts))
-        for i, (p, t, o) in enumerate(zip(prompts, texts, outcomes, strict=True)):
-            v = fn(p, t, o)
-            if v is not None and not isinstance(v, int | float):
-                raise TypeError(
-                    f"reward function {name!r} returned {v!r} for row {i}: expected a float or None"
-                )
-            values[i] = np.nan if v is None else float(v)
-        out[name] = values
+        fn = reward_function(name)
+        got = [fn(p, t, o) for p, t, o in zip(prompts, texts, outcomes, strict=True)]
+        out[name] = _checked(f"reward function {name!r}", got, len(texts))
     return out, extra
 
 
-def _checked(name: str, values: list[float | None], n: int) -> np.ndarray:
+def _checked(what: str, values: list[Any], n: int) -> np.ndarray:
+    """``values`` as floats, None read as NaN (abstained); anything else that is not a finite number is an
+    error naming ``what`` and the row (an infinite or NaN reward would reach the update as NaN advantages)."""
     if len(values) != n:
-        raise ValueError(f"reward component {name!r} returned {len(values)} values for {n} completions")
+        raise ValueError(f"{what} returned {len(values)} values for {n} completions")
     for i, v in enumerate(values):
-        if v is not None and not isinstance(v, int | float):
-            raise TypeError(f"reward component {name!r} returned {v!r} for row {i}: expected a float or None")
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, int | float):
+            raise TypeError(f"{what} returned {v!r} for row {i}: expected a float or None")
+        if not math.isfinite(v):
+            raise ValueError(f"{what} returned {v!r} for row {i}: a reward must be finite (None abstains)")
     return np.array([np.nan if v is None else float(v) for v in values], dtype=np.float64)
 
 
@@ -198,6 +199,23 @@ def combine(weights: dict[str, float], parts: dict[str, np.ndarray]) -> np.ndarr
         total = total + np.where(ok, w * np.where(ok, v, 0.0), 0.0)
         given |= ok
     return np.where(given, total, np.nan)
+
+
+def floored(reward: np.ndarray, flagged: np.ndarray) -> np.ndarray:
+    """``reward`` with the ``flagged`` completions (an exploit the audit zeroes, a replay that did not
+    reproduce) at the floor: 0, or the batch's lowest other reward when that is lower (a reward model's raw
+    score, a negative weight). A flagged completion is never paid above an honest one, so its group
+    advantage is never above theirs (0 alone would beat a wrong answer the reward model scores -0.4).
+
+    >>> floored(np.array([1.0, -0.4, 5.0, np.nan]), np.array([False, False, True, False]))
+    array([ 1. , -0.4, -0.4,  nan])
+    >>> floored(np.array([1.0, 2.0]), np.array([True, False]))
+    array([0., 2.])
+    """
+    honest = reward[~flagged & ~np.isnan(reward)]
+    out = reward.copy()
+    out[flagged] = min(0.0, float(honest.min())) if honest.size else 0.0
+    return out
 
 
 def advantages(reward: np.ndarray, groups: np.ndarray, scale_by_std: bool) -> np.ndarray:
@@ -283,9 +301,8 @@ def score_rewards_body(ctx: RunContext, job: StageJob) -> StageResult:
     lengths = np.array([longest_turn(m) for m in df["loss_mask"]], dtype=np.int64)  # what max_tokens caps
     combined = combine(rc.weights, parts)
     zeroed = audit_zeroed(ctx, job, df)
-    combined[zeroed] = 0.0
     mismatched = replay_mismatches(env, job.iteration)
-    combined[mismatched] = 0.0
+    combined = floored(combined, zeroed | mismatched)
     combined[[e is not None for e in infra]] = np.nan  # no reward, out of its group's advantage
     scored, algo_metrics = score(ctx.cfg, combined, groups, lengths)
     reward = scored["reward"]

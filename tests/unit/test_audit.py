@@ -99,6 +99,44 @@ def test_an_exploit_the_grader_missed_is_flagged_zeroed_and_alarmed(ctx):
     assert [r.get("always_equal") for r in state["rates"]] == [0.0, 0.25]
 
 
+def penalty(prompt: str, completion: str, outcome: object) -> float:
+    """A user reward that goes negative (a length or style penalty; a reward model's raw score)."""
+    return -0.4
+
+
+def not_finite(prompt: str, completion: str, outcome: object) -> float:
+    return float("inf") if "class" in completion else 0.0
+
+
+def test_a_zeroed_exploit_is_never_paid_above_an_honest_wrong_answer(tmp_path):
+    """Zeroed to 0 beside rewards below 0, the exploit beat every honest wrong answer of its group (with no
+    right answer there: advantage +1.7): it sits at the batch's lowest reward instead."""
+    cfg = load_config(
+        "configs/code.yaml", ["reward.weights={correct: 1.0, tests.unit.test_audit:penalty: 1.0}"]
+    )
+    ctx = RunContext(cfg, "r", Store(str(tmp_path)))
+    r, e = _iteration(
+        ctx.store,
+        1,
+        [ALWAYS_EQUAL, WRONG, WRONG, WRONG, HONEST, WRONG, HONEST, WRONG],
+        [True, False, False, False, True, False, True, False],
+    )
+    _, scored, rew = _stages(ctx, 1, r, e)
+    assert scored.metrics["zeroed"] == 1
+    assert rew["reward"].tolist() == pytest.approx([-0.4, -0.4, -0.4, -0.4, 0.6, -0.4, 0.6, -0.4])
+    assert rew["advantage"][:4].tolist() == [0.0, 0.0, 0.0, 0.0]  # as a group of four wrong answers
+
+
+def test_a_reward_that_is_not_a_finite_number_stops_the_stage_naming_it_and_the_row(tmp_path):
+    weights = "reward.weights={correct: 1.0, tests.unit.test_audit:not_finite: 1.0}"
+    ctx = RunContext(load_config("configs/code.yaml", [weights]), "r", Store(str(tmp_path)))
+    r, e = _iteration(ctx.store, 1, [HONEST, WRONG, ALWAYS_EQUAL, WRONG], [True, False, True, False])
+    with pytest.raises(
+        ValueError, match=r"'tests.unit.test_audit:not_finite' returned inf for row 2: .*finite"
+    ):
+        _stages(ctx, 1, r, e)
+
+
 def test_flag_only_keeps_the_reward(ctx):
     ctx.cfg.reward.audit.zero = []
     r, e = _iteration(ctx.store, 1, [ALWAYS_EQUAL, WRONG, HONEST, WRONG], [True, False, True, False])
