@@ -59,9 +59,9 @@ def component(folder: Path, engine: str, prompts_n: int, n: int, store: str) -> 
         outcomes.append(Outcome(correct=ok, well_formed=ok))
     ctx = RunContext(cfg, "bench-judge", Store(store))
     start = time.perf_counter()
-    judge_reward(ctx, prompts, completions, outcomes)  # starts the engine
+    judge_reward(ctx, prompts, completions, outcomes, 1)  # starts the engine
     first = time.perf_counter() - start
-    got = judge_reward(ctx, prompts, completions, outcomes)
+    got = judge_reward(ctx, prompts, completions, outcomes, 1)
     agree = [v is not None and (v >= 0.5) == o.correct for v, o in zip(got.values, outcomes, strict=True)]
     return {
         "engine": engine,

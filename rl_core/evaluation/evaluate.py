@@ -96,7 +96,9 @@ def solved(outcomes: pd.DataFrame) -> np.ndarray:
     return outcomes["correct"].fillna(False).astype(bool).to_numpy()
 
 
-def sample_rewards(ctx: RunContext, sampled: pd.DataFrame, outcomes: pd.DataFrame) -> np.ndarray:
+def sample_rewards(
+    ctx: RunContext, sampled: pd.DataFrame, outcomes: pd.DataFrame, iteration: int
+) -> np.ndarray:
     """Each sampled completion's reward under the run's ``reward.weights``, as score_rewards combines them
     (the batch components, a judge or a reward server, included); NaN where every component abstained or an
     infrastructure failure kept it from being scored."""
@@ -104,9 +106,8 @@ def sample_rewards(ctx: RunContext, sampled: pd.DataFrame, outcomes: pd.DataFram
 
     records = outcome_records(outcomes, sampled["finish_reason"])
     weights = ctx.cfg.reward.weights
-    parts, extra = components(
-        ctx, weights, sampled["prompt"].tolist(), sampled["completion_text"].tolist(), records
-    )
+    texts = sampled["completion_text"].tolist()
+    parts, extra = components(ctx, weights, sampled["prompt"].tolist(), texts, records, iteration)
     reward = combine(weights, parts)
     reward[[e is not None for e in infra_failures(records, extra.infra_errors)]] = np.nan
     return reward
@@ -184,7 +185,7 @@ def evaluate_body(ctx: RunContext, job: StageJob) -> StageResult:
     )
     if cfg.eval.mean_reward:
         table["samples_reward"], table["samples_rewarded"] = _per_problem_reward(
-            sampled, sample_rewards(ctx, sampled, s_out), len(tasks)
+            sampled, sample_rewards(ctx, sampled, s_out, job.iteration), len(tasks)
         )
     ref = ctx.store.write_table(f"{job.out_uri}/eval.parquet", table)
     metrics = _metrics(cfg, table, g_out, tasks)

@@ -7,9 +7,9 @@ the answer escaped inside its tag), judged once per iteration however often it o
 parsed (``parse_score``) into a reward in [0, 1]. A verdict with no readable score in range scores 0 and is
 counted (``judge_unparsed``), as does an answer whose prompt is longer than the judge's context
 (``judge_too_long``): had either abstained, a policy could escape the judge's low scores by padding its answer
-past the judge's context or by baiting the judge into an unreadable verdict. Requests
-are greedy by default and seeded from the run seed and the judged text (``derive_seed``), so a replayed score
-stage judges bit for bit alike. The raw verdict is stored per rollout (column ``judge_verdict``).
+past the judge's context or by baiting the judge into an unreadable verdict. Requests are greedy by default
+and seeded from the run seed, the iteration and the judged text (``derive_seed``), so a replayed score stage
+judges bit for bit alike. The raw verdict is stored per rollout (column ``judge_verdict``).
 
 Consistency, each iteration (``reward.judge.consistency_samples`` each): a sample of answers judged a second
 time, in another batch with other seeds (``judge_self_agreement``: share with the same score), and pairs of
@@ -193,12 +193,14 @@ def _consistency(
 
 @batch_builtin("judge")
 def judge_reward(
-    ctx: RunContext, prompts: list[str], completions: list[str], outcomes: list[Outcome]
+    ctx: RunContext, prompts: list[str], completions: list[str], outcomes: list[Outcome], iteration: int
 ) -> BatchScores:
     """Each completion's judge score in [0, 1] (0 where the verdict has no score or the answer did not fit the
-    judge's context: provoking either never pays), with the consistency and cost metrics."""
+    judge's context: provoking either never pays), with the consistency and cost metrics. A sampling judge
+    (``reward.judge.temperature`` > 0) draws anew each iteration: the same answer's lucky verdict is not
+    paid at every iteration."""
     start = time.perf_counter()
-    seed = ctx.cfg.experiment.seed
+    seed = derive_seed(ctx.cfg.experiment.seed, "judge-iteration", iteration)
     with ctx.held.judge_lock:  # one user of the judge's engine at a time
         judge = held_judge(ctx)
         s = judge.settings

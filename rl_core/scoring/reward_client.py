@@ -210,9 +210,9 @@ def _new_client(ctx: RunContext) -> RewardClient:
 
 @batch_builtin("reward_model")
 def reward_model(
-    ctx: RunContext, prompts: list[str], completions: list[str], outcomes: list[Outcome]
+    ctx: RunContext, prompts: list[str], completions: list[str], outcomes: list[Outcome], iteration: int
 ) -> BatchScores:
-    """The served reward model's raw score of each prompt + completion."""
+    """The served reward model's raw score of each prompt + completion (the same at every iteration)."""
     client = held_client(ctx)
     before, start = dict(client.counts), time.perf_counter()
     values = client.score([score_text(p, c) for p, c in zip(prompts, completions, strict=True)])

@@ -59,7 +59,7 @@ class BatchScores:
     columns: dict[str, list[Any]] = field(default_factory=dict)
 
 
-BatchRewardFn = Callable[[RunContext, list[str], list[str], list[Outcome]], BatchScores]
+BatchRewardFn = Callable[[RunContext, list[str], list[str], list[Outcome], int], BatchScores]
 _BATCH: dict[str, BatchRewardFn] = {}
 
 
@@ -72,7 +72,8 @@ def _declared(name: str) -> None:
 
 def batch_builtin(name: str) -> Callable[[BatchRewardFn], BatchRewardFn]:
     """Register a reward component scored once per iteration over every completion (a served reward model,
-    an LLM judge): ``fn(ctx, prompts, completions, outcomes) -> BatchScores``."""
+    an LLM judge): ``fn(ctx, prompts, completions, outcomes, iteration) -> BatchScores`` (``iteration``: the
+    stage's, for what a component draws: a sampling judge's seeds)."""
     _declared(name)
 
     def deco(fn: BatchRewardFn) -> BatchRewardFn:
@@ -148,6 +149,7 @@ def components(
     prompts: list[str],
     texts: list[str],
     outcomes: list[Outcome],
+    iteration: int = 0,
 ) -> tuple[dict[str, np.ndarray], BatchScores]:
     """Each reward function's value per completion (NaN where it abstained), and what the batch components
     reported besides (infrastructure failures per row, metrics, columns); an answer that is not a number is an
@@ -155,7 +157,7 @@ def components(
     out, extra = {}, BatchScores(values=[], infra_errors=[None] * len(texts))
     for name in weights:
         if name in _BATCH:
-            got = _BATCH[name](ctx, prompts, texts, outcomes)  # type: ignore[arg-type]
+            got = _BATCH[name](ctx, prompts, texts, outcomes, iteration)  # type: ignore[arg-type]
             out[name] = _checked(f"reward component {name!r}", got.values, len(texts))
             for i, err in enumerate(got.infra_errors or []):
                 if err is not None and extra.infra_errors[i] is None:  # type: ignore[index]
@@ -293,9 +295,8 @@ def score_rewards_body(ctx: RunContext, job: StageJob) -> StageResult:
     if len(df) != len(env) or not (df["prompt_index"].to_numpy() == env["prompt_index"].to_numpy()).all():
         raise ValueError(f"env results {env_results.uri} do not line up with rollouts {rollouts.uri}")
     outcomes = outcome_records(env, df["finish_reason"])
-    parts, extra = components(
-        ctx, rc.weights, df["prompt"].tolist(), df["completion_text"].tolist(), outcomes
-    )
+    texts = df["completion_text"].tolist()
+    parts, extra = components(ctx, rc.weights, df["prompt"].tolist(), texts, outcomes, job.iteration)
     infra = infra_failures(outcomes, extra.infra_errors)
     groups = df["prompt_index"].to_numpy()
     lengths = np.array([longest_turn(m) for m in df["loss_mask"]], dtype=np.int64)  # what max_tokens caps

@@ -63,7 +63,7 @@ def test_judge_train_reports_its_agreement_with_the_verifier(judge_dir):
 def test_the_judge_scores_right_answers_higher_once_each(judge_dir, tmp_path):
     ctx = _ctx(tmp_path, judge_dir[0])
     prompts, completions, outcomes = _batch()
-    got = judge_reward(ctx, prompts, completions, outcomes)
+    got = judge_reward(ctx, prompts, completions, outcomes, 1)
     values, verdicts = got.values, got.columns["verdict"]
     assert len(values) == len(prompts) and all(v is not None for v in values)
     # Only the judge's own output is parsed: each value is its verdict's score, whatever the answer says.
@@ -75,7 +75,7 @@ def test_the_judge_scores_right_answers_higher_once_each(judge_dir, tmp_path):
     assert m["judged"] == 16 * 2 + 4 and m["unparsed"] == 0 and m["too_long"] == 0
     assert 0 <= m["self_agreement"] <= 1 and 0 <= m["pairwise_agreement"] <= 1
     assert m["seconds"] > 0 and m["prompt_tokens"] > 0 and m["completion_tokens"] > 0
-    again = judge_reward(ctx, prompts, completions, outcomes)  # deterministic: the same verdicts
+    again = judge_reward(ctx, prompts, completions, outcomes, 1)  # deterministic: the same verdicts
     assert again.values == values and again.columns == got.columns
     assert {k: v for k, v in again.metrics.items() if k != "seconds"} == {
         k: v for k, v in m.items() if k != "seconds"
@@ -90,7 +90,7 @@ def test_unreadable_verdicts_score_zero_and_are_counted(judge_dir, tmp_path):
     ctx = _ctx(tmp_path, judge_dir[0], "reward.judge.max_tokens=1", "reward.judge.consistency_samples=0")
     prompts, completions, outcomes = _batch(4)
     prompts, completions = prompts + ["1+1="], completions + ["2" * 300]
-    got = judge_reward(ctx, prompts, completions, [*outcomes, Outcome(correct=False, well_formed=False)])
+    got = judge_reward(ctx, prompts, completions, [*outcomes, Outcome(correct=False, well_formed=False)], 1)
     assert got.values == [0.0] * len(prompts)
     assert got.metrics["unparsed"] == len(prompts) - 1 and got.metrics["too_long"] == 1
     assert got.columns["verdict"][-1] == "" and "self_agreement" not in got.metrics

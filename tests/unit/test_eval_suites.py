@@ -85,5 +85,5 @@ def test_sampled_completions_are_scored_with_the_runs_reward_weights():
             "infra_error": [None, None, "sandbox: supervisor died"],
         }
     )
-    got = sample_rewards(SimpleNamespace(cfg=cfg), sampled, outcomes)
+    got = sample_rewards(SimpleNamespace(cfg=cfg), sampled, outcomes, 1)
     assert got[0] == 1.5 and got[1] == 0.0 and np.isnan(got[2])
