@@ -72,10 +72,42 @@ class HttpScorer:
             raise Transient(f"HTTP {r.status_code}: {r.text[:200]}")
         if r.status_code != 200:
             raise RewardServerError(f"reward server {self.name}: HTTP {r.status_code}: {r.text[:300]}")
-        return [float(d["probs"][0]) for d in sorted(r.json()["data"], key=lambda d: d["index"])]
+        return read_scores(self.name, r.json(), len(ids))
 
     def close(self) -> None:
         self.http.close()
+
+
+def read_scores(server: str, answer: Any, n: int) -> list[float]:
+    """The raw scores in a reward server's ``/classify`` answer to ``n`` inputs, in input order; an answer
+    that is not one score for each input (a missing or repeated index, a head with several labels, no
+    ``data``) is a ``RewardServerError`` naming the server, not a silently misassigned reward.
+
+    >>> read_scores("s", {"data": [{"index": 1, "probs": [0.5]}, {"index": 0, "probs": [-2]}]}, 2)
+    [-2.0, 0.5]
+    >>> read_scores("s", {"data": [{"index": 0, "probs": [0.5]}, {"index": 0, "probs": [1.0]}]}, 2)
+    Traceback (most recent call last):
+    ...
+    rl_core.scoring.reward_client.RewardServerError: reward server s: answered indices [0, 0] for 2 inputs
+    """
+    try:
+        rows = sorted(answer["data"], key=lambda d: d["index"])
+        indices = [d["index"] for d in rows]
+        probs = [d["probs"] for d in rows]
+    except (KeyError, TypeError) as e:
+        what = f"{type(e).__name__}: {e}"
+        raise RewardServerError(f"reward server {server}: not a /classify answer ({what})") from None
+    if indices != list(range(n)):
+        raise RewardServerError(f"reward server {server}: answered indices {indices} for {n} inputs")
+    if not all(isinstance(p, list) and len(p) == 1 for p in probs):
+        labels = sorted({len(p) if isinstance(p, list) else -1 for p in probs})
+        raise RewardServerError(
+            f"reward server {server}: a reward model has one score per input, the answer has {labels} labels"
+        )
+    try:
+        return [float(p[0]) for p in probs]
+    except (TypeError, ValueError) as e:
+        raise RewardServerError(f"reward server {server}: a score that is not a number ({e})") from None
 
 
 class Scorer(Protocol):

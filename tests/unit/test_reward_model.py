@@ -83,15 +83,15 @@ def test_an_unreachable_reward_server_fails_the_component_naming_it(tmp_path, st
         "configs/smoke.yaml", [f"reward.model.url={url}", f"reward.model.path={tmp_path / 'rm'}"]
     )
     with pytest.raises(RewardServerError, match=url.replace(".", r"\.")):
-        reward_model(RunContext(cfg, "rm-unit"), ["2+3="], ["5"], [None])
+        reward_model(RunContext(cfg, "rm-unit"), ["2+3="], ["5"], [None], 1)
 
 
 def test_without_a_server_or_a_launcher_the_component_says_what_to_set(tmp_path, state_dir):
     cfg = load_config("configs/smoke.yaml", [f"reward.model.path={tmp_path}"])
     with pytest.raises(ValueError, match="reward.model.url is empty"):
-        reward_model(RunContext(cfg, "rm-unit"), ["2+3="], ["5"], [None])
+        reward_model(RunContext(cfg, "rm-unit"), ["2+3="], ["5"], [None], 1)
     with pytest.raises(ValueError, match="set reward.model.path"):
-        reward_model(RunContext(load_config("configs/smoke.yaml", []), "rm-unit"), ["2+3="], ["5"], [None])
+        reward_model(RunContext(load_config("configs/smoke.yaml", []), "rm-unit"), ["2+3="], ["5"], [None], 1)
 
 
 def test_up_refuses_a_reward_server_folder_that_is_no_reward_model(tmp_path):
@@ -198,3 +198,27 @@ def test_a_special_tokens_text_in_a_completion_stays_text():
     assert encode(tok, ["12"], 64) == [
         tok("12", add_special_tokens=False)["input_ids"]
     ]  # plain text: as before
+
+
+@pytest.mark.parametrize(
+    ("answer", "says"),
+    [
+        (
+            {"data": [{"index": 5, "probs": [0.1]}, {"index": 6, "probs": [5.0]}]},
+            "indices [5, 6] for 2 inputs",
+        ),
+        ({"data": [{"index": 0, "probs": [0.1]}]}, "indices [0] for 2 inputs"),
+        ({"object": "list"}, "not a /classify answer"),
+        ({"data": [{"index": 0, "probs": []}, {"index": 1, "probs": [1.0]}]}, "one score per input"),
+        ({"data": [{"index": 0, "probs": [0.3, 0.7]}, {"index": 1, "probs": [0.3, 0.7]}]}, "[2] labels"),
+        ({"data": [{"index": 0, "probs": ["high"]}, {"index": 1, "probs": [1.0]}]}, "not a number"),
+    ],
+)
+def test_a_malformed_classify_answer_names_the_server(answer, says):
+    """A reward server's answer that is not one score per input in order is refused, naming the server:
+    before, repeated or shifted indices were paid to the wrong rows and a two-label head read its first."""
+    from rl_core.scoring.reward_client import read_scores
+
+    with pytest.raises(RewardServerError, match="reward server http://127.0.0.1:9/") as e:
+        read_scores("http://127.0.0.1:9/", answer, 2)
+    assert says in str(e.value)
