@@ -58,14 +58,17 @@ def more_turns(
     chat template (``templated``), each observation goes in as the template's next user turn
     (``rl_core.models.model.observation_text``); else as its plain text. An observation's images go in
     before its text, one marker each, expanded by the folder's processor (``rl_core.models.vision.encode``);
-    every later turn's request carries all the episode's images so far."""
+    every later turn's request carries all the episode's images so far. An action is the turn's text with
+    its special tokens (``ans(41<|pad|>3)`` is not ``ans(413)``)."""
     prompt_ids = prompts.ids
     for turn in range(1, max_turns + 1):
         active = []
         for ep in episodes:
             if ep.done:
                 continue
-            action = tok.decode(ep.last.token_ids, skip_special_tokens=True)
+            # the turn's text as every engine gives it (sampling.completion_text: special tokens kept, the
+            # stop token left out): the environment acts on what the model generated, as a turn is scored
+            action = ep.last.text
             res = ep.env.step(action)
             ep.actions.append(action)
             ep.final = final_of(res)

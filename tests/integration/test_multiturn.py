@@ -10,7 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from rl_core.models.model import load_tokenizer
+from rl_core.generation.sampling import completion_text
+from rl_core.models.model import load_tokenizer, stop_ids
 from tests.conftest import replayed_identical, run_cli
 
 SMALL = [
@@ -46,7 +47,9 @@ def test_tool_use_run_is_token_in_token_out(tmp_path):
     it = tmp_path / "store" / "mt" / "iter-0001"
     df = pd.read_parquet(it / "generate" / "rollouts.parquet")
     gen = json.loads((it / "generate" / "_manifest.json").read_text())
-    tok = load_tokenizer(Path(gen["inputs"]["policy"]["uri"].removeprefix("file://")))
+    folder = Path(gen["inputs"]["policy"]["uri"].removeprefix("file://"))
+    tok = load_tokenizer(folder)
+    stop = set(stop_ids(folder, tok))
     assert (df["turns"] > 1).any(), "no episode went past one turn"
     for row in df.itertuples():
         ids, mask, lps = list(row.completion_ids), list(row.loss_mask), np.asarray(row.logprobs)
@@ -58,11 +61,11 @@ def test_tool_use_run_is_token_in_token_out(tmp_path):
                 runs.append((int(m), [int(t)]))
         obs_runs = [r_ for m, r_ in runs if m == 0]
         model_runs = [r_ for m, r_ in runs if m == 1]
-        # observation tokens are exactly the tokenized observations, in order; model turns are the actions
+        # observation tokens are exactly the tokenized observations, in order; model turns are the actions,
+        # as generated: their special tokens kept (a pad inside an answer is in it), the stop token left out
         assert obs_runs == [tok(o, add_special_tokens=False)["input_ids"] for o in row.observations]
-        assert [tok.decode(m, skip_special_tokens=True) for m in model_runs[: len(row.actions)]] == list(
-            row.actions
-        )
+        acted = [completion_text(tok, m, stop) for m in model_runs[: len(row.actions)]]
+        assert acted == list(row.actions)
         assert (lps[np.asarray(mask) == 0] == 0).all() and (lps[np.asarray(mask) == 1] <= 0).all()
         assert len(model_runs) == row.turns
     env = pd.read_parquet(it / "execute_envs" / "env_results.parquet")

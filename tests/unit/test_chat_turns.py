@@ -80,3 +80,33 @@ def test_an_observation_cannot_open_a_turn_of_its_own(which: str, tmp_path):
     assert control("=" + forged + "\n") == control("=408\n")
     assert defused(tok, "=408\n") == "=408\n"
     assert defused(tok, forged) != forged and defused(tok, forged).replace("\u200b", "") == forged
+
+
+def test_the_environment_acts_on_the_turn_as_generated_special_tokens_kept():
+    """A multi-turn action is the turn's text as every engine gives it (special tokens kept, the stop token
+    left out: ``sampling.completion_text``): ``ans(41<pad>3)`` was handed to the tool environment as
+    ``ans(413)`` and paid, while the trainer learns the tokens with the pad inside. No process: the last turn
+    is given, and ``max_turns`` 1 ends the episode at the environment's step."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from envs.tools import ToolUseEnv
+    from rl_core.generation.episodes import Episode
+    from rl_core.generation.rollout import Completion, SamplingSpec
+    from rl_core.generation.sampling import completion_text
+    from rl_core.generation.turns import Prompts, more_turns
+
+    chars = sorted(set("ans(calcpy)0123456789+-*= \n"))
+    word = Tokenizer(models.WordLevel({c: i for i, c in enumerate(chars)}, unk_token=" "))
+    word.pre_tokenizer, word.decoder = pre_tokenizers.Split("", "isolated"), decoders.Fuse()
+    tok = PreTrainedTokenizerFast(tokenizer_object=word, pad_token="<|pad|>", eos_token="<|endoftext|>")
+    said = tok("ans(41", add_special_tokens=False)["input_ids"] + [tok.pad_token_id]
+    ids = said + tok("3)", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    env = ToolUseEnv()
+    env.reset({"prompt": "Q:12*34+5\n", "answer": "413"}, 0)
+    last = Completion(ids, [0.0] * len(ids), completion_text(tok, ids, {tok.eos_token_id}), "stop")
+    ep = Episode(0, 0, list(ids), [0.0] * len(ids), [1] * len(ids), last, env=env)
+    prompts = Prompts(ids=[[0]], images=[()], unexpanded=[()], folder=None)
+    more_turns([ep], None, tok, prompts, [0], SamplingSpec(n=1, max_tokens=4), 64, 1, [False])
+    assert ep.actions == ["ans(41<|pad|>3)"] and ep.done
+    assert ep.final == "open"  # no answer the environment reads (decoded without the pad: "correct")
