@@ -11,7 +11,8 @@ number of the last two and pays when it is the gold one). The rule here:
 2. **Its pieces.** The span is split, outside brackets, at list and disjunction separators: ``,`` + space,
    ``;``, line breaks, the words *or*, *and*, *either*, *to*, ``\\lor``, ``\\vee``, ``∨``, ``\\quad``, and the
    space between two bare numbers. Each piece that holds a value (math-verify's parse; for ``numeric``, its
-   numbers after the last ``=``) is a candidate; prose pieces hold none.
+   numbers after the last ``=``, each a number and not part of an expression: ``\\sqrt{144}`` or ``-(-3)``
+   is not well formed, ``- 3`` is -3; ``envs/numerals.py``) is a candidate; prose pieces hold none.
 3. **One value.** Against a gold answer that is one value, the candidates must all be the same value and that
    value must itself be one value: a set or list of several, an interval, a union, an inequality, ``\\pm`` /
    ``\\mp`` (anywhere in the span), or a piece listing several numbers is a hedge. A hedge scores 0 and is
@@ -40,6 +41,9 @@ import threading
 import time
 from typing import Any, NamedTuple
 
+from envs.numerals import MINUS as _MINUS
+from envs.numerals import gold_number, stated
+
 MAX_VERIFIED_CHARS = 4000  # what the verifier reads of an answer (math-verify's sympy is not linear)
 MAX_PIECES = 16  # more candidates than this is a list, whatever they hold
 
@@ -51,17 +55,12 @@ _MATH = re.compile(r"\$\$.+?\$\$|\$.+?\$|\\\(.+?\\\)|\\\[.+?\\\]", re.S)
 _HEDGE_MARK = re.compile(r"\\pm\b|\\mp\b|±|∓|\\lor\b|\\vee\b|∨|\\cup\b|∪")
 _SEPARATOR = re.compile(r",\s+|;|\n|\\q?quad\b|\b(?:and|to)\b|(?<=\d)\s+(?=[-+]?\.?\d)", re.I)
 _DISJUNCTION = re.compile(r"\\lor\b|\\vee\b|∨|\b(?:or|either)\b", re.I)  # cut inside brackets too
-_NUMBER = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?|-?\d+(?:\.\d+)?(?:/\d+)?|-?\.\d+")
 # a piece that negates or bounds its number commits to no value: "not 42", "at least 42", "\neq 42"
 _NEGATION = re.compile(
     r"\b(?:not|isn't|cannot|can't|never|except|but\s+not|wrong|incorrect|neither|nor"
     r"|at\s+(?:least|most)|(?:more|less|greater|fewer)\s+than|approximately|roughly|about|around)\b"
     r"|\\(?:neq?|neg|approx|sim|simeq|geq?|leq?|gtrsim|lesssim|cancel|sout|not)\b|[≠¬≈≥≤<>]",
     re.I,
-)
-# what a number may be written with besides ASCII: the minus sign, full-width forms
-_MINUS = str.maketrans(
-    {"\u2212": "-", "\ufe63": "-", "\uff0d": "-"} | {chr(0xFF10 + d): str(d) for d in range(10)}
 )
 # exponent towers and huge factorials of numbers: math-verify would compute them (seconds to hours)
 _TOWER = re.compile(
@@ -295,52 +294,44 @@ def _math_verdict(gold: str, region: str) -> Verdict:
 
 
 # -- numeric ------------------------------------------------------------------------------------------
-def numbers(text: str) -> list[float]:
-    """The numbers in ``text`` (``1,234``, ``-3.5``, ``7/8``), in order.
-
-    >>> numbers("so x = 1,234 or 3/4 of it"), numbers("none")
-    ([1234.0, 0.75], [])
-    """
-    out = []
-    for s in _NUMBER.findall(text):
-        s = s.replace(",", "")
-        if "/" in s:
-            num, den = s.split("/")
-            if float(den):
-                out.append(float(num) / float(den))
-        else:
-            out.append(float(s))
-    return out
-
-
 def _close(a: float, b: float) -> bool:
     return math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-9)
 
 
-def _piece_number(piece: str) -> list[float]:
-    """The numbers a piece states as its value: after its last ``=``, parenthesised asides left out when
-    something else holds a number."""
+def _piece_number(piece: str, box: bool = False) -> list[float] | str:
+    """The numbers a piece states as its value (``envs.numerals.stated``): after its last ``=``,
+    parenthesised asides left out when something else holds a number; an expression is none (a text: why)."""
     value = piece.rsplit("=", 1)[-1]
-    bare = _ASIDE.sub(" ", value)
-    return _distinct(numbers(bare) or numbers(value), _close)
+    for text in (_ASIDE.sub(" ", value), value):
+        got, expression = stated(text, box)
+        if expression is not None:
+            return f"an expression, not a number: {expression[:40]}"
+        if got:
+            return _distinct(got, _close)
+    return []
 
 
 def numeric_verdict(gold: str, region: str) -> Verdict:
     """Score ``region`` against the number ``gold``, paying only one number (the module docstring's rule).
+    ``gold`` must be one number (``envs.numerals.gold_number``; the dataset refuses other rows at load).
 
     >>> numeric_verdict("12", "3 x 4 = 12").correct, numeric_verdict("14", "12 13 14").hedge
     (True, 'several numbers: 12.0, 13.0, 14.0')
     """
-    want = numbers(gold.translate(_MINUS))
+    want = gold_number(gold)
+    if want is None:
+        raise ValueError(f"the numeric verifier's gold answer {gold!r} is not one number")
     region = region.translate(_MINUS)
 
     def value(piece: str, box: bool) -> list[float] | str:
         if _NEGATION.search(piece):  # "not 42", "at least 42": no value committed to
             return []
-        got = _piece_number(piece)
-        return "several numbers: " + ", ".join(map(str, got[:4])) if len(got) > 1 else got
+        got = _piece_number(piece, box)
+        if isinstance(got, str) or len(got) <= 1:
+            return got
+        return "several numbers: " + ", ".join(map(str, got[:4]))
 
     got = _committed(True, region, value, _close, "numbers", split_boxes=True)
     if isinstance(got, Verdict):
         return got
-    return Verdict(bool(want) and _close(got, want[-1]), True, repr(got))
+    return Verdict(_close(got, float(want)), True, repr(got))

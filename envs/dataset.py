@@ -16,7 +16,8 @@ verifier — GSM8K/MATH-style JSONL or Parquet, verl's ``prompt`` + ``reward_mod
 Single-turn. The verifier sees what follows the completion's reasoning block (the text after the last
 ``</think>``; a completion whose ``<think>`` never closes is not well formed); the whole completion is what is
 trained. ``math`` parses both sides with math-verify (LaTeX, ``\\boxed{}``, fractions, equivalent forms);
-``numeric`` compares the last number of each (commas, fractions, relative tolerance 1e-6); ``exact`` the
+``numeric`` compares numbers (commas, fractions, relative tolerance 1e-6; a row whose answer is not one
+number is refused at load, an answer's expression is no number); ``exact`` the
 stripped texts; ``code`` runs the completion's code against the row's tests in the sandbox (HumanEval's
 hardened harness, ``envs/humaneval.py``: a fresh sandbox run each, the function called through a proxy, a
 one-time nonce): correct only if every test passes. The user's own reward functions see the same outcome as
@@ -49,6 +50,7 @@ from envs.dataset_rows import field as _field
 from envs.dataset_rows import file_rows
 from envs.dataset_rows import prompt as _prompt
 from envs.dataset_verify import check, code_outcomes, code_tests, final_answer
+from envs.numerals import gold_number
 
 
 class DatasetOptions(BaseModel):
@@ -196,6 +198,11 @@ def _task(opts: DatasetOptions, uri: str, split: str, i: int, row: Any) -> dict[
     }
     if not task["answer"]:
         raise ValueError(f"task.env_args: {uri}: row {i} field {opts.answer_field!r} is empty")
+    if opts.verifier == "numeric" and gold_number(task["answer"]) is None:
+        raise ValueError(
+            f"task.env_args: {uri}: row {i} field {opts.answer_field!r} is {task['answer'][:80]!r}, not one "
+            "number (verifier numeric: a number, units after it at most; use verifier math for expressions)"
+        )
     if opts.solution_field:
         value = _field(row, opts.solution_field, uri, i)
         # a text as it is (a code solution's indentation is its meaning); a number written as answers are

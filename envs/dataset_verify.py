@@ -4,10 +4,14 @@ pay only the one value an answer commits to: ``envs/commitment.py``); and ``code
 tests — MBPP's assert lines or HumanEval's ``check(candidate)`` — run against the answer's code in the
 sandbox, through HumanEval's hardened harness (``envs/humaneval.py``: a fresh sandbox run per answer, the
 function called through a proxy that hands back only plain literals, a one-time nonce), the batch in one
-pool map."""
+pool map; a row's prompt of Python definitions whose helpers the tests call runs beside them, as HumanEval's
+does (``trusted_prompt``)."""
 
 from __future__ import annotations
 
+import ast
+import builtins
+import keyword
 import re
 from typing import Any
 
@@ -41,7 +45,9 @@ def check(verifier: str, answer: str, text: str) -> Verdict:
 
 # -- code ---------------------------------------------------------------------------------------------
 
-_CALLED = re.compile(r"^\s*assert\b[\s(]*(?:not\s+)?([A-Za-z_]\w*)\s*\(")
+_CALLED = re.compile(r"(?<![\w.])([A-Za-z_]\w*)\s*\(")  # a name called (not a method: no "." before)
+# called in a test but not the function under test: set(f(x)) == ..., round(f(x), 2) == ...
+_NOT_ENTRY = frozenset(dir(builtins)) | frozenset(keyword.kwlist)
 _IDENT = re.compile(r"[A-Za-z_]\w*")
 _FENCE = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.S)
 
@@ -49,7 +55,8 @@ _FENCE = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.S)
 def code_tests(tests: Any, entry: str | None, name: str, i: int) -> tuple[str, str]:
     """(source defining ``check(candidate)``, the function under test) of a row's tests: assert lines (a list,
     or one text of them) become the body of ``check``; a text that defines ``check`` is taken as it is and
-    needs ``entry``. The tests call the function by its name (the harness binds it to the candidate).
+    needs ``entry``. The tests call the function by its name (the harness binds it to the candidate): without
+    ``entry``, the first name the asserts call that is not a builtin (``_entry``).
 
     >>> src, entry = code_tests(["assert add(1, 2) == 3", "assert add(0, 0) == 0"], None, "f", 0)
     >>> entry, src.splitlines()[0], src.splitlines()[1].strip()
@@ -70,7 +77,7 @@ def code_tests(tests: Any, entry: str | None, name: str, i: int) -> tuple[str, s
                 f"task.env_args: {name}: row {i}: the tests are neither assert lines nor check(candidate)"
             )
         if not entry:
-            called = next((m.group(1) for ln in lines if (m := _CALLED.match(ln))), None)
+            called = _entry(lines)
             if called is None:
                 raise ValueError(
                     f"task.env_args: {name}: row {i}: no assert calls a function (set entry_field)"
@@ -80,6 +87,21 @@ def code_tests(tests: Any, entry: str | None, name: str, i: int) -> tuple[str, s
     if not _IDENT.fullmatch(entry):
         raise ValueError(f"task.env_args: {name}: row {i}: {entry!r} is not a function name")
     return src, entry
+
+
+def _entry(lines: list[str]) -> str | None:
+    """The function the assert lines test: the first name they call that is not a Python builtin (else the
+    first builtin called: a function under test named like one).
+
+    >>> _entry(["assert set(similar(a, b)) == {1}"]), _entry(["assert round(area(1), 2) == 3.14"])
+    ('similar', 'area')
+    >>> _entry(["assert not is_odd(2)", "assert is_odd(1)"]), _entry(["import math", "assert abs(-1) == 1"])
+    ('is_odd', 'abs')
+    """
+    called = [m[1] for ln in lines if ln.lstrip().startswith("assert") for m in _CALLED.finditer(ln)]
+    return next((c for c in called if c not in _NOT_ENTRY), None) or next(
+        (c for c in called if not keyword.iskeyword(c)), None
+    )
 
 
 def solution_code(prompt: Any, text: str, entry: str) -> str:
@@ -99,6 +121,36 @@ def solution_code(prompt: Any, text: str, entry: str) -> str:
     return code
 
 
+def trusted_prompt(prompt: Any, test: str, entry: str) -> str:
+    r"""The row's prompt as trusted code the tests run beside, as HumanEval's harness runs its prompt: when
+    the prompt is Python of definitions (functions, classes, imports, assignments, a docstring) and the
+    tests use a name it defines besides ``entry`` (HumanEval/38's ``encode_cyclic``, /32's ``poly``); else
+    "" (a prompt in words, chat messages, or helpers the tests do not need: nothing of it runs).
+
+    >>> helper = "def encode(s):\n    return s[::-1]\n\n\ndef decode(s):\n    'Undo encode.'\n"
+    >>> test = "def check(candidate):\n    assert candidate(encode('ab')) == 'ab'\n"
+    >>> trusted_prompt(helper, test, "decode") == helper, trusted_prompt("Write decode.", test, "decode")
+    (True, '')
+    """
+    if not isinstance(prompt, str):
+        return ""
+    try:
+        tree, used = ast.parse(prompt), {n.id for n in ast.walk(ast.parse(test)) if isinstance(n, ast.Name)}
+    except (SyntaxError, ValueError, RecursionError):
+        return ""
+    defined: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            defined.add(node.name)
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            defined |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, ast.Assign):
+            defined |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+        elif not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)):
+            return ""  # a statement that does something: not a prompt of definitions
+    return prompt if (defined - {entry}) & used else ""
+
+
 def code_outcomes(
     pairs: list[tuple[dict[str, Any], str]], workers: int | None = None
 ) -> list[dict[str, Any]]:
@@ -106,7 +158,13 @@ def code_outcomes(
     from envs.humaneval import run_programs
 
     programs = [
-        ("", t["test"], t["entry"], solution_code(t["prompt"], text, t["entry"])) for t, text in pairs
+        (
+            trusted_prompt(t["prompt"], t["test"], t["entry"]),
+            t["test"],
+            t["entry"],
+            solution_code(t["prompt"], text, t["entry"]),
+        )
+        for t, text in pairs
     ]
     out = []
     for passed, flags, infra in run_programs(programs, workers=workers):

@@ -18,7 +18,9 @@ the dataset's own, and some pay an answer that merely contains the gold one, e.g
 built-in rewards read ``correct``). Some of its
 scorers evaluate the answer (``eval``, sympy's ``parse_expr``): an answer that would run more than arithmetic
 that way, or compute a number too large, is never given to the scorer (``envs.inert.hazard``); it scores 0,
-not well formed, and ``refused`` says why. The warm-up imitates the generator's answers.
+not well formed, and ``refused`` says why; so does an answer the scorer raises on (``scorer_raised:
+ValueError``: prime_factorization's on prose, boxnet's on nested lists), deterministically. The warm-up
+imitates the generator's answers.
 """
 
 from __future__ import annotations
@@ -144,6 +146,11 @@ class ReasoningGymEnv:
         else:
             o = self.options
             scorer = _generator(o.dataset, json.dumps(o.config, sort_keys=True), 1, 0)
-            score = float(scorer.score_answer(text.strip(), self._task["entry"]))
-            outcome = {"correct": score >= 1.0, "well_formed": True, "score": score, "refused": ""}
+            try:  # some scorers raise on an ordinary malformed answer: the answer's fault, scored 0
+                score = float(scorer.score_answer(text.strip(), self._task["entry"]))
+            except Exception as e:
+                why = f"scorer_raised: {type(e).__name__}"
+                outcome = {"correct": False, "well_formed": False, "score": 0.0, "refused": why}
+            else:
+                outcome = {"correct": score >= 1.0, "well_formed": True, "score": score, "refused": ""}
         return StepResult(observation=None, done=True, outcome=outcome)

@@ -10,7 +10,8 @@ One call per turn. The tasks are built to take two tool calls (the product, then
 so three turns; the answer is paid however it was reached, and ``calls`` is reported for rewards that
 require them. Anything that is not a well-formed call gets an ``error: ...`` observation and the
 episode goes on (up to ``max_turns``); it never raises. Deterministic: the same actions give the same
-observations.
+observations (the py tool's hash seed is fixed; only code that reads the system's randomness, ``os.urandom``
+or an unseeded ``random``, differs between runs).
 
     env = ToolUseEnv()
     env.reset({"prompt": "Q:12*34+5\\n", "answer": "413", ...}, seed=0)
@@ -118,6 +119,10 @@ def _sandbox() -> Any:
 
 
 MAX_CODE = 16 * 1024  # characters of one py call
+# The py tool's Python, its hash seed fixed: a printed set or hash() is the same in the episode and its replay
+# (a random seed would make an honest episode a replay mismatch). The sandbox's environment is cleared and
+# set to a fixed few; env adds only this one, which python's -E (the sandbox's default argv) would ignore.
+PY_ARGV = ["/usr/bin/env", "PYTHONHASHSEED=0", "/usr/bin/python3", "-s", "main.py"]
 
 
 def run_python(code: str) -> str:
@@ -129,7 +134,8 @@ def run_python(code: str) -> str:
         return f"error: code longer than {MAX_CODE} characters\n"
     try:
         r = _sandbox().map(
-            [{"files": {"main.py": code}}], Limits(timeout_s=2, memory_mb=128, output_bytes=256, disk_mb=1)
+            [{"files": {"main.py": code}, "argv": PY_ARGV}],
+            Limits(timeout_s=2, memory_mb=128, output_bytes=256, disk_mb=1),
         )[0]
     except SandboxUnavailable:
         return "error: python tool unavailable\n"

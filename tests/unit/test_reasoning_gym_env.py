@@ -114,3 +114,23 @@ def test_chat_prompts_are_one_user_message():
 def test_bad_options_fail_at_load_naming_the_field(args, message):
     with pytest.raises(ConfigError, match=message):
         _cfg(args)
+
+
+@pytest.mark.parametrize(
+    "dataset, answer, error",
+    [("prime_factorization", "I am not sure", "ValueError"), ("boxnet", "[[1,2],[3]]", "AttributeError")],
+)
+def test_an_answer_its_scorer_raises_on_scores_0_not_an_error(dataset, answer, error):
+    cfg = _cfg({"dataset": dataset})
+    env = _env(cfg)
+    task = env.tasks("heldout", cfg.task, 0)[0]
+    env.reset(task, 0)
+    for _ in range(2):  # deterministically
+        assert env.step(answer).outcome == {
+            "correct": False,
+            "well_formed": False,
+            "score": 0.0,
+            "refused": f"scorer_raised: {error}",
+        }
+    if dataset == "prime_factorization":  # the gold answer still pays
+        assert env.step(task["answer"]).outcome["correct"]

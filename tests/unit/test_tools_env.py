@@ -127,3 +127,17 @@ def test_observation_tokens_carry_no_loss():
     # target positions 2..6 hold the completion tokens; observation targets (positions 4, 5) are masked out
     assert b.loss_mask[0].tolist() == [0, 0, 1, 1, 0, 0, 1]
     assert torch.equal(b.rollout_logp[0], torch.tensor([0, 0, -0.5, -0.25, 0, 0, -1.0]))
+
+
+def test_the_python_tool_has_a_fixed_hash_seed():
+    """A printed set or hash() depends on the hash seed: a random one made an honest episode's replay differ
+    (``replay_mismatch``, scored at the floor). The py tool's Python runs with PYTHONHASHSEED=0."""
+    import subprocess
+
+    code = "print(hash('rlfoundry'), sorted({'apple', 'banana'}) == ['apple', 'banana'])"
+    seeded = subprocess.run(
+        ["/usr/bin/python3", "-c", code], env={"PYTHONHASHSEED": "0"}, capture_output=True, text=True
+    ).stdout
+    env = ToolUseEnv()
+    env.reset(_task(), 0)
+    assert env.step(f"py({code})").observation == "=" + seeded.strip() + "\n"
