@@ -27,8 +27,9 @@ from flows.cli import debugging, experiment, inspection, judge, operations, rewa
 
 
 class _Program(typer.Typer):
-    """The ``rlfoundry`` program: a corrupt or missing artifact, or an unreachable store, that no command
-    caught ends it with one line naming it (exit 2; 3: the store), not a traceback."""
+    """The ``rlfoundry`` program: a corrupt or missing artifact, a bad config or override, or an unreachable
+    store, that no command caught ends it with one line naming it (exit 2; 3: the store), not a
+    traceback."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         try:
@@ -37,10 +38,12 @@ class _Program(typer.Typer):
             from rl_core.artifacts.retries import StoreUnavailable
             from rl_core.artifacts.store import ArtifactError
             from rl_core.run.runs import RunError
+            from rl_core.schema.overrides import ConfigError
 
-            if not isinstance(e, ArtifactError | RunError | StoreUnavailable):
+            if not isinstance(e, ArtifactError | RunError | StoreUnavailable | ConfigError):
                 raise
-            typer.echo(f"error: {e}", err=True)
+            head, *rest = [line.strip() for line in str(e).splitlines() if line.strip()] or [type(e).__name__]
+            typer.echo(f"error: {' '.join([head, '; '.join(rest)]).strip()}", err=True)  # one line
             sys.exit(3 if isinstance(e, StoreUnavailable) else 2)
 
 

@@ -40,12 +40,42 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON.")]
 ConfigArg = Annotated[Path, typer.Argument(help="Experiment YAML (see configs/).")]
 
 
+def fresh_out(path: Path, option: str = "--out") -> Path:
+    """``path`` for a command to write a new folder to: refused (one line naming it) when it exists and is
+    not an empty folder, so that nothing already there (a checkpoint, a run) is overwritten."""
+    if path.is_symlink() or (path.exists() and not (path.is_dir() and not any(path.iterdir()))):
+        what = "a folder that is not empty" if path.is_dir() else "a file"
+        fail(f"{option} {path} is {what}: give a new (or empty) folder; nothing was written")
+    return path
+
+
+def checked_store(root: str) -> str:
+    """A ``--store`` root, held to what ``store.uri`` is held to: no credentials in it (they would be
+    printed and logged; the environment holds them), and a protocol this install reads."""
+    from rl_core.schema.config_secrets import redacted, with_credentials
+
+    if with_credentials(root):
+        fail(
+            f"--store {redacted(root)}: a URL with credentials in it (user:password@): give them in the "
+            "environment instead (AWS_* for S3)"
+        )
+    if "://" in root:
+        import fsspec
+
+        protocol = root.split("://", 1)[0]
+        try:
+            fsspec.get_filesystem_class(protocol)
+        except (ValueError, ImportError) as e:
+            fail(f"--store {redacted(root)}: the protocol {protocol!r} cannot be read here ({e})")
+    return root
+
+
 def store_for(run_store: str | None) -> Any:
-    """The store at ``run_store``, or the configured one."""
+    """The store at ``run_store`` (checked by ``checked_store``), or the configured one."""
     from rl_core.run.context import open_store
     from rl_core.schema.config import load_config
 
-    return open_store(load_config(), run_store)
+    return open_store(load_config(), checked_store(run_store) if run_store else None)
 
 
 @contextlib.contextmanager

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -56,13 +56,35 @@ def compare(
     Console().print(render(data))
 
 
+def _report_path(path: Path, store: Any) -> Path:
+    """Where ``report`` may write: not a folder, not inside the (local) store, and not an existing file other
+    than a report it wrote before (one that starts as every report does, ``REPORT_MARK``)."""
+    from rl_core.pipeline.report import REPORT_MARK
+
+    if path.is_dir():
+        fail(f"--out {path} is a folder: give the report's file name (e.g. {path / 'report.html'})")
+    if store.is_local:
+        root = Path(store.fs._strip_protocol(store.root)).resolve()
+        if path.resolve().is_relative_to(root):
+            fail(f"--out {path} is inside the store {store.root}: write the report elsewhere")
+    if path.exists() or path.is_symlink():
+        try:
+            with path.open("rb") as f:
+                ours = f.read(len(REPORT_MARK)) == REPORT_MARK.encode()
+        except OSError as e:
+            fail(f"--out {path} cannot be read ({e}): not replaced")
+        if not ours or path.is_symlink():
+            fail(f"--out {path} exists and is not a report of rlfoundry's: not replaced (give another file)")
+    return path
+
+
 def report(
     run_id: RunIdArg,
     out: Annotated[
         Path | None, typer.Option("--out", help="Where to write it (default: RUN_ID.html).")
     ] = None,
     per_iteration: Annotated[
-        int, typer.Option("-k", help="Best, worst and random samples per iteration.")
+        int, typer.Option("-k", min=0, help="Best, worst and random samples per iteration.")
     ] = 3,
     store: StoreOpt = None,
 ) -> None:
@@ -71,11 +93,12 @@ def report(
     from rl_core.pipeline.report import build
     from rl_core.run.runs import RunError
 
+    opened = store_for(store)
+    path = _report_path(out or Path(f"{run_id}.html"), opened)
     try:
-        page = build(store_for(store), run_id, per_iteration)
+        page = build(opened, run_id, per_iteration)
     except RunError as e:
         fail(str(e))
-    path = out or Path(f"{run_id}.html")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(page, encoding="utf-8")
     typer.echo(f"report: {path} ({len(page) // 1024} KiB)")
@@ -86,6 +109,22 @@ def _is_folder(target: str) -> bool:
     return "://" in target or Path(target).is_dir()
 
 
+def _checked_target(target: str, iteration: int | None, config: Path | None) -> bool:
+    """Whether ``target`` is a checkpoint folder (else a run id), with the options that kind takes."""
+    folder = _is_folder(target)
+    if folder and (config is None or iteration is not None):
+        fail(
+            f"{target} is a checkpoint folder: give --config CONFIG (its task and eval settings), "
+            "no --iteration"
+        )
+    if not folder and ("/" in target or "\\" in target):
+        fail(f"{target}: no such folder (a checkpoint folder to evaluate, or a run id)")
+    if not folder and (iteration is None or config is not None):
+        checked_run_id(target)
+        fail(f"{target} is a run id: give --iteration K (0 = its base policy); --config is for a folder")
+    return folder
+
+
 def eval_(
     target: Annotated[
         str,
@@ -93,7 +132,7 @@ def eval_(
     ],
     iteration: Annotated[
         int | None,
-        typer.Option("--iteration", help="A run's policy to measure: its train checkpoint; 0 = base."),
+        typer.Option("--iteration", min=0, help="A run's policy to measure: its train checkpoint; 0 = base."),
     ] = None,
     config: Annotated[
         Path | None,
@@ -111,16 +150,9 @@ def eval_(
     folder's (FOLDER --config CONFIG); --set adds or changes suites (or anything else)."""
     from rl_core.artifacts.paths import configure_env
 
-    folder = _is_folder(target)
-    if folder and (config is None or iteration is not None):
-        fail(
-            f"{target} is a checkpoint folder: give --config CONFIG (its task and eval settings), "
-            "no --iteration"
-        )
-    if not folder and (iteration is None or config is not None):
-        checked_run_id(target)
-        fail(f"{target} is a run id: give --iteration K (0 = its base policy); --config is for a folder")
+    folder = _checked_target(target, iteration, config)
     configure_env()
+    from rl_core.artifacts.retries import StoreUnavailable
     from rl_core.artifacts.store import ArtifactError
     from rl_core.pipeline.measure import evaluate_checkpoint, evaluate_folder
     from rl_core.run.runs import RunError
@@ -135,6 +167,8 @@ def eval_(
                 data = evaluate_checkpoint(
                     store_for(store), target, iteration, set_, suites, prepare=replay_hooks
                 )
+    except StoreUnavailable as e:
+        fail(str(e), 3)
     except (RunError, ConfigError, ValueError, RuntimeError, ArtifactError) as e:
         fail(str(e))
     if as_json:

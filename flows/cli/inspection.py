@@ -165,7 +165,7 @@ def _what_if(
 def rollouts(
     run_id: RunIdArg,
     iteration: Annotated[int, typer.Option("--iteration", help="Iteration number.")],
-    k: Annotated[int, typer.Option("-k", help="How many best, worst and random samples.")] = 3,
+    k: Annotated[int, typer.Option("-k", min=0, help="How many best, worst and random samples.")] = 3,
     as_json: JsonOpt = False,
     store: StoreOpt = None,
     images: Annotated[

@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from flows.cli.common import JsonOpt, SetOpt, fail, quiet_stdout
+from flows.cli.common import JsonOpt, SetOpt, fail, fresh_out, quiet_stdout
 
 judge_app = typer.Typer(no_args_is_help=True, help="The LLM judge (reward.weights: {judge: w}).")
 
@@ -32,6 +32,7 @@ def judge_train(
     from rl_core.schema.config import ConfigError, load_config
     from rl_core.scoring.judge_train import train_judge
 
+    fresh_out(out)  # an existing judge, checkpoint or file is never trained over
     try:
         cfg = load_config(config, set_ or [])
     except ConfigError as e:

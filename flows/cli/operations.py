@@ -161,9 +161,11 @@ def _load(config: Path, overrides: list[str] | None = None) -> Config:
 
 
 def _prepare(config: Path, overrides: list[str] | None = None) -> tuple[Config, str]:
-    """The served config and the Prefect API URL, with the project root as the working directory (the
-    deployments' entrypoints are relative to it)."""
+    """The served config and the Prefect API URL as messages show it (without credentials: they are never
+    printed), with the project root as the working directory (the deployments' entrypoints are relative to
+    it)."""
     from rl_core.artifacts.paths import PROJECT_ROOT, configure_env
+    from rl_core.schema.config_secrets import redacted
 
     cfg = _load(config, overrides)
     configure_env()
@@ -173,7 +175,7 @@ def _prepare(config: Path, overrides: list[str] | None = None) -> tuple[Config, 
             "no Prefect server to register with: start the local stack (rlfoundry up) or set PREFECT_API_URL"
         )
     os.chdir(PROJECT_ROOT)
-    return cfg, api
+    return cfg, redacted(api)
 
 
 def _policy(cfg: Config, store: str, *allowed: list[str] | None) -> FormPolicy:
@@ -227,14 +229,16 @@ def checked_pool_name(name: str) -> str:
 
 
 def _check_server(api: str) -> None:
-    """Fail with exit code 2, naming the URL, when no Prefect server answers there."""
+    """Fail with exit code 2, naming the URL (without credentials), when no Prefect server answers there."""
     from prefect.client.orchestration import get_client
+
+    from rl_core.schema.config_secrets import redacted
 
     with get_client(sync_client=True) as client:
         problem = client.api_healthcheck()
     if problem is not None:
         fail(
-            f"no Prefect server answers at PREFECT_API_URL={api} ({type(problem).__name__}): "
+            f"no Prefect server answers at PREFECT_API_URL={redacted(api)} ({type(problem).__name__}): "
             "start the local stack (rlfoundry up) or fix PREFECT_API_URL"
         )
 

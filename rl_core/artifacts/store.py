@@ -90,6 +90,8 @@ class Store:
                 "config_kwargs": {"connect_timeout": 5, "read_timeout": 60, "retries": {"max_attempts": 1}}
             }
         self.fs, _ = fsspec.core.url_to_fs(self.root, **options)
+        # a local root as the OS resolves it (the root may itself be a link): no path may resolve outside it
+        self.real_root = os.path.realpath(self.fs._strip_protocol(self.root)) if self.is_local else ""
 
     def _io(self, what: str, fn: Callable[[], T]) -> T:
         if self.is_local:
@@ -112,12 +114,18 @@ class Store:
     def _path(self, uri: str) -> str:
         """The filesystem path of ``uri``, which must be the root or under it: every read, write and removal
         goes through here, so neither a caller's URI nor one read from a (possibly tampered) manifest can
-        reach a file outside the store (``file:///etc/...``, another bucket, ``<root>/../x``)."""
+        reach a file outside the store (``file:///etc/...``, another bucket, ``<root>/../x``, a symbolic link
+        in a local store to a file outside it)."""
         if uri != self.root:
             rest = uri[len(self.root) + 1 :] if uri.startswith(self.root + "/") else None
             if rest is None or any(p in (".", "..") or "\\" in p for p in rest.split("/")):
                 raise ArtifactError(f"{uri} is outside the store {self.root}: refused")
-        return self.fs._strip_protocol(uri)
+        path = self.fs._strip_protocol(uri)
+        if self.is_local:  # nor may a symbolic link in the store lead a read or write out of it
+            real = os.path.realpath(path)
+            if real != self.real_root and not real.startswith(self.real_root.rstrip(os.sep) + os.sep):
+                raise ArtifactError(f"{uri} leads outside the store {self.root} (to {real}, a link): refused")
+        return path
 
     @property
     def is_local(self) -> bool:

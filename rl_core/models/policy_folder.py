@@ -58,12 +58,25 @@ def _fs(path: str) -> tuple[Any, str]:
 
 
 def _files(path: str) -> tuple[Any, str, dict[str, int]]:
-    """The filesystem, the folder's path on it and its top-level files (name -> size)."""
+    """The filesystem, the folder's path on it and its top-level files (name -> size). An object store that
+    does not answer is a StoreUnavailable naming the endpoint, as the run store's is."""
+    from rl_core.artifacts.retries import StoreUnavailable, s3_endpoint, transient
+    from rl_core.schema.config_secrets import redacted
+
     fs, root = _fs(path)
-    if not fs.isdir(root):
-        raise ModelFolderError(f"model.path {path}: no such folder")
+    try:
+        if not fs.isdir(root):
+            raise ModelFolderError(f"model.path {path}: no such folder")
+        listing = fs.ls(root, detail=True)
+    except Exception as e:
+        if not transient(e):
+            raise
+        where = s3_endpoint() if path.startswith("s3://") else path.split("://", 1)[0]
+        raise StoreUnavailable(
+            f"model.path {redacted(path)}: the object store ({where}) is unreachable ({type(e).__name__})"
+        ) from e
     files = {}
-    for info in fs.ls(root, detail=True):
+    for info in listing:
         if info.get("type") == "file":
             files[info["name"].rstrip("/").rsplit("/", 1)[-1]] = int(info.get("size") or 0)
     return fs, root, files

@@ -255,7 +255,17 @@ def encode(
 
 @functools.lru_cache(maxsize=16)
 def _config(ckpt_dir: str) -> dict[str, Any]:
-    return json.loads((Path(ckpt_dir) / "config.json").read_text())
+    """The folder's config.json; one that is not a JSON object is a ModelFolderError naming the file."""
+    from rl_core.models.policy_folder import ModelFolderError
+
+    path = Path(ckpt_dir) / "config.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ModelFolderError(f"model.path {ckpt_dir}: {path} is not valid JSON ({e})") from e
+    if not isinstance(data, dict):
+        raise ModelFolderError(f"model.path {ckpt_dir}: {path} holds a {type(data).__name__}, not an object")
+    return data
 
 
 @functools.lru_cache(maxsize=16)

@@ -6,12 +6,14 @@ lineage(store, run_id, iteration=3)        # checkpoint <- rollouts, rewards, pa
 
 from __future__ import annotations
 
+import contextlib
 import random
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from rl_core.artifacts.manifest import Manifest
-from rl_core.artifacts.store import Store
+from rl_core.artifacts.store import MANIFEST, ArtifactError, Store
 from rl_core.models.model import weights_digest
 
 
@@ -72,39 +74,53 @@ def samples(
     }
 
 
+@contextlib.contextmanager
+def _complete(store: Store, run_id: str, iteration: int, stage: str) -> Iterator[None]:
+    """A manifest without an entry lineage reads (a tampered or foreign one) is an ArtifactError naming it."""
+    try:
+        yield
+    except (KeyError, TypeError) as e:
+        uri = f"{store.stage_uri(run_id, iteration, stage)}/{MANIFEST}"
+        what = f"has no {e}" if isinstance(e, KeyError) else f"is malformed ({e})"
+        raise ArtifactError(f"manifest {uri} {what}, which a checkpoint's lineage needs") from e
+
+
 def lineage(store: Store, run_id: str, iteration: int) -> list[dict[str, Any]]:
-    """From the checkpoint train wrote at ``iteration`` back to the base model, one entry per checkpoint."""
+    """From the checkpoint train wrote at ``iteration`` back to the base model, one entry per checkpoint; a
+    manifest that lacks what this reads is an ArtifactError naming it."""
     chain = []
-    k = iteration
-    while k >= 1:
+    for k in range(iteration, 0, -1):
         tr = _manifest(store, run_id, k, "train")
         rew = _manifest(store, run_id, k, "score_rewards")
-        chain.append(
-            {
-                "iteration": k,
-                "checkpoint": tr.outputs["checkpoint"].uri,
-                # False between train.checkpoint_every points: rebuilt from the last stored one on demand
-                "checkpoint_stored": tr.outputs["checkpoint"].stored is not False,
-                "policy_sha256": tr.metrics["policy_sha256"],
-                "parent_checkpoint": tr.inputs["policy"].uri,
-                "rollouts": tr.inputs["rollouts"].uri,
-                "rewards": tr.inputs["rewards"].uri,
-                "env_results": rew.inputs["env_results"].uri,
-                "optimizer_state": tr.inputs["optimizer"].uri if "optimizer" in tr.inputs else None,
-            }
-        )
-        k -= 1
+        with _complete(store, run_id, k, "score_rewards"):
+            env_results = rew.inputs["env_results"].uri
+        with _complete(store, run_id, k, "train"):
+            chain.append(
+                {
+                    "iteration": k,
+                    "checkpoint": tr.outputs["checkpoint"].uri,
+                    # False between train.checkpoint_every points: rebuilt from the last stored one on demand
+                    "checkpoint_stored": tr.outputs["checkpoint"].stored is not False,
+                    "policy_sha256": tr.metrics["policy_sha256"],
+                    "parent_checkpoint": tr.inputs["policy"].uri,
+                    "rollouts": tr.inputs["rollouts"].uri,
+                    "rewards": tr.inputs["rewards"].uri,
+                    "env_results": env_results,
+                    "optimizer_state": tr.inputs["optimizer"].uri if "optimizer" in tr.inputs else None,
+                }
+            )
     from rl_core.run.runs import load_run
 
     base = load_run(store, run_id)["base_id"]
     wu = _manifest(store, base, 0, "warmup")
-    chain.append(
-        {
-            "iteration": 0,
-            "checkpoint": wu.outputs["checkpoint"].uri,
-            "policy_sha256": weights_digest(wu.outputs["checkpoint"].files),
-            "parent_checkpoint": wu.inputs["checkpoint"].uri,
-            "note": "warmed-up base model (supervised warm-up of the init checkpoint)",
-        }
-    )
+    with _complete(store, base, 0, "warmup"):
+        chain.append(
+            {
+                "iteration": 0,
+                "checkpoint": wu.outputs["checkpoint"].uri,
+                "policy_sha256": weights_digest(wu.outputs["checkpoint"].files),
+                "parent_checkpoint": wu.inputs["checkpoint"].uri,
+                "note": "warmed-up base model (supervised warm-up of the init checkpoint)",
+            }
+        )
     return chain

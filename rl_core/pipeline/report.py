@@ -17,7 +17,7 @@ from typing import Any
 
 from rl_core.artifacts.store import Store
 from rl_core.pipeline.inspect_run import samples
-from rl_core.pipeline.show import collect
+from rl_core.pipeline.show import alarms_of, collect, metrics_of
 
 CSS = """
 body{font-family:system-ui,sans-serif;margin:2em;max-width:1100px;color:#222}
@@ -27,6 +27,8 @@ table{border-collapse:collapse;font-size:.9em} td,th{border:1px solid #ddd;paddi
 .alarm-stop{color:#b00020;font-weight:bold} .alarm-warn{color:#a06000}
 pre{white-space:pre-wrap;margin:0;font-family:ui-monospace,monospace} details{margin:.3em 0}
 """
+# How every report begins: ``rlfoundry report --out`` replaces only a file that begins so (a report it wrote).
+REPORT_MARK = "<!doctype html><html><head><meta charset=utf-8><title>rlfoundry run "
 SAMPLE_COLUMNS = (
     "prompt",
     "completion_text",
@@ -176,7 +178,7 @@ def build(store: Store, run_id: str, per_iteration: int = 3) -> str:
     alarms = [
         {**a, "iteration": it["iteration"]}
         for it in data["iterations"]
-        for a in it["stages"].get("vitals", {}).get("metrics", {}).get("alarm_list", [])
+        for a in alarms_of(metrics_of(it["stages"].get("vitals")))  # a malformed list: the alarms it names
     ]
     figs = "".join(
         f'<div class="fig"><h3>{html.escape(t)}</h3>{svg}</div>' for t, svg in figures(data, alarms)

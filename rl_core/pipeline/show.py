@@ -92,13 +92,30 @@ VITAL_COLUMNS = (
 )
 
 
+def metrics_of(stage: Any) -> dict[str, Any]:
+    """A stage view's metrics, {} when it has none (or a tampered manifest holds something else)."""
+    m = stage.get("metrics") if isinstance(stage, dict) else None
+    return m if isinstance(m, dict) else {}
+
+
 def _vitals(st: dict[str, Any]) -> dict[str, Any]:
     v = st.get("vitals") or {}
-    return v.get("metrics", {}) if v.get("status") == "committed" else {}
+    return metrics_of(v) if isinstance(v, dict) and v.get("status") == "committed" else {}
 
 
 def _f(v: Any, spec: str) -> str:
-    return format(v, spec) if isinstance(v, int | float) else "-"
+    """``v`` formatted; "-" for a value missing or of another type (a manifest is shown, never crashes)."""
+    return format(v, spec) if isinstance(v, int | float) and not isinstance(v, bool) else "-"
+
+
+def alarms_of(v: dict[str, Any]) -> list[dict[str, str]]:
+    """The vitals' alarms that have a name, each with its fields as text."""
+    found = v.get("alarm_list")
+    return [
+        {key: str(a.get(key, "?")) for key in ("name", "action", "message")}
+        for a in (found if isinstance(found, list) else [])
+        if isinstance(a, dict) and "name" in a
+    ]
 
 
 def render(data: dict[str, Any], stages: bool = False, vitals: bool = False, sha: bool = False) -> Any:
@@ -121,30 +138,30 @@ def render(data: dict[str, Any], stages: bool = False, vitals: bool = False, sha
         t.add_column(col, justify="left" if col in ("alarms", "policy sha256") else "right", no_wrap=True)
 
     def acc(v: dict[str, Any]) -> str:
-        return f"{v['metrics']['accuracy']:.3f}" if "metrics" in v else ""
+        return _f(metrics_of(v).get("accuracy"), ".3f") if "metrics" in v else ""
 
     b = data["base"]
     base_cells = ["base", "", acc(b["evaluate"]), "", "", "", _f(b["warmup"].get("seconds"), ".1f")]
     base_cells += [""] * (len(cols) - len(base_cells) - (1 if sha else 0)) + (
-        [(b.get("policy_sha256") or "")[:16]] if sha else []
+        [str(b.get("policy_sha256") or "")[:16]] if sha else []
     )
     t.add_row(*base_cells)
     notes: list[str] = []
     for it in data["iterations"]:
         st, k = it["stages"], it["iteration"]
         v = _vitals(st)
-        rew = st["score_rewards"]
-        reward = _f(rew["metrics"]["mean_reward"], ".3f") if rew["status"] == "committed" else "-"
-        tr = st["train"].get("metrics", {})
-        sec = sum(x.get("seconds", 0) for x in st.values())
+        rew = st.get("score_rewards", {})
+        reward = _f(metrics_of(rew).get("mean_reward"), ".3f") if rew.get("status") == "committed" else "-"
+        tr = metrics_of(st.get("train"))
+        sec = sum(x for stage in st.values() if isinstance(x := stage.get("seconds", 0), int | float))
         row = [str(k), reward, acc(st["evaluate"]), _f(tr.get("kl"), ".3g"), _f(tr.get("entropy"), ".2f")]
         row += [_f(v.get("length_mean"), ".1f"), f"{sec:.1f}"]
         row += [_f(v.get(key), spec) for _, key, spec in VITAL_COLUMNS if vitals]
         row += [_f(st[s].get("seconds"), ".1f") for s in shown]
-        alarms = v.get("alarm_list", [])
+        alarms = alarms_of(v)
         row.append(" ".join(sorted({a["name"] for a in alarms})) or ("" if v else "-"))
         if sha:
-            row.append((it.get("policy_sha256") or "")[:16])
+            row.append(str(it.get("policy_sha256") or "")[:16])
         t.add_row(*row)
         notes += [f"iteration {k}: {a['name']} ({a['action']}): {a['message']}" for a in alarms]
     lines = [Text(n, overflow="fold") for n in notes]

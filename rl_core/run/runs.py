@@ -32,7 +32,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, WithJsonSchema
 
-from rl_core.artifacts.store import Store
+from rl_core.artifacts.store import ArtifactError, Store
 from rl_core.run.context import RunContext, data_files, legacy_config_hash, run_config_hash, stage_config
 from rl_core.run.preflight import check_cluster_resources, check_prompts_fit, check_ray_address
 from rl_core.schema.config import Config, config_from_dict
@@ -309,12 +309,33 @@ def config_for(store: Store, run_id: str, config_hash: str) -> Config:
     return config_from_dict(record["config"], f"{run_id}/{RUN_RECORD}")
 
 
+def _is_version(v: Any) -> bool:
+    return isinstance(v, dict) and isinstance(v.get("config"), dict) and type(v.get("from_iteration")) is int
+
+
+# What every reader of a run record relies on: field -> its JSON type.
+RECORD_FIELDS: dict[str, type | tuple[type, ...]] = {"config": dict, "config_hash": str, "base_id": str}
+
+
 def load_run(store: Store, run_id: str) -> dict[str, Any]:
+    """The run record of ``run_id``; RunError when there is none, ArtifactError naming the file when it is not
+    the shape a record has (an object with ``RECORD_FIELDS``, ``versions`` a list of objects)."""
     check_run_id(run_id)
     uri = f"{store.run_uri(run_id)}/{RUN_RECORD}"
     if not store.exists(uri):
         raise RunError(f"no run {run_id!r} in {store.root}")
-    return store.read_json(uri)
+    record = store.read_json(uri)
+    if not isinstance(record, dict):
+        raise ArtifactError(f"run record {uri} is not a JSON object (it holds {type(record).__name__})")
+    bad = [k for k, t in RECORD_FIELDS.items() if not isinstance(record.get(k), t)]
+    versions = record.get("versions", [])
+    if not (isinstance(versions, list) and all(_is_version(v) for v in versions)):
+        bad.append("versions")
+    if not isinstance(record.get("changes", []), list):
+        bad.append("changes")
+    if bad:
+        raise ArtifactError(f"run record {uri} is corrupt: {', '.join(bad)} missing or of the wrong type")
+    return record
 
 
 def run_config(store: Store, run_id: str) -> Config:

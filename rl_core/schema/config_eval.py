@@ -8,7 +8,7 @@ reports on (``rl_core.schema.config.Config`` holds it; kept apart so that ``conf
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -70,7 +70,9 @@ def _check_names(kind: str, names: list[str]) -> None:
 
 
 class EvalSection(_Section):
-    pass_k: list[int] = Field([1, 8], description="k values for pass@k (sampled at eval temperature).")
+    pass_k: list[Annotated[int, Field(ge=1)]] = Field(
+        [1, 8], min_length=1, description="k values for pass@k (sampled at eval temperature), each >= 1."
+    )
     samples: int = Field(8, ge=1, description="Samples per held-out problem for pass@k (>= max k).")
     temperature: float = Field(1.0, ge=0.0, le=2.0, description="Sampling temperature for pass@k.")
     mean_reward: bool = Field(

@@ -17,6 +17,19 @@ class ConfigError(ValueError):
     """A config file or override is invalid; the message names the field."""
 
 
+SHOWN_MAX = 200  # characters of a bad value a message repeats (a YAML alias bomb expands to megabytes)
+
+
+def _shown(value: Any) -> str:
+    """``repr(value)``, cut to ``SHOWN_MAX`` characters.
+
+    >>> _shown("x" * 500)[-24:]
+    'xxxx... (502 characters)'
+    """
+    text = repr(value)
+    return text if len(text) <= SHOWN_MAX else f"{text[:SHOWN_MAX]}... ({len(text)} characters)"
+
+
 def format_validation_error(err: ValidationError, source: str) -> str:
     """One line per bad field: its dotted name, what is wrong, the allowed values and the value given."""
     lines = [f"invalid config ({source}):"]
@@ -27,7 +40,7 @@ def format_validation_error(err: ValidationError, source: str) -> str:
         if "expected" in ctx:
             allowed = f" (allowed: {ctx['expected']})"
         got = e.get("input")
-        shown = "" if isinstance(got, dict) else f"; got {got!r}"  # a whole section says nothing new
+        shown = "" if isinstance(got, dict) else f"; got {_shown(got)}"  # a whole section says nothing new
         said = f"{e['msg'].removeprefix('Value error, ')}{allowed}{shown}"
         lines.append(f"  {loc}: {said}" if loc else f"  {said}")  # the whole config's own check: no field
     return "\n".join(lines)
@@ -70,7 +83,12 @@ def parse_overrides(overrides: list[str]) -> list[tuple[str, Any]]:
         if "=" not in item:
             raise ConfigError(f"override {item!r} must look like section.field=value")
         key, raw = item.split("=", 1)
-        out.append((key.strip(), yaml.safe_load(raw) if raw.strip() else ""))
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError as e:
+            problem = " ".join(str(getattr(e, "problem", None) or e).split())
+            raise ConfigError(f"override {_shown(item)}: its value is not valid YAML ({problem})") from e
+        out.append((key.strip(), value))
     return out
 
 
