@@ -2,7 +2,12 @@
 
 Several operations (add, sub, mul) and difficulty levels (operand digit counts). Problems are drawn from a
 seeded generator; a problem is held-out or train by a hash of its text, so the two splits are disjoint
-whatever their sizes. Single-turn: the first action ends the episode.
+whatever their sizes. Disjoint as texts, not as facts: a commuted twin (``2+8=`` of a held-out ``8+2=``, the
+same sum) can be in training — an audit counted 70 of the default config's 256 held-out problems — so the
+held-out accuracy measures arithmetic over seen facts partly, not only unseen ones. Kept so (the split of
+the built-in task is what every pinned policy hash and committed curve was measured on); a task of your own
+splits on what it means by "the same problem" (``envs.base.is_heldout`` of a canonical text). Single-turn:
+the first action ends the episode.
 
 >>> env = ArithmeticEnv(ArithmeticOptions(operations=["add"], digits=[1]))
 >>> env.reset({"prompt": "2+3=", "answer": "5"}, seed=0)
