@@ -170,6 +170,18 @@ def _key(prompt: str | list[dict[str, str]]) -> str:
     return prompt if isinstance(prompt, str) else json.dumps(prompt, sort_keys=True)
 
 
+def _same(prompt: str | list[dict[str, str]]) -> str:
+    """The prompt as the split check compares it: whitespace collapsed and stripped, case-folded (in each
+    message of a chat prompt).
+
+    >>> _same("What is  5 plus 6?\\n") == _same(" what is 5 plus 6?")
+    True
+    """
+    if isinstance(prompt, str):
+        return " ".join(prompt.split()).casefold()
+    return _key([{k: _same(v) if isinstance(v, str) else v for k, v in m.items()} for m in prompt])
+
+
 def _tasks(opts: DatasetOptions, uri: str, split: str) -> list[dict[str, Any]]:
     out = []
     for i, (row, line) in enumerate(_rows(uri)):
@@ -220,18 +232,32 @@ def _splits_of(opts_json: str, digests: tuple[str, ...]) -> tuple[list[dict[str,
     train = _tasks(opts, opts.train, "train")
     if opts.heldout:
         heldout = _tasks(opts, opts.heldout, "heldout")
-        seen = {_key(t["prompt"]): t["row"] for t in train}
-        for t in heldout:
-            if _key(t["prompt"]) in seen:
+        seen = {_same(t["prompt"]): t["row"] for t in train}
+        first: dict[str, int] = {}
+        for t in heldout:  # compared up to whitespace and case (a trailing newline is the same problem)
+            key, row = _same(t["prompt"]), t["row"]
+            if key in seen:
                 raise ValueError(
-                    f"task.env_args: {opts.heldout}: row {t['row']} is also row {seen[_key(t['prompt'])]} of "
-                    f"{opts.train} (held-out rows must not be trained on)"
+                    f"task.env_args: {opts.heldout}: row {row} is also row {seen[key]} of {opts.train} "
+                    "(held-out rows must not be trained on)"
                 )
+            if key in first:
+                raise ValueError(
+                    f"task.env_args: {opts.heldout}: row {row} is also its row {first[key]} "
+                    "(a held-out problem is scored once)"
+                )
+            first[key] = row
     else:  # by a hash of the prompt: stable whatever the file's order, disjoint by construction
         cut = opts.heldout_fraction * 2**32
         held = [int(hashlib.sha256(_key(t["prompt"]).encode()).hexdigest()[:8], 16) < cut for t in train]
         heldout = [{**t, "task_id": f"heldout-{t['row']:06d}"} for t, h in zip(train, held, strict=True) if h]
-        train = [t for t, h in zip(train, held, strict=True) if not h]
+        # the hash is of the prompt as written (splits stay where they were); a row that is a held-out one up
+        # to whitespace and case is not trained on, and a held-out problem is scored once
+        firsts: dict[str, dict[str, Any]] = {}
+        for t in heldout:
+            firsts.setdefault(_same(t["prompt"]), t)
+        heldout, kept = list(firsts.values()), set(firsts)
+        train = [t for t, h in zip(train, held, strict=True) if not h and _same(t["prompt"]) not in kept]
         if not train or not heldout:
             raise ValueError(
                 f"task.env_args: heldout_fraction={opts.heldout_fraction} of {opts.train} leaves a split "

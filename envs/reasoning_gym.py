@@ -9,24 +9,28 @@ its own generator options and its own scorer.
         prompt: plain                      # plain: the question as the prompt; chat: one user message
 
 Train and held-out come from the generator with seeds derived from the run's (``derive_seed(seed, split)``),
-``task.train_size`` / ``task.heldout_size`` items each; a training item whose question is also a held-out
-question is dropped, so nothing held out is trained on. The verifier is the dataset's own ``score_answer`` on
-the text after the completion's reasoning block (``envs.dataset_verify.final_answer``), stripped, or the
-last ``<answer>...</answer>`` in it (reasoning-gym's own convention, ``reasoning_gym.utils.extract_answer``):
-``correct`` when it scores 1, its score kept as ``score`` (partial credit for the user's reward functions:
-the dataset's own, and some pay an answer that merely contains the gold one, e.g. "8 or 99" for 8; the
-built-in rewards read ``correct``). Some of its
-scorers evaluate the answer (``eval``, sympy's ``parse_expr``): an answer that would run more than arithmetic
-that way, or compute a number too large, is never given to the scorer (``envs.inert.hazard``); it scores 0,
-not well formed, and ``refused`` says why; so does an answer the scorer raises on (``scorer_raised:
-ValueError``: prime_factorization's on prose, boxnet's on nested lists), deterministically. The warm-up
-imitates the generator's answers.
+``task.train_size`` / ``task.heldout_size`` items each. Two items are the same problem when their questions
+match once whitespace, brackets and double minus signs are ignored and case-folded, and their gold answers
+match (``item_key``: the generator writes one expression several ways); a repeated held-out problem is drawn
+again (too few distinct ones is an error naming them), and a training item that is a held-out problem is
+dropped (more drawn in its place), so nothing held out is trained on. The verifier is the dataset's own
+``score_answer`` on the text after the completion's reasoning block (``envs.dataset_verify.final_answer``),
+stripped, or the last ``<answer>...</answer>`` in it (reasoning-gym's own convention,
+``reasoning_gym.utils.extract_answer``): ``correct`` when it scores 1, its score kept as ``score`` (partial
+credit for the user's reward functions: the dataset's own, and some pay an answer that merely contains the
+gold one, e.g. "8 or 99" for 8; the built-in rewards read ``correct``). Some of its scorers evaluate the
+answer (``eval``, sympy's ``parse_expr``): an answer that would run more than arithmetic that way, or compute
+a number too large, is never given to the scorer (``envs.inert.hazard``); it scores 0, not well formed, and
+``refused`` says why; so does an answer the scorer raises on (``scorer_raised: ValueError``:
+prime_factorization's on prose, boxnet's on nested lists), deterministically. The warm-up imitates the
+generator's answers.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -34,6 +38,24 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from envs.base import StepResult, derived_seed
 from envs.dataset_verify import final_answer
 from envs.inert import hazard
+
+
+def item_key(item: dict[str, Any]) -> tuple[str, str]:
+    """What makes two generated items the same problem: the question without whitespace or brackets,
+    each run of minus signs cut to its parity (two negations cancel), case-folded; and the gold answer. The
+    generator writes one expression several ways (``Calculate -1 - -9.``, ``Calculate ( -1 - -9 ).``,
+    ``-( -( 9 * 6 ) )`` for ``9 * 6``); the answer keeps apart the questions this merges that brackets do
+    change (``-( 2 - 3 )`` and ``-2 - 3``). Conservative for the split: a training item that merely
+    resembles a held-out one is dropped, which costs nothing.
+
+    >>> item_key({"question": "Calculate ( -1 - -9 ).", "answer": 8}) == item_key(
+    ...     {"question": "calculate -1 - -9.", "answer": "8"})
+    True
+    >>> item_key({"question": "Calculate -( -( 9 * 6 ) ).", "answer": 54})
+    ('calculate9*6.', '54')
+    """
+    text = re.sub(r"[\s()\[\]{}]", "", str(item["question"]))
+    return re.sub("--", "", text).casefold(), str(item["answer"])
 
 
 def dataset_names() -> list[str]:
@@ -96,18 +118,34 @@ class ReasoningGymEnv:
         ds = _generator(o.dataset, json.dumps(o.config, sort_keys=True), size, split_seed)
         return [ds[i] for i in range(size)]
 
+    def _heldout(self, task_cfg: Any, seed: int) -> list[dict[str, Any]]:
+        """``task.heldout_size`` held-out items, no two with the same ``item_key`` (drawing more when the
+        generator repeats itself)."""
+        want = task_cfg.heldout_size
+        for factor in (1, 2, 4, 8):
+            seen: set[tuple[str, str]] = set()
+            items = []
+            for x in self._items("heldout", want * factor, seed):
+                if item_key(x) not in seen:
+                    seen.add(item_key(x))
+                    items.append(x)
+            if len(items) >= want:
+                return items[:want]
+        raise ValueError(
+            f"reasoning_gym {self.options.dataset}: only {len(items)} distinct held-out questions among "
+            f"{want * 8} drawn; lower task.heldout_size or widen its config"
+        )
+
     def tasks(self, split: str, task_cfg: Any, seed: int) -> list[dict[str, Any]]:
         if split not in ("train", "heldout"):
             raise ValueError(f"split must be 'train' or 'heldout', got {split!r}")
         if split == "heldout":
-            items = self._items(split, task_cfg.heldout_size, seed)
-        else:  # task.train_size items whose question is not held out (drawing more when some are)
-            held = {x["question"] for x in self._items("heldout", task_cfg.heldout_size, seed)}
+            items = self._heldout(task_cfg, seed)
+        else:  # task.train_size items that are no held-out item (drawing more when some are)
+            held = {item_key(x) for x in self._heldout(task_cfg, seed)}
             want, items = task_cfg.train_size, []
             for factor in (1, 2, 4, 8):
-                items = [x for x in self._items(split, want * factor, seed) if x["question"] not in held][
-                    :want
-                ]
+                items = [x for x in self._items(split, want * factor, seed) if item_key(x) not in held][:want]
                 if len(items) == want:
                     break
             if len(items) < want:
