@@ -83,6 +83,10 @@ def make_batch(
         zip(prompts, completions, df["logprobs"], df["loss_mask"], strict=True)
     ):
         a, b = len(p), len(c)
+        if not a:  # the first completion token has no position to be predicted from
+            raise ValueError(
+                f"rollout row {i} has an empty prompt: a completion needs at least one prompt token"
+            )
         ids[i, :a] = p
         ids[i, a : a + b] = c
         attn[i, : a + b] = 1
@@ -90,7 +94,9 @@ def make_batch(
             lmask[i, a - 1 : a - 1 + b] = m
             rlp[i, a - 1 : a - 1 + b] = lp
     ids, attn, lmask, rlp = (torch.from_numpy(x) for x in (ids, attn, lmask, rlp))
-    adv = torch.tensor(df["advantage"].to_numpy(dtype=np.float32))
+    adv = torch.tensor(
+        df["advantage"].to_numpy(dtype=np.float32, copy=True)
+    )  # (a reversed view has negative strides)
     pixels = _vision(df, images, ckpt_dir, pack_tokens)
     return Batch(
         ids,

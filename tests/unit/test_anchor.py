@@ -108,6 +108,23 @@ def test_a_correction_without_the_recomputed_anchor_is_refused_naming_the_fields
         load_config("configs/smoke.yaml", ["train.correction=tis"])
 
 
+def test_make_batch_names_a_row_without_a_prompt_and_takes_any_frame():
+    """A row with no prompt token is refused naming it (its loss mask went to column -1: a numpy broadcast
+    error); a reversed frame (negative strides) is laid out as its rows say."""
+    rows = {
+        "prompt_ids": [np.array([5, 6]), np.array([], dtype=np.int64)],
+        "completion_ids": [np.array([9]), np.array([3, 4])],
+        "logprobs": [np.array([-0.5]), np.array([-0.1, -0.2])],
+        "loss_mask": [np.array([1]), np.array([1, 1])],
+        "advantage": [1.0, -1.0],
+    }
+    with pytest.raises(ValueError, match="rollout row 1 has an empty prompt"):
+        make_batch(pd.DataFrame(rows), pad_id=0)
+    rows["prompt_ids"][1] = np.array([8])
+    flipped = pd.DataFrame(rows).iloc[::-1].reset_index(drop=True)
+    assert make_batch(flipped, pad_id=0).advantages.tolist() == [-1.0, 1.0]
+
+
 def test_make_batch_lays_out_each_row_by_hand():
     """Right-padded prompt + completion; the loss mask and the engine's logprobs sit at the target positions
     of the completion tokens (position t predicts token t+1); an empty completion carries no loss."""
