@@ -15,14 +15,13 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import SMOKE_SHAPE, add_smoke_flag, finish  # noqa: E402
+from benchmarks.common import SMOKE_SHAPE, add_smoke_flag, finish, temp_state  # noqa: E402
 
 
 def arm(staleness: int, iterations: int, extra: list[str]) -> dict[str, Any]:
@@ -79,7 +78,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, help="also write the JSON result here")
     add_smoke_flag(ap)
     args = ap.parse_args()
-    os.environ.setdefault("RLFOUNDRY_STATE_DIR", tempfile.mkdtemp(prefix="rlf-async-"))
+    temp_state("rlf-async-")
     os.environ.setdefault("TQDM_DISABLE", "1")
     from infra.localstack.prefect_server import ensure_api
 

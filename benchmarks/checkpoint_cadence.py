@@ -20,13 +20,12 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import SMOKE_SHAPE, add_smoke_flag, finish, python  # noqa: E402
+from benchmarks.common import SMOKE_SHAPE, add_smoke_flag, finish, python, temp_state  # noqa: E402
 
 POLICY = [
     "model.hidden_size=512",
@@ -89,7 +88,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.smoke and args.arm is None:  # the smoke policy; iteration 2 is the one timed
         args.every, args.iterations = 2, 2
-    os.environ.setdefault("RLFOUNDRY_STATE_DIR", tempfile.mkdtemp(prefix="rlf-cadence-"))
+    temp_state("rlf-cadence-")
     os.environ.setdefault("TQDM_DISABLE", "1")
     if args.arm is not None:
         print(json.dumps(arm(args.arm, args.iterations, args.sets, args.smoke)))

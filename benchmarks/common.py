@@ -88,11 +88,18 @@ def add_smoke_flag(ap: argparse.ArgumentParser) -> None:
     )
 
 
+def temp_state(prefix: str) -> None:
+    """Keep the state in a new temporary folder unless ``RLFOUNDRY_STATE_DIR`` already names one (a folder is
+    made only then: ``os.environ.setdefault(KEY, mkdtemp())`` made one at every start, left empty in /tmp)."""
+    if not os.environ.get("RLFOUNDRY_STATE_DIR"):
+        os.environ["RLFOUNDRY_STATE_DIR"] = tempfile.mkdtemp(prefix=prefix)
+
+
 def smoke_state(smoke: bool, prefix: str) -> None:
     """In smoke mode, keep the state (store, caches, Prefect home) in a temporary folder unless
     ``RLFOUNDRY_STATE_DIR`` already names one: a smoke writes nothing inside the repository."""
-    if smoke and not os.environ.get("RLFOUNDRY_STATE_DIR"):
-        os.environ["RLFOUNDRY_STATE_DIR"] = tempfile.mkdtemp(prefix=f"rlf-smoke-{prefix}-")
+    if smoke:
+        temp_state(f"rlf-smoke-{prefix}-")
 
 
 def result_file(given: Path | None, default: Path | None, smoke: bool) -> Path | None:

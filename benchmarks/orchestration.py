@@ -22,7 +22,6 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -30,7 +29,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import SMOKE_SHAPE, add_smoke_flag, finish, python  # noqa: E402
+from benchmarks.common import SMOKE_SHAPE, add_smoke_flag, finish, python, temp_state  # noqa: E402
 
 WORKLOADS: dict[str, list[str]] = {
     "default": ["warmup.steps=300"],
@@ -137,7 +136,7 @@ def main() -> None:
     if args.smoke:  # the headline workload in this process; iteration 2 is the one timed
         args.iterations = 2
         args.workload = "generation" if args.workload == "both" else args.workload
-    os.environ.setdefault("RLFOUNDRY_STATE_DIR", tempfile.mkdtemp(prefix="rlf-orch-"))
+    temp_state("rlf-orch-")
     os.environ.setdefault("TQDM_DISABLE", "1")
     from infra.localstack.prefect_server import ensure_api
 

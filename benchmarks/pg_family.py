@@ -19,14 +19,13 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import SMOKE_SHAPE, add_smoke_flag, finish, python, result_file  # noqa: E402
+from benchmarks.common import SMOKE_SHAPE, add_smoke_flag, finish, python, result_file, temp_state  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "results" / "pg_family.json"
@@ -87,7 +86,7 @@ def main() -> None:
     ap.add_argument("--json", action="store_true", help="print the result as the last line")
     add_smoke_flag(ap)
     args = ap.parse_args()
-    os.environ.setdefault("RLFOUNDRY_STATE_DIR", tempfile.mkdtemp(prefix="rlf-pg-family-"))
+    temp_state("rlf-pg-family-")
     os.environ.setdefault("TQDM_DISABLE", "1")
     from infra.localstack.prefect_server import ensure_api
 
