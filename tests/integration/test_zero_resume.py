@@ -36,6 +36,7 @@ def _job(tmp: Path, nproc: int, name: str, *more: str) -> dict:
     }
     env.update(OMP_NUM_THREADS="1", TQDM_DISABLE="1")
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}"]
+    cmd += [f"--log_dir={tmp / f'{name}-agent'}"]  # not a torchelastic_* folder left in /tmp
     cmd += ["--master_addr=127.0.0.1", f"--master_port={free_port()}", "-m", "rl_core.training.dp_check"]
     cmd += ["--zero-stage", *STAGES, "--steps", "4", "--resume-at", "2", "--save", str(tmp / name)]
     cmd += ["--out", str(tmp / f"{name}.json"), *more]
