@@ -86,13 +86,17 @@ def stated(text: str, box: bool = False) -> tuple[list[float], str | None]:
 
 
 def gold_number(gold: str) -> Fraction | None:
-    r"""The one number a gold answer is (units and currency allowed), or None when it is not one.
+    r"""The one number a gold answer is (units and currency allowed; of GSM8K's solution and ``#### 72``, the
+    number after the last ``####``), or None when it is not one.
 
     >>> gold_number("1,234"), gold_number(r"$-\frac{3}{4}$"), gold_number("12 m^2"), gold_number("45%")
     (Fraction(1234, 1), Fraction(-3, 4), Fraction(12, 1), Fraction(45, 1))
+    >>> gold_number("Natalia sold 48/2 = 24 clips in May.\nSo 48+24 = 72 in all.\n#### 72")
+    Fraction(72, 1)
     >>> gold_number(r"2\sqrt{3}"), gold_number("12 million"), gold_number("x = 5"), gold_number("1,2")
     (None, None, None, None)
     """
+    gold = gold.rsplit("####", 1)[-1]  # GSM8K's answer field: the worked solution, then "#### 72"
     text = dressed(gold.translate(MINUS)).strip().rstrip(".")
     text = m[1] if (m := re.fullmatch(r"\\boxed\s*\{(.*)\}", text)) else text
     text = re.sub(r"^(?:€|£|¥)\s*", "", text)

@@ -73,6 +73,7 @@ def test_a_gold_answer_that_is_not_one_number_is_refused(gold):
 def test_the_dataset_refuses_such_a_row_at_load_naming_it(tmp_path):
     rows = [{"q": "a?", "a": "72"}, {"q": "b?", "a": "1,234"}, {"q": "c?", "a": "12 m^2"}]
     rows.append({"q": "d?", "a": 7})
+    rows.append({"q": "g?", "a": "Natalia sold 48/2 = 24 clips.\nSo 48+24 = 72 in all.\n#### 72"})  # GSM8K's
     bad = [*rows, {"q": "e?", "a": "2\\sqrt{3}"}]
     for name, data in (("good", rows), ("bad", bad)):
         (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in data))
@@ -80,5 +81,13 @@ def test_the_dataset_refuses_such_a_row_at_load_naming_it(tmp_path):
     args = {"heldout": str(tmp_path / "h.jsonl"), "prompt_field": "q", "answer_field": "a"}
     make_env("dataset", {**args, "train": str(tmp_path / "good.jsonl"), "verifier": "numeric"})
     make_env("dataset", {**args, "train": str(tmp_path / "bad.jsonl"), "verifier": "math"})  # math: fine
-    with pytest.raises(ValueError, match=r"bad.jsonl: row 4 field 'a' is '2\\\\sqrt\{3\}', not one number"):
+    with pytest.raises(ValueError, match=r"bad.jsonl: row 5 field 'a' is '2\\\\sqrt\{3\}', not one number"):
         make_env("dataset", {**args, "train": str(tmp_path / "bad.jsonl"), "verifier": "numeric"})
+
+
+def test_a_gsm8k_answer_field_pays_its_final_number_only():
+    """GSM8K's answer field is the worked solution then ``#### 72``: the gold is 72 (its other numbers, 24 and
+    48, are not), as the last number was before golds had to be one number."""
+    gold = "Natalia sold 48/2 = 24 clips in May.\nNatalia sold 48+24 = 72 clips in all.\n#### 72"
+    assert numeric_verdict(gold, "The answer is 72.").correct
+    assert not numeric_verdict(gold, "The answer is 24.").correct
