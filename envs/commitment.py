@@ -7,7 +7,9 @@ number of the last two and pays when it is the gold one). The rule here:
 
 1. **The answer's span.** The text after the reasoning block (``final_answer``). In it, the ``\\boxed{}`` (or
    ``\\fbox{}``) contents when there are any — every box, and they must agree; else the text after the last
-   answer cue (``answer is``, ``answer:``, ``final answer``, GSM8K's ``####``); else all of it.
+   answer cue (``answer is``, ``answer:``, ``final answer``, GSM8K's ``####``) to the end of its sentence (a
+   full stop, ``!`` or ``?`` before a word, or a blank line: "The answer is 12. Check: 5+8=13." is 12); else
+   all of it.
 2. **Its pieces.** The span is split, outside brackets, at list and disjunction separators: ``,`` + space,
    ``;``, line breaks, the words *or*, *and*, *either*, *to*, ``\\lor``, ``\\vee``, ``∨``, ``\\quad``, and the
    space between two bare numbers. Each piece that holds a value (math-verify's parse; for ``numeric``, its
@@ -49,6 +51,9 @@ MAX_PIECES = 16  # more candidates than this is a list, whatever they hold
 
 _BOX = re.compile(r"\\(?:boxed|fbox)\s*\{")
 _CUE = re.compile(r"(?i)(?:final\s+answer|answer)\s*(?:is\s*:?|:|=)|####")
+# where the sentence of a cued answer ends: a full stop, "!" or "?" before a word, or a blank line
+# ("12. Check: 5+8=13" commits to 12; "approx. 12", "No. 5" and "3.5" go on)
+_SENTENCE_END = re.compile(r"[.!?](?=\s+[A-Za-z])|\n\s*\n")
 _TEXT = re.compile(r"\\(?:text|textbf|textit|mathrm|mbox|operatorname)\s*\{([^{}]*)\}")
 _MATH = re.compile(r"\$\$.+?\$\$|\$.+?\$|\\\(.+?\\\)|\\\[.+?\\\]", re.S)
 # marks of several values however they are parsed (math-verify reads "13 \lor 12" as 12)
@@ -107,13 +112,19 @@ def answer_spans(region: str) -> tuple[list[str], bool]:
 
     >>> answer_spans("3 x 4 = 12, so the answer is 12."), answer_spans(r"\\boxed{12}")
     ((['12.'], False), (['12'], True))
+    >>> answer_spans("The answer is 12. Check: 5+8=13."), answer_spans("The answer is approx. 12.5 m.")
+    ((['12'], False), (['approx. 12.5 m.'], False))
     """
     region = region[-MAX_VERIFIED_CHARS:]
     boxes = boxed(region)
     if boxes:
         return boxes, True
     cues = list(_CUE.finditer(region))
-    return [region[cues[-1].end() :]] if cues else [region], False
+    if not cues:
+        return [region], False
+    span = region[cues[-1].end() :]
+    end = _SENTENCE_END.search(span)  # the answer's sentence: what follows (a check, a remark) is not it
+    return [span[: end.start()] if end else span], False
 
 
 def pieces(span: str, separator: re.Pattern[str] | None = _SEPARATOR) -> list[str]:

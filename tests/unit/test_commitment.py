@@ -211,3 +211,30 @@ def test_one_answer_has_one_time_budget(monkeypatch):
     monkeypatch.setattr(commitment, "BUDGET_S", 0.0)
     v = math_verdict("12", r"\boxed{12}")
     assert (v.correct, v.well_formed) == (False, False) and "took over" in v.hedge
+
+
+@pytest.mark.parametrize("verdict", [math_verdict, numeric_verdict])
+@pytest.mark.parametrize(
+    ("text", "gold", "correct"),
+    [
+        ("The answer is 12. Check: 5+8=13.", "12", True),  # the check after it is not the answer
+        ("The answer is 12. Check: 5+8=13.", "13", False),
+        ("The answer is 12! Let me double check: 2+2 = 4.", "12", True),
+        ("The answer is 12.\n\n5+8=13 was a step.", "12", True),
+        ("The answer is 12. Or 13.", "13", False),  # the sentence commits to 12: no gain over saying 12
+        ("The answer is 3.5. It took 2 steps.", "3.5", True),
+        ("The answer is approx. 12 apples.", "12", True),  # an abbreviation before a number goes on
+    ],
+)
+def test_a_cued_answer_is_its_sentence(verdict, text, gold, correct):
+    """After "the answer is", the answer is its sentence: a check or remark after a full stop (or a blank
+    line) does not replace it (math-verify read the last number of the whole text: "The answer is 12.
+    Check: 5+8=13." was 13)."""
+    assert verdict(gold, text).correct is correct
+
+
+@pytest.mark.parametrize("verdict", [math_verdict, numeric_verdict])
+def test_a_hedge_inside_the_answers_sentence_still_scores_zero(verdict):
+    for gold in ("12", "13"):
+        got = verdict(gold, "The answer is 12 or 13. Check: both fit.")
+        assert not got.correct and got.hedge
