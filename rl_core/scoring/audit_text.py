@@ -83,6 +83,16 @@ _PAYLOAD = re.compile(
 )
 
 
+def hyphenated(text: str) -> str:
+    """``text`` with every dash (Unicode category Pd) and the minus sign read as ``-``: what the audit's rules
+    and the judge's score parser (``judge_text``) read.
+
+    >>> hyphenated("0\\u20139 \\u22125")
+    '0-9 -5'
+    """
+    return "".join("-" if c == "\u2212" or unicodedata.category(c) == "Pd" else c for c in text)
+
+
 def normalise(text: str) -> str:
     """The text as the rules read it.
 
@@ -93,10 +103,7 @@ def normalise(text: str) -> str:
     """
     text = unicodedata.normalize("NFKD", text).translate(_CONFUSABLES)
     text = "".join(c for c in text if unicodedata.category(c) not in _DROPPED)
-    text = "".join(
-        "-" if unicodedata.category(c) == "Pd" or c == "\u2212" else c for c in text
-    )  # dashes, minus
-    text = unicodedata.normalize("NFKC", text)
+    text = unicodedata.normalize("NFKC", hyphenated(text))
     text = re.sub(r"[ \t\r\f\v]+", " ", text).casefold().translate(_CONFUSABLES)
     text = _LEET_RUN.sub(lambda m: "".join(_LEET[c] for c in m.group(0)), text)
     return _SPACED.sub(lambda m: m.group(0).replace(" ", ""), text)

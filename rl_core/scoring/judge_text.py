@@ -14,6 +14,8 @@ from __future__ import annotations
 import re
 import unicodedata
 
+from rl_core.scoring.audit_text import hyphenated
+
 # A number (sign, decimals) and, optionally, the scale it is out of ("7/10", "7 out of 10").
 _NUMBER = r"(-?\d+(?:\.\d+)?)(?:\s*(?:/|out\s+of)\s*(\d+(?:\.\d+)?))?"
 # A labelled score: "Score: 7", "score is 7", "Rating (0-9) = 7"; the parenthesis is the rubric's range.
@@ -53,8 +55,7 @@ def render(template: str, **values: str | int) -> str:
 def _unmarked(text: str) -> str:
     """Markdown emphasis and code marks removed ("**8**" -> "8"), compatibility forms folded (NFKC: "９" is
     9), every dash and the minus sign read as "-" ("−9" is -9, not 9)."""
-    text = unicodedata.normalize("NFKC", text)
-    text = "".join("-" if c == "\u2212" or unicodedata.category(c) == "Pd" else c for c in text)
+    text = hyphenated(unicodedata.normalize("NFKC", text))
     return text.replace("*", "").replace("`", "").replace("_", " ")
 
 
