@@ -116,7 +116,7 @@ def _store(store: str) -> Any:
     from rl_core.run.context import open_store
     from rl_core.schema.config import load_config
 
-    return open_store(load_config(), store or None)
+    return open_store(load_config(), store or None, "store")  # a form's store: held as --store is
 
 
 @flow(name="evaluation-sweep")

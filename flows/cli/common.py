@@ -49,33 +49,15 @@ def fresh_out(path: Path, option: str = "--out") -> Path:
     return path
 
 
-def checked_store(root: str) -> str:
-    """A ``--store`` root, held to what ``store.uri`` is held to: no credentials in it (they would be
-    printed and logged; the environment holds them), and a protocol this install reads."""
-    from rl_core.schema.config_secrets import redacted, with_credentials
-
-    if with_credentials(root):
-        fail(
-            f"--store {redacted(root)}: a URL with credentials in it (user:password@): give them in the "
-            "environment instead (AWS_* for S3)"
-        )
-    if "://" in root:
-        import fsspec
-
-        protocol = root.split("://", 1)[0]
-        try:
-            fsspec.get_filesystem_class(protocol)
-        except (ValueError, ImportError) as e:
-            fail(f"--store {redacted(root)}: the protocol {protocol!r} cannot be read here ({e})")
-    return root
-
-
 def store_for(run_store: str | None) -> Any:
-    """The store at ``run_store`` (checked by ``checked_store``), or the configured one."""
+    """The store at ``run_store`` (checked by ``rl_core.run.context.checked_root``), or the configured one."""
     from rl_core.run.context import open_store
-    from rl_core.schema.config import load_config
+    from rl_core.schema.config import ConfigError, load_config
 
-    return open_store(load_config(), checked_store(run_store) if run_store else None)
+    try:
+        return open_store(load_config(), run_store, "--store")
+    except ConfigError as e:
+        fail(str(e))
 
 
 @contextlib.contextmanager

@@ -28,11 +28,36 @@ def store_root(cfg: Config) -> str:
     return cfg.store.uri or str(state_dir() / "store")
 
 
-def open_store(cfg: Config, root: str | None = None) -> Store:
-    """The run's store (or ``root``) with the config's S3 retry policy."""
-    store = Store(
-        root or store_root(cfg), retries=cfg.store.retries, retry_max_wait_s=cfg.store.retry_max_wait_s
-    )
+def checked_root(root: str, where: str = "store") -> str:
+    """A store root given apart from the config (the CLI's ``--store``, a deployment's ``store`` parameter),
+    held to what ``store.uri`` is held to: no credentials in it (they would be printed and logged: the
+    environment holds them), and a protocol this install reads; else a ConfigError naming ``where``, the
+    root without its credentials."""
+    from rl_core.schema.config_secrets import redacted, with_credentials
+    from rl_core.schema.overrides import ConfigError
+
+    if with_credentials(root):
+        raise ConfigError(
+            f"{where} {redacted(root)}: a URL with credentials in it (user:password@): give them in the "
+            "environment instead (AWS_* for S3)"
+        )
+    if "://" in root:
+        import fsspec
+
+        protocol = root.split("://", 1)[0]
+        try:
+            fsspec.get_filesystem_class(protocol)
+        except (ValueError, ImportError) as e:
+            raise ConfigError(
+                f"{where} {redacted(root)}: the protocol {protocol!r} cannot be read here ({e})"
+            ) from None
+    return root
+
+
+def open_store(cfg: Config, root: str | None = None, where: str = "store") -> Store:
+    """The run's store (or ``root``, checked by ``checked_root``) with the config's S3 retry policy."""
+    root = checked_root(root, where) if root else store_root(cfg)
+    store = Store(root, retries=cfg.store.retries, retry_max_wait_s=cfg.store.retry_max_wait_s)
     behind = cfg.store.write_behind
     store.write_behind = not store.is_local if behind == "auto" else behind
     return store

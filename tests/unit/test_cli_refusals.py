@@ -93,6 +93,18 @@ def test_a_store_option_with_credentials_is_refused_without_them(root, state_dir
     assert "pw" not in line and "secret" not in line
 
 
+@pytest.mark.parametrize("root", ["http://user:pw@127.0.0.1:9/x", "foo://bar"])
+def test_a_deployments_store_parameter_is_held_as_the_option_is(root, state_dir):
+    """The check is in the store's opening (``rl_core.run.context.checked_root``), not in the CLI: a Prefect
+    form's ``store`` parameter (the sweep, replay) is refused the same way, without the password."""
+    from flows.deployments import _store
+    from rl_core.schema.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^store ") as e:
+        _store(root)
+    assert "pw" not in str(e.value)
+
+
 def test_a_store_option_of_an_unknown_protocol_is_one_line(state_dir):
     _refused(["show", "a1", "--store", "foo://bar"], "--store foo://bar", "'foo'")
 
