@@ -63,10 +63,8 @@ def _report_path(path: Path, store: Any) -> Path:
 
     if path.is_dir():
         fail(f"--out {path} is a folder: give the report's file name (e.g. {path / 'report.html'})")
-    if store.is_local:
-        root = Path(store.fs._strip_protocol(store.root)).resolve()
-        if path.resolve().is_relative_to(root):
-            fail(f"--out {path} is inside the store {store.root}: write the report elsewhere")
+    if store.is_local and path.resolve().is_relative_to(store.real_root):  # the root as the OS resolves it
+        fail(f"--out {path} is inside the store {store.root}: write the report elsewhere")
     if path.exists() or path.is_symlink():
         try:
             with path.open("rb") as f:
