@@ -182,10 +182,11 @@ def run_arms(
     env_for: Callable[[str], dict[str, str]],
     again: Callable[[dict[str, Any]], bool] = lambda got: False,
 ) -> dict[str, dict[str, list[Any]]]:
-    """Each arm of ``order`` as a process of its own (``cmd_for(arm, position)``, ``env_for(arm)``) whose
-    last line of output is one JSON object; by arm, each figure's values in order and their median
-    (``median_<figure>``). An arm for which ``again(figures)`` holds is run again, its figures dropped (it
-    built what the others find)."""
+    """Each arm of ``order`` as a process of its own (``python(cmd_for(arm, position))``: ``SCRIPT ARGS``,
+    with ``env_for(arm)``) whose last line of output is one JSON object; by arm, each figure's values in
+    order and their median (``median_<figure>``). An arm for which ``again(figures)`` holds is run again, its
+    figures dropped (it built what the others find). Under the test suite (a smoke) each arm is forked from
+    the suite's fork server (``python``): what an arm times starts after its imports either way."""
     import json
     import statistics
 
@@ -193,7 +194,7 @@ def run_arms(
     i = 0
     while i < len(order):
         arm = order[i]
-        done = subprocess.run(cmd_for(arm, i), env=env_for(arm), capture_output=True, text=True, timeout=3600)
+        done = python(cmd_for(arm, i), env_for(arm), timeout=3600)
         if done.returncode != 0:
             raise SystemExit(f"{bench}: the {arm} arm failed:\n{done.stderr[-3000:]}")
         got = json.loads(done.stdout.strip().splitlines()[-1])

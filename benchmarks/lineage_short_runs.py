@@ -70,7 +70,7 @@ def run(workload: str, iterations: int, rounds: int, smoke: bool) -> dict[str, A
     def cmd(mode: str, i: int) -> list[str]:
         run_id = f"lineage-short-{mode}-{time.strftime('%Y%m%d-%H%M%S')}-{i}"
         shape = ["--workload", workload, "--iterations", str(iterations), *(["--smoke"] if smoke else [])]
-        return [sys.executable, __file__, "--arm", mode, *shape, "--run-id", run_id]
+        return [__file__, "--arm", mode, *shape, "--run-id", run_id]
 
     def again(got: dict[str, Any]) -> bool:  # it built the shared base model: not timed (but in the smoke)
         return not got.pop("base") and not smoke

@@ -89,7 +89,7 @@ def run(workload: str, iterations: int, rounds: int, smoke: bool) -> dict[str, A
 
     def cmd(name: str, i: int) -> list[str]:
         run_id = f"prefect-server-{name}-{time.strftime('%Y%m%d-%H%M%S')}-{i}"
-        out = [sys.executable, __file__, "--arm", "--workload", workload, "--iterations", str(iterations)]
+        out = [__file__, "--arm", "--workload", workload, "--iterations", str(iterations)]
         return [*out, "--run-id", run_id, *(["--smoke"] if smoke else [])]
 
     def env(name: str) -> dict[str, str]:  # (each arm against its own server)
