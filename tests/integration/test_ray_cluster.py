@@ -49,15 +49,23 @@ def reward_folder(state: Path) -> Path:
 
 
 def cluster_scenario(state: str, out: str) -> None:
-    """In the private network namespace: an S3 server, the cluster (each worker node with scratch folders of
-    its own), the refused run, the run on S3 that loses a node, the resume; what the test checks: ``out``."""
+    """In the private network namespace: an S3 server and a Prefect server (the runs' one, as ``rlfoundry up``
+    gives them: not a private one each), the cluster (each worker node with scratch folders of its own), the
+    refused run, the run on S3 that loses a node, the resume; what the test checks: ``out``."""
     import os
 
+    from infra.localstack.prefect_server import health_url
+    from infra.localstack.prefect_server import start as start_prefect
     from infra.localstack.s3_server import S3Server
     from infra.ray_local import local_cluster, node_scratch, private_env
+    from rl_core.artifacts.paths import free_port
     from tests.conftest import S3_KEY, S3_SECRET
 
     scratch = Path(state) / "nodes"
+    port = free_port()
+    log = Path(state) / "logs" / f"prefect-server-{port}.log"
+    prefect = start_prefect(port, Path(state) / "prefect-home", log, ui=False, tie_to_parent=True)
+    prefect.wait_http(health_url(port), timeout_s=120)
     srv = S3Server.start(Path(state) / "weed", access_key=S3_KEY, secret_key=S3_SECRET)
     s3 = {
         "AWS_ENDPOINT_URL": srv.endpoint,
@@ -72,7 +80,11 @@ def cluster_scenario(state: str, out: str) -> None:
     try:
         rm = reward_folder(Path(state))
         with local_cluster(workers=2, cpus=4, scratch=scratch) as cluster:
-            env = {**private_env(cli_env(Path(state))), **s3}
+            env = {
+                **private_env(cli_env(Path(state))),
+                **s3,
+                "PREFECT_API_URL": f"http://127.0.0.1:{port}/api",
+            }
             args = [*RUN, "--set", f"cluster.ray_address={cluster.address}", "--set", f"store.uri={STORE}"]
             args += [*WATCHED, "--set", f"reward.model.path={rm}", "--set", "reward.model.batch_size=8"]
             # more ranks than the cluster has CPUs: refused before any stage, naming what it has
@@ -106,6 +118,7 @@ def cluster_scenario(state: str, out: str) -> None:
             }
     finally:
         srv.stop()
+        prefect.stop()
     Path(out).write_text(json.dumps(result))
 
 
