@@ -46,14 +46,16 @@ def _make(
 def test_cpu_stack_without_a_gpu(tmp_path):
     out = _make(tmp_path)
     assert out.returncode == 0, out.stderr
-    assert "pip install -q -c constraints.txt -e '.[dev,cpu]'" in out.stdout
+    assert "pip install -q --no-compile -c constraints.txt -e '.[dev,cpu]'" in out.stdout
+    assert "compileall -q -j 0 .venv/lib" in out.stdout  # the .pyc files, on every core
     assert "uninstall -q -y torchvision" in out.stdout and "build_ops" in out.stdout
 
 
 def test_cuda_stack_when_nvidia_smi_lists_a_gpu(tmp_path):
     out = _make(tmp_path, gpus=2)
     assert out.returncode == 0, out.stderr
-    assert "pip install -q -c constraints-cuda.txt -e '.[dev,cuda]'" in out.stdout
+    assert "pip install -q --no-compile -c constraints-cuda.txt -e '.[dev,cuda]'" in out.stdout
+    assert "compileall -q -j 0 .venv/lib" in out.stdout
     # vllm needs its own torchvision; the CPU-only communication op is not built.
     assert "uninstall" not in out.stdout and "build_ops" not in out.stdout
 
