@@ -12,7 +12,6 @@ namespace of its own (``unshare --net``, loopback up), as ``tests/integration/te
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -43,19 +42,18 @@ def node_scratch(scratch: Path, name: str) -> dict[str, str]:
     temporary folder (TMPDIR: the rollout engines' policy folders) and cache (XDG_CACHE_HOME: the checkpoints
     its ranks fetch from the store), as on machines that share no disk. vLLM's cache (what it learnt
     inspecting a model class: ~20 s of a fresh interpreter when cold) and the compiled ops (DeepSpeed's CPU
-    communication op: ~65 CPU seconds of C++ per node when cold) stay this machine's, as a real node keeps
+    communication op: a C++ build on each node when cold) stay this machine's, as a real node keeps
     its own warm across runs."""
-    from rl_core.artifacts.paths import cache_dir, vllm_cache_root
+    from rl_core.artifacts.paths import torch_extensions_dir, vllm_cache_root
 
     tmp, cache = scratch / name / "tmp", scratch / name / "cache"
     tmp.mkdir(parents=True, exist_ok=True)
     cache.mkdir(parents=True, exist_ok=True)
-    ops = os.environ.get("TORCH_EXTENSIONS_DIR") or str(cache_dir("torch_extensions"))
     return {
         "TMPDIR": str(tmp),
         "XDG_CACHE_HOME": str(cache),
         "VLLM_CACHE_ROOT": vllm_cache_root(),
-        "TORCH_EXTENSIONS_DIR": ops,
+        "TORCH_EXTENSIONS_DIR": torch_extensions_dir(),
     }
 
 

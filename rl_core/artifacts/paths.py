@@ -34,6 +34,12 @@ def cache_dir(name: str) -> Path:
     return base
 
 
+def torch_extensions_dir() -> str:
+    """Where torch's JIT-compiled C++ ops (DeepSpeed's CPU communication op) are kept:
+    ``TORCH_EXTENSIONS_DIR`` when set, else one folder per machine (``cache_dir``): each compiled once."""
+    return os.environ.get("TORCH_EXTENSIONS_DIR") or str(cache_dir("torch_extensions"))
+
+
 def vllm_cache_root() -> str:
     """vLLM's cache (what it learnt inspecting a model class, ~10 s of a fresh interpreter per engine start
     when cold; compiled graphs): ``VLLM_CACHE_ROOT`` when set, else one folder per machine beside the compiled
@@ -116,7 +122,7 @@ def configure_env() -> None:
         "TQDM_DISABLE": "1",
         "TRANSFORMERS_VERBOSITY": "error",
         "HF_HUB_OFFLINE": "1",
-        "TORCH_EXTENSIONS_DIR": str(cache_dir("torch_extensions")),
+        "TORCH_EXTENSIONS_DIR": torch_extensions_dir(),
     }
     for k, v in defaults.items():
         os.environ.setdefault(k, v)

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 import torch
 
 from rl_core.artifacts import safe_state
-from rl_core.artifacts.paths import cache_dir, free_port
+from rl_core.artifacts.paths import free_port, torch_extensions_dir
 
 
 class TrainEngine(Protocol):
@@ -47,7 +47,7 @@ def build_ops() -> None:
     communication op: ~50 s of compiling, once per machine and install, cached under
     ``cache_dir("torch_extensions")``), so that the first train stage of a run does not pay for it (the venv
     set-up and the benchmarks call this; on a GPU there is nothing to build)."""
-    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(cache_dir("torch_extensions")))
+    os.environ["TORCH_EXTENSIONS_DIR"] = torch_extensions_dir()
     from deepspeed.comm.torch import build_shm_op
 
     build_shm_op()
@@ -57,7 +57,7 @@ def init_distributed() -> None:
     """Join the launcher's process group, or make a world of one on 127.0.0.1 when run in-flow."""
     import torch.distributed as dist
 
-    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(cache_dir("torch_extensions")))
+    os.environ["TORCH_EXTENSIONS_DIR"] = torch_extensions_dir()
     if dist.is_initialized():
         # An in-process vLLM engine already made a world of one; DeepSpeed joins it.
         for k, v in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):

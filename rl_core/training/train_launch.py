@@ -35,7 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
-from rl_core.artifacts.paths import PROJECT_ROOT, cache_dir, free_port, state_dir
+from rl_core.artifacts.paths import PROJECT_ROOT, free_port, state_dir, torch_extensions_dir
 
 # What vLLM writes into this process's environment (thread binding, LD_PRELOAD) and a launcher's own
 # variables: never passed on to the ranks.
@@ -57,7 +57,7 @@ def _env(world_size: int, gpus: tuple[int, ...] = ()) -> dict[str, str]:
         # thread's stack into the job's log first: what it was doing is in the failure's tail
         PYTHONFAULTHANDLER="1",
         OMP_NUM_THREADS=str(threads),
-        TORCH_EXTENSIONS_DIR=env.get("TORCH_EXTENSIONS_DIR", str(cache_dir("torch_extensions"))),
+        TORCH_EXTENSIONS_DIR=torch_extensions_dir(),
         RLFOUNDRY_STATE_DIR=str(state_dir()),
         PYTHONPATH=os.pathsep.join(p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH", "")) if p),
     )

@@ -81,7 +81,7 @@ def state(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return state
 
 
-def _launch(state: Path, layout: str, index: int) -> Any:
+def _launch(state: Path, layout: str) -> Any:
     """The reference run's first train stage as a job of ``layout``, into the store's scratch area (the store
     refuses any URI outside its root), as a replay writes: its StageResult, context, and where the log of a
     first attempt that aborted would be kept."""
@@ -100,7 +100,7 @@ def _launch(state: Path, layout: str, index: int) -> Any:
     data["train"] |= {"world_size": world, "zero_stage": zero, "tp_size": tp, **extra}
     ctx = RunContext(config_from_dict(data), "one", store)
     inputs = {k: ArtifactRef.model_validate(v) for k, v in _manifest(state, "one", 1)["inputs"].items()}
-    out = f"{store.root}/_replay/one/{layout}-{index}/iter-0001/train"
+    out = f"{store.root}/_replay/one/{layout}/iter-0001/train"
     job = StageJob(1, inputs, out)
     aborted = (state_dir() / "logs" / _log_name(ctx, job)).with_suffix(".aborted.log")
     return launch_train(ctx, job), ctx, aborted
@@ -114,7 +114,7 @@ def launched(state: Path) -> dict[str, Any]:
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("RLFOUNDRY_STATE_DIR", str(state))
         with ThreadPoolExecutor(len(LAYOUTS)) as pool:
-            jobs = {name: pool.submit(_launch, state, name, 0) for name in LAYOUTS}
+            jobs = {name: pool.submit(_launch, state, name) for name in LAYOUTS}
             return {name: job.result() for name, job in jobs.items()}
 
 
