@@ -9,11 +9,16 @@ No mechanism lives here, so this module covers no threat by itself: ``cgroup.py`
 
 from __future__ import annotations
 
+import math
+import numbers
 import os
 from dataclasses import dataclass
 from typing import Literal
 
 Mode = Literal["strict", "rlimits"]
+# The longest time limit a run may be given (a week): beyond it a number bounds nothing in practice, and
+# RLIMIT_CPU's rounded seconds must still fit the kernel's rlim_t.
+MAX_SECONDS = 7 * 24 * 3600.0
 MODE_ENV = "RLFOUNDRY_SANDBOX_MODE"
 # How to accept the weaker mode, named in every refusal that suggests it.
 WEAKER_MODE_HINT = (
@@ -46,13 +51,23 @@ class Limits:
     output_bytes: int = 64 * 1024
 
     def __post_init__(self) -> None:
-        for name in ("timeout_s", "memory_mb", "max_procs", "disk_mb", "output_bytes"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"sandbox limit {name} must be > 0, got {getattr(self, name)!r}")
+        # A limit that cannot bound anything (inf, NaN: NaN <= 0 is False) or is not a number is refused
+        # here, by name, for library callers as for the CLI; a bool is not a count.
+        for name in ("timeout_s", "cpu_s", "memory_mb", "max_procs", "disk_mb", "output_bytes"):
+            value = getattr(self, name)
+            if value is None and name == "cpu_s":
+                continue
+            counted = name not in ("timeout_s", "cpu_s")
+            kinds = numbers.Integral if counted else numbers.Real
+            if isinstance(value, bool) or not isinstance(value, kinds):
+                kind = "an integer" if counted else "a number"
+                raise ValueError(f"sandbox limit {name} must be {kind}, got {value!r}")
+            if not math.isfinite(value) or value <= 0:
+                raise ValueError(f"sandbox limit {name} must be finite and > 0, got {value!r}")
+            if not counted and value > MAX_SECONDS:
+                raise ValueError(f"sandbox limit {name} must be <= {MAX_SECONDS:.0f} s, got {value!r}")
 
     @property
     def cpu_seconds(self) -> int:
         """The RLIMIT_CPU soft limit: ``cpu_s`` (default: the timeout), rounded up, at least 1."""
-        import math
-
         return max(1, math.ceil(self.cpu_s if self.cpu_s is not None else self.timeout_s))
