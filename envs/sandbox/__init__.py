@@ -17,6 +17,10 @@ Each run executes ``argv`` (by default ``python3 main.py``) in a fresh bubblewra
 - **Limits**: rlimits (address space = ``memory_mb``, CPU seconds, file size = ``disk_mb``, 256 open files,
   ``max_procs`` processes, no core dumps), a per-run cgroup (pids.max and the memory limit, v1 or v2) and
   a wall-clock timeout after which the whole process tree is killed (process group, cgroup, pid namespace).
+- **pid 1**: ``init.py``, not bubblewrap's reaper: non-dumpable and holding none of the run's stdio, so the
+  program cannot read back a stdin it closed, write into pid 1's memory to forge its output or status, or
+  clear pid 1's parent-death signal to outlive the run; it ignores the program's signals and exits with the
+  program's status, and the kernel then kills what is left in the namespace (``test_sandbox_init.py``).
 - **Environment**: cleared; bubblewrap itself is started with an empty environment too, so ``/proc/1/environ``
   inside holds nothing of the host.
 - **Output**: stdout and stderr are read concurrently and kept up to ``output_bytes`` each; a program that

@@ -50,8 +50,10 @@ def bwrap_command(
     disk_mb: int,
     seccomp_fd: int,
     system: dict[str, int] | None = None,
+    as_pid_1: bool = False,
 ) -> list[str]:
-    """``files``: memfds placed in /work; ``system``: memfds placed at absolute paths (read-only after setup).
+    """``files``: memfds placed in /work; ``system``: memfds placed at absolute paths (read-only after setup);
+    ``as_pid_1``: ``argv`` is the pid namespace's init (``init.py``), not bubblewrap's own reaper.
 
     Long: the command line is one list of bubblewrap flags, one per line, each next to the claim it enforces;
     split up, the order in which bubblewrap applies them would no longer be visible."""
@@ -117,5 +119,5 @@ def bwrap_command(
         cmd += ["--file", str(fd), f"/work/{name}"]
     for path, fd in (system or {}).items():
         cmd += ["--file", str(fd), path]
-    cmd += ["--remount-ro", "/", "--chdir", "/work", "--seccomp", str(seccomp_fd), "--", *argv]
-    return cmd
+    cmd += ["--remount-ro", "/", "--chdir", "/work", "--seccomp", str(seccomp_fd)]
+    return [*cmd, *(["--as-pid-1"] if as_pid_1 else []), "--", *argv]

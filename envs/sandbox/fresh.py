@@ -2,7 +2,9 @@
 
 Covers: every run gets a bubblewrap container of its own (``bwrap.py``: all namespaces new, so no kernel state
 of an earlier run is reachable), run with the run's seccomp filter (``seccomp.py``), its slot uid
-(``slots.py``), rlimits set by util-linux ``prlimit`` before bubblewrap starts (address space = ``memory_mb``,
+(``slots.py``), pid 1 of its pid namespace ``init.py`` (non-dumpable, holds none of the run's stdio: the
+program cannot read its stdin back, forge its output or status, or outlive it), rlimits set by util-linux
+``prlimit`` before bubblewrap starts (address space = ``memory_mb``,
 CPU seconds, file size = ``disk_mb``, 256 open files, ``max_procs`` processes, no core dumps), a cgroup
 (``cgroup.py``: a new one per run, or the dedicated worker's, its limits set to the run's; the run joins it
 as it starts, and the process that starts it is never in it), and the wall-clock timeout, after which the
@@ -23,13 +25,17 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable
+from pathlib import Path
 
-from envs.sandbox.bwrap import bwrap_command, memfd
+from envs.sandbox.bwrap import PYTHON, bwrap_command, memfd
 from envs.sandbox.cgroup import Cgroup, joiner
 from envs.sandbox.limits import Limits, Mode
 from envs.sandbox.output import Output, SandboxResult, verdict
 from envs.sandbox.seccomp import run_filter
 from envs.sandbox.slots import Slot
+
+# pid 1 of every fresh container: non-dumpable, holds none of the run's stdio (its docstring says why)
+INIT = Path(__file__).with_name("init.py")
 
 
 def run_fresh(
@@ -57,9 +63,13 @@ def run_fresh(
         join = cg.join_fds() if cg is not None else []
         fds += join
         ooms = cg.oom_kills() if cg else 0
-        cmd = _prlimit(lim) + bwrap_command(file_fds, argv, lim.disk_mb, sfd)
+        init = memfd("init", INIT.read_bytes())
+        fds.append(init)
+        inner = [PYTHON, "-I", "-S", "-B", "/.sandbox/init.py", *argv]
+        box = bwrap_command(file_fds, inner, lim.disk_mb, sfd, {"/.sandbox/init.py": init}, as_pid_1=True)
+        cmd = _prlimit(lim) + box
         child = joiner(join) if join else None
-        return _execute(cmd, in_fd, [*file_fds.values(), sfd], child, slot, lim, cg, ooms)
+        return _execute(cmd, in_fd, [*file_fds.values(), sfd, init], child, slot, lim, cg, ooms)
     finally:
         for fd in fds:
             with contextlib.suppress(OSError):

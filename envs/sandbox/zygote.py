@@ -27,6 +27,7 @@ import ctypes
 import json
 import os
 import resource
+import signal
 import socket
 import struct
 import sys
@@ -98,6 +99,8 @@ def _install_filter(bpf: bytes) -> None:
 def _exec_program(req: dict, fds: list) -> None:
     try:
         os.setsid()
+        for sig in (signal.SIGPIPE, signal.SIGXFSZ):  # ignored by Python, default for any program started
+            signal.signal(sig, signal.SIG_DFL)
         for i, fd in enumerate(fds[:3]):
             os.dup2(fd, i)
         os.closerange(3, 1 << 16)
@@ -119,7 +122,10 @@ def _exec_program(req: dict, fds: list) -> None:
 
 
 def _init(req: dict, fds: list, bpf: bytes, report: int) -> None:
-    """Pid 1 of the run: set up, start the program, exit with its status (the kernel kills what is left)."""
+    """Pid 1 of the run: set up, start the program, exit with its status (the kernel kills what is left).
+    Every signal at its default (SIGINT had Python's handler), which pid 1 ignores from inside its namespace:
+    the program cannot stop it or change the status it reports."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     try:
         _fresh_mounts(req["limits"]["fsize"])
         _write_files(req["files"], fds[3])
