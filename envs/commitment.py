@@ -6,15 +6,18 @@ A policy under RL finds every way a verifier pays for more than one guess: "12 o
 number of the last two and pays when it is the gold one). The rule here:
 
 1. **The answer's span.** The text after the reasoning block (``final_answer``). In it, the ``\\boxed{}`` (or
-   ``\\fbox{}``) contents when there are any — every box, and they must agree; else the text after the last
-   answer cue (``answer is``, ``answer:``, ``final answer``, GSM8K's ``####``) to the end of its sentence (a
-   full stop, ``!`` or ``?`` before a word, or a blank line: "The answer is 12. Check: 5+8=13." is 12); else
-   all of it.
-2. **Its pieces.** The span is split, outside brackets, at list and disjunction separators: ``,`` + space,
-   ``;``, line breaks, the words *or*, *and*, *either*, *to*, ``\\lor``, ``\\vee``, ``∨``, ``\\quad``, and the
-   space between two bare numbers. Each piece that holds a value (math-verify's parse; for ``numeric``, its
-   numbers after the last ``=``, each a number and not part of an expression: ``\\sqrt{144}`` or ``-(-3)``
-   is not well formed, ``- 3`` is -3; ``envs/numerals.py``) is a candidate; prose pieces hold none.
+   ``\\fbox{}``) contents when there are any — every box, and they must agree; else every ``<answer>`` tag's;
+   else the text after the last answer cue (``answer is``, ``answer:``, ``final answer``, GSM8K's ``####``)
+   to the end of its sentence (a full stop, ``!`` or ``?`` before a word, or a blank line: "The answer is 12.
+   Check: 5+8=13." is 12); else all of it. An alternative offered beside it ("12 or about 13", "\\boxed{12},
+   or maybe 13") is a hedge.
+2. **Its pieces** (``envs/answer_span.py``). The span is split, outside brackets, at list and disjunction
+   separators: ``,`` + space, ``;``, line breaks, the words *or*, *and*, *either*, *to*, hedging words
+   (*maybe*, *perhaps*, *vs*, ...), ``\\lor``, ``\\vee``, ``∨``, ``\\quad``, and between two bare numbers the
+   space or what lists or ranges them (``|``, ``~``, dashes, ``...``, ``\\mid``). Each piece that holds a
+   value (math-verify's parse; for ``numeric``, its numbers after the last ``=``, each a number and not part
+   of an expression: ``\\sqrt{144}`` or ``-(-3)`` is not well formed, ``- 3`` is -3; ``envs/numerals.py``)
+   is a candidate; prose pieces hold none.
 3. **One value.** Against a gold answer that is one value, the candidates must all be the same value and that
    value must itself be one value: a set or list of several, an interval, a union, an inequality, ``\\pm`` /
    ``\\mp`` (anywhere in the span), or a piece listing several numbers is a hedge. A hedge scores 0 and is
@@ -41,25 +44,15 @@ import math
 import re
 import threading
 import time
+from fractions import Fraction
 from typing import Any, NamedTuple
 
+from envs.answer_span import IN_BOX, MAX_PIECES, SEPARATOR, answer_spans, offered_beside, pieces, tidy
 from envs.numerals import MINUS as _MINUS
-from envs.numerals import gold_number, stated
+from envs.numerals import gold_number, same_number, stated
 
-MAX_VERIFIED_CHARS = 4000  # what the verifier reads of an answer (math-verify's sympy is not linear)
-MAX_PIECES = 16  # more candidates than this is a list, whatever they hold
-
-_BOX = re.compile(r"\\(?:boxed|fbox)\s*\{")
-_CUE = re.compile(r"(?i)(?:final\s+answer|answer)\s*(?:is\s*:?|:|=)|####")
-# where the sentence of a cued answer ends: a full stop, "!" or "?" before a word, or a blank line
-# ("12. Check: 5+8=13" commits to 12; "approx. 12", "No. 5" and "3.5" go on)
-_SENTENCE_END = re.compile(r"[.!?](?=\s+[A-Za-z])|\n\s*\n")
-_TEXT = re.compile(r"\\(?:text|textbf|textit|mathrm|mbox|operatorname)\s*\{([^{}]*)\}")
-_MATH = re.compile(r"\$\$.+?\$\$|\$.+?\$|\\\(.+?\\\)|\\\[.+?\\\]", re.S)
 # marks of several values however they are parsed (math-verify reads "13 \lor 12" as 12)
 _HEDGE_MARK = re.compile(r"\\pm\b|\\mp\b|±|∓|\\lor\b|\\vee\b|∨|\\cup\b|∪")
-_SEPARATOR = re.compile(r",\s+|;|\n|\\q?quad\b|\b(?:and|to)\b|(?<=\d)\s+(?=[-+]?\.?\d)", re.I)
-_DISJUNCTION = re.compile(r"\\lor\b|\\vee\b|∨|\b(?:or|either)\b", re.I)  # cut inside brackets too
 # a piece that negates or bounds its number commits to no value: "not 42", "at least 42", "\neq 42"
 _NEGATION = re.compile(
     r"\b(?:not|isn't|cannot|can't|never|except|but\s+not|wrong|incorrect|neither|nor"
@@ -70,6 +63,12 @@ _NEGATION = re.compile(
 # exponent towers and huge factorials of numbers: math-verify would compute them (seconds to hours)
 _TOWER = re.compile(
     r"\^\s*\{[\s\d.]*\^|\d\s*(?:\^|\*\*)\s*\d+\s*(?:\^|\*\*)\s*\d|(?:\^|\*\*)\s*\{?\s*\d{5,}|\d{4,}\s*!|\d{400,}"
+    # a power of 1000 or more of anything but a plain number ((x+1)^{9999} expands), a power whose
+    # exponent holds a power ((9^9)^{(9^9)}), a factorial of a bracket with a power or a large number, a
+    # binomial of large numbers
+    r"|(?<![\d\s])\s*(?:\^|\*\*)\s*\{?\s*\d{4,}|(?:\^|\*\*)\s*(?:\{|\(|\\left\s*\()[^{}]{0,60}?(?:\^|\*\*)"
+    r"|[({][^()A-Za-z]*(?:\d{3,}|\^)[^()A-Za-z]*[)}]\s*!|\\[dt]?binom\s*\{[^{}]*\}\s*\{?\s*\d{4,}"
+    r"|\\[dt]?binom\s*\{\s*\d{4,}|\d{4,}\s*\\choose"
 )
 BUDGET_S = 8.0  # math-verify's time for one answer, all its pieces and comparisons together
 _ASIDE = re.compile(r"\([^()]*\)")
@@ -77,6 +76,7 @@ _WORD = re.compile(r"[A-Za-z]{2,}")
 _EMPHASIS = re.compile(r"\*\*|__|`")  # markdown around an answer (**12**, `12`): not part of it
 _PROSE_ASIDE = re.compile(r"\([^()]*[A-Za-z]{2,}[^()]*\)")  # "(not 13)", "(or so)": not the answer
 _FORMULA = re.compile(r"[\d\\^]")
+_DISPLAY = re.compile(r"\s*\\[\[(](.*)\\[\])]\s*", re.S)
 _COMMAND = re.compile(r"\\[A-Za-z]+")
 
 
@@ -87,77 +87,6 @@ class Verdict(NamedTuple):
     well_formed: bool
     parsed: str
     hedge: str | None = None
-
-
-def boxed(text: str) -> list[str]:
-    r"""The contents of every ``\boxed{...}`` / ``\fbox{...}`` in ``text`` (braces balanced), in order.
-
-    >>> boxed(r"so \boxed{\frac{1}{2}} or \fbox{3}")
-    ['\\frac{1}{2}', '3']
-    """
-    out = []
-    for m in _BOX.finditer(text):
-        depth, i = 1, m.end()
-        while i < len(text) and depth:
-            depth += {"{": 1, "}": -1}.get(text[i], 0)
-            i += 1
-        if depth == 0:
-            out.append(text[m.end() : i - 1])
-    return out
-
-
-def answer_spans(region: str) -> tuple[list[str], bool]:
-    """The texts the answer commits in (rule 1) and whether they are boxes: every box's contents, else what
-    follows the last cue, else the whole region.
-
-    >>> answer_spans("3 x 4 = 12, so the answer is 12."), answer_spans(r"\\boxed{12}")
-    ((['12.'], False), (['12'], True))
-    >>> answer_spans("The answer is 12. Check: 5+8=13."), answer_spans("The answer is approx. 12.5 m.")
-    ((['12'], False), (['approx. 12.5 m.'], False))
-    """
-    region = region[-MAX_VERIFIED_CHARS:]
-    boxes = boxed(region)
-    if boxes:
-        return boxes, True
-    cues = list(_CUE.finditer(region))
-    if not cues:
-        return [region], False
-    span = region[cues[-1].end() :]
-    end = _SENTENCE_END.search(span)  # the answer's sentence: what follows (a check, a remark) is not it
-    return [span[: end.start()] if end else span], False
-
-
-def pieces(span: str, separator: re.Pattern[str] | None = _SEPARATOR) -> list[str]:
-    r"""``span`` split into candidate pieces (rule 2): each math segment (``$..$``, ``\(..\)``, ``\[..\]``)
-    whole, the text between them split at ``separator`` outside brackets (``	ext{..}`` unwrapped there);
-    empty pieces left out.
-
-    >>> pieces(r"$x = 12$ or $x = 13$"), pieces("{12, 13}, [1, 2]"), pieces("12 13")
-    (['$x = 12$', '$x = 13$'], ['{12, 13}', '[1, 2]'], ['12', '13'])
-    """
-    out, at = [], 0
-    for m in _MATH.finditer(span):
-        out += _split(_TEXT.sub(r" \1 ", span[at : m.start()]), separator)
-        out.append(m.group(0))
-        at = m.end()
-    out += _split(_TEXT.sub(r" \1 ", span[at:]), separator)
-    # a piece ending in "=" is the left side of the next one's value
-    return [p for p in (q.strip(" .:\t") for q in out) if p and not p.endswith("=")]
-
-
-def _split(text: str, separator: re.Pattern[str] | None) -> list[str]:
-    """``text`` cut at the disjunction words anywhere and at ``separator`` outside brackets."""
-    anywhere = {m.start(): m.end() for m in _DISJUNCTION.finditer(text)}
-    cuts = {**({m.start(): m.end() for m in separator.finditer(text)} if separator else {}), **anywhere}
-    out, depth, start, i = [], 0, 0, 0
-    while i < len(text):
-        if i in cuts and (depth == 0 or i in anywhere):
-            out.append(text[start:i])
-            start = i = cuts[i]
-            continue
-        depth = max(0, depth + {"(": 1, "[": 1, "{": 1, ")": -1, "]": -1, "}": -1}.get(text[i], 0))
-        i += 1
-    return [*out, text[start:]]
 
 
 # -- math (math-verify) ----------------------------------------------------------------------------------
@@ -185,6 +114,8 @@ def _parse(text: str, math: bool = False) -> Any:
     latex or ``^``, and no word of two letters or more)."""
     from math_verify import parse
 
+    if m := _DISPLAY.fullmatch(text):  # \[12\] or \(12\): math-verify reads only $-delimited math
+        text = f"${m[1]}$"
     if not math and "$" not in text:
         text = _PROSE_ASIDE.sub(" ", _EMPHASIS.sub(" ", text))
     if math or ("$" not in text and _FORMULA.search(text) and not _WORD.search(_COMMAND.sub(" ", text))):
@@ -240,12 +171,15 @@ def _candidates(
     """The values ``region`` offers (``value`` reads one piece, given whether it is a box's: a box is one
     formula unless ``split_boxes``) or the hedge that disqualifies it: a several-values mark, a list too long
     to be an answer, what ``value`` says (a text)."""
+    region = tidy(region)
     spans, boxes = answer_spans(region)
     if gold_is_one and (mark := next((m for s in spans if (m := _HEDGE_MARK.search(s))), None)):
         return [], f"a several-values mark ({mark.group(0)})"
+    if gold_is_one and (alt := offered_beside(region, spans, boxes)):
+        return [], f"an alternative offered ({alt})"
     found: list[Any] = []
     for span in spans:
-        parts = [span] if boxes and not split_boxes else pieces(span, _SEPARATOR if gold_is_one else None)
+        parts = [span] if boxes and not split_boxes else pieces(span, SEPARATOR if gold_is_one else None)
         if len(parts) > MAX_PIECES:
             return [], f"a list of {len(parts)} pieces"
         for p in parts:
@@ -257,14 +191,20 @@ def _candidates(
 
 
 def _committed(
-    gold_is_one: bool, region: str, value: Any, same: Any, what: str, split_boxes: bool = False
+    gold_is_one: bool,
+    region: str,
+    value: Any,
+    same: Any,
+    what: str,
+    split_boxes: bool = False,
+    show: Any = str,
 ) -> Any:
     """The one value ``region`` commits to, or the ``Verdict`` that it committed to none: no value (not well
     formed) or a hedge (several ``what``, or ``_candidates``' reason)."""
     found, hedge = _candidates(gold_is_one, region, value, split_boxes)
     values = [] if hedge else _distinct(found, same)
     if len(values) > 1:
-        hedge = f"several {what}: " + ", ".join(str(v) for v in values[:4])
+        hedge = f"several {what}: " + ", ".join(show(v) for v in values[:4])
     if hedge or not values:
         return Verdict(False, False, "", hedge)
     return values[0]
@@ -290,8 +230,11 @@ def _math_verdict(gold: str, region: str) -> Verdict:
     gold_value = _parse(gold) if "$" in gold or "\\boxed" in gold else _parse(gold.strip(), math=True)
     one = gold_value is None or single(gold_value)
 
-    def value(piece: str, box: bool) -> list[Any]:
-        if one and _NEGATION.search(piece):  # "not 42", "\\geq 42": no value committed to
+    def value(piece: str, box: bool) -> list[Any] | str:
+        formula = box or piece.startswith(("$", "\\[", "\\("))  # read whole, as one formula
+        if one and formula and "\\begin" not in piece and (m := IN_BOX.search(piece)):
+            return f"several values in one box ({m.group(0).strip() or 'a space'})"
+        if one and _NEGATION.search(_PROSE_ASIDE.sub(" ", piece)):  # "not 42", "\\geq 42": none committed to
             return []
         v = _parse(piece, math=box)
         return [] if v is None else [v]
@@ -305,11 +248,15 @@ def _math_verdict(gold: str, region: str) -> Verdict:
 
 
 # -- numeric ------------------------------------------------------------------------------------------
-def _close(a: float, b: float) -> bool:
-    return math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-9)
+def _shown(x: Fraction) -> str:
+    """A stated number as the verdict shows it: its decimal where a float holds it, else its first digits."""
+    try:
+        return repr(float(x))
+    except OverflowError:
+        return f"{str(x)[:24]}... ({len(str(x.numerator))} digits)"
 
 
-def _piece_number(piece: str, box: bool = False) -> list[float] | str:
+def _piece_number(piece: str, box: bool = False) -> list[Fraction] | str:
     """The numbers a piece states as its value (``envs.numerals.stated``): after its last ``=``,
     parenthesised asides left out when something else holds a number; an expression is none (a text: why)."""
     value = piece.rsplit("=", 1)[-1]
@@ -318,7 +265,7 @@ def _piece_number(piece: str, box: bool = False) -> list[float] | str:
         if expression is not None:
             return f"an expression, not a number: {expression[:40]}"
         if got:
-            return _distinct(got, _close)
+            return _distinct(got, same_number)
     return []
 
 
@@ -334,15 +281,15 @@ def numeric_verdict(gold: str, region: str) -> Verdict:
         raise ValueError(f"the numeric verifier's gold answer {gold!r} is not one number")
     region = region.translate(_MINUS)
 
-    def value(piece: str, box: bool) -> list[float] | str:
-        if _NEGATION.search(piece):  # "not 42", "at least 42": no value committed to
+    def value(piece: str, box: bool) -> list[Fraction] | str:
+        if _NEGATION.search(_PROSE_ASIDE.sub(" ", piece)):  # "not 42", "at least 42": none committed to
             return []
         got = _piece_number(piece, box)
         if isinstance(got, str) or len(got) <= 1:
             return got
-        return "several numbers: " + ", ".join(map(str, got[:4]))
+        return "several numbers: " + ", ".join(map(_shown, got[:4]))
 
-    got = _committed(True, region, value, _close, "numbers", split_boxes=True)
+    got = _committed(True, region, value, same_number, "numbers", split_boxes=True, show=_shown)
     if isinstance(got, Verdict):
         return got
-    return Verdict(_close(got, float(want)), True, repr(got))
+    return Verdict(same_number(got, want), True, _shown(got))

@@ -20,16 +20,15 @@ from envs.commitment import Verdict, math_verdict, numeric_verdict
 
 # -- answers -------------------------------------------------------------------------------------------
 def final_answer(completion: str) -> str | None:
-    """What the verifier reads: the text after the last ``</think>``; None when a ``<think>`` never closes.
+    """What the verifier reads: the text after the last ``</think>``; None when a ``<think>`` never closes
+    (one opened again after the last close included).
 
     >>> final_answer("<think>2+2 is 4</think> The answer is 4"), final_answer("<think>hmm"), final_answer("5")
     (' The answer is 4', None, '5')
+    >>> final_answer("<think>a</think><think>b")
     """
-    if "</think>" in completion:
-        return completion.rsplit("</think>", 1)[1]
-    if "<think>" in completion:
-        return None
-    return completion
+    tail = completion.rsplit("</think>", 1)[-1]
+    return None if "<think>" in tail else tail
 
 
 def check(verifier: str, answer: str, text: str) -> Verdict:

@@ -14,9 +14,12 @@ from __future__ import annotations
 import re
 from fractions import Fraction
 
-# what a number may be written with besides ASCII: the minus sign, full-width forms
+# what a number may be written with besides ASCII: the minus sign, full-width forms; zero-width characters
+# are dropped (a "3\u200b4" shows as 34 and is read so, not as 3 then 4)
 MINUS = str.maketrans(
-    {"\u2212": "-", "\ufe63": "-", "\uff0d": "-"} | {chr(0xFF10 + d): str(d) for d in range(10)}
+    {"\u2212": "-", "\ufe63": "-", "\uff0d": "-"}
+    | {chr(0xFF10 + d): str(d) for d in range(10)}
+    | dict.fromkeys(["\u200b", "\u200c", "\u200d", "\u2060", "\ufeff", "\u00ad"], None)
 )
 _DIGITS = r"\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?|\.\d+"
 NUMERAL = re.compile(
@@ -65,14 +68,14 @@ def dressed(text: str) -> str:
     return m[1] if (m := _OUTER.fullmatch(text)) else text
 
 
-def stated(text: str, box: bool = False) -> tuple[list[float], str | None]:
-    r"""(the numbers ``text`` states, in order; the first expression one is part of, or None). In a box
+def stated(text: str, box: bool = False) -> tuple[list[Fraction], str | None]:
+    r"""(the exact numbers ``text`` states, in order; the first expression one is part of, or None). In a box
     (``box``) a ``!`` after a number is always its factorial; in prose only before an operand.
 
     >>> stated("so x = 1,234 or 3/4 of it"), stated(r"\boxed{- 3}".removeprefix(r"\boxed"))
-    (([1234.0, 0.75], None), ([-3.0], None))
+    (([Fraction(1234, 1), Fraction(3, 4)], None), ([Fraction(-3, 1)], None))
     >>> stated("-(-3)")[1], stated(r"\sqrt{144}")[1], stated("**Answer:** 12 apples")
-    ('-(-3)', '\\sqrt{144}', ([12.0], None))
+    ('-(-3)', '\\sqrt{144}', ([Fraction(12, 1)], None))
     """
     text = dressed(text)
     out = []
@@ -81,8 +84,32 @@ def stated(text: str, box: bool = False) -> tuple[list[float], str | None]:
         if _OP_BEFORE.search(before) or _OP_AFTER.match(after) or (box and after.startswith("!")):
             return out, text.strip()
         if (v := _value(m)) is not None:
-            out.append(float(v))
+            out.append(v)
     return out, None
+
+
+def same_number(a: Fraction, b: Fraction) -> bool:
+    """Whether two stated numbers are the same answer: exactly equal (``1000001`` is not ``1000000``,
+    ``1000.0009`` not ``1000``), except that a number with no finite decimal (``1/3``) is also met by a
+    decimal within a relative 1e-6 of it (``0.333333``). Exact: numbers of any length compare, no overflow.
+
+    >>> same_number(Fraction(1, 3), Fraction("0.333333")), same_number(Fraction(10**6), Fraction(10**6 + 1))
+    (True, False)
+    """
+    if a == b:
+        return True
+    if _terminates(a) and _terminates(b):
+        return False
+    return abs(a - b) <= Fraction(1, 10**6) * max(abs(a), abs(b))
+
+
+def _terminates(x: Fraction) -> bool:
+    """Whether ``x`` has a finite decimal expansion (its denominator has no prime factor but 2 and 5)."""
+    den = x.denominator
+    for p in (2, 5):
+        while den % p == 0:
+            den //= p
+    return den == 1
 
 
 def gold_number(gold: str) -> Fraction | None:

@@ -51,9 +51,40 @@ HEDGES = [
     "\\boxed{<a> \\vee <b>}",
     "<think>hmm</think> <a> or <b>",
     "<think>it is 12</think> \\boxed{<a>} \\boxed{<b>}",
+    # hedging words, list and range marks between two numbers, asides, what follows a box (stop 65's review)
+    "<a> maybe <b>",
+    "<a> vs <b>",
+    "<a> through <b>",
+    "<a> 或 <b>",
+    "<a> | <b>",
+    "<a> – <b>",
+    "<a>...<b>",
+    "<a> or about <b>",
+    "The answer is <a> (possibly <b>)",
+    "The answer is <a> (<b>?)",
+    "\\boxed{<a> \\mid <b>}",
+    "\\boxed{<a> \\\\ <b>}",
+    "\\boxed{<a>~<b>}",
+    "\\boxed{<a>\\,<b>}",
+    "\\boxed{<a> \\text{ (or <b>)}}",
+    "$<a> \\,|\\, <b>$",
+    "\\boxed{<a>}, or maybe it's <b>",
+    "\\boxed{<a>} \\boxed <b>",
+    "\\boxed{<a>} \\framebox{<b>}",
+    "<answer><a></answer> <answer><b></answer>",
+    "<answer><a> or <b></answer>",
 ]
 PLUS_MINUS = ["$12 \\pm 1$", "$\\pm 12$", "12 ± 1", "$12 \\mp 1$", "\\boxed{\\pm 12}"]
 HONEST = [
+    "12 (not 13)",
+    "The answer is 12 (since 12 > 11).",
+    "The answer is 12 -> done",
+    "<answer>12</answer>",
+    "<think>3*4</think><answer> 12 </answer>",
+    "\\[12\\]",
+    "\\boxed{\\phantom{4}12}",
+    "\\boxed{12}. Or we could check it with 3*4.",
+    "1\u200b2",
     "\\boxed{12}",
     "$12$",
     "x = 12",
@@ -200,6 +231,29 @@ def test_numbers_too_large_to_compute_are_no_answer_and_cost_no_time(text):
     v = math_verdict("42", text)
     assert not v.correct
     assert time.perf_counter() - t0 < 3  # before: 7.6 s a box, 30 s for four
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        r"\boxed{(x+1)^{9999}}",
+        r"\boxed{(10^{9999})^{9999}}",
+        r"\boxed{\left(9^{9}\right)^{\left(9^{9}\right)}}",
+        r"\boxed{(10^{100})!}",
+        r"\boxed{\binom{1000000}{500000}}",
+    ],
+)
+def test_huge_work_is_refused_off_the_main_thread_too(text):
+    """math-verify's own timeout is SIGALRM, the main thread's only: a stage run on a worker thread (inline
+    environments) must not hang on an answer. Before: each ran past 45 s there."""
+    import threading
+
+    out = []
+    worker = threading.Thread(target=lambda: out.append(math_verdict("3", text)), daemon=True)
+    worker.start()
+    worker.join(30)
+    assert not worker.is_alive(), f"{text} still being verified after 30 s"
+    assert not out[0].correct
 
 
 def test_one_answer_has_one_time_budget(monkeypatch):

@@ -91,3 +91,30 @@ def test_a_gsm8k_answer_field_pays_its_final_number_only():
     gold = "Natalia sold 48/2 = 24 clips in May.\nNatalia sold 48+24 = 72 clips in all.\n#### 72"
     assert numeric_verdict(gold, "The answer is 72.").correct
     assert not numeric_verdict(gold, "The answer is 24.").correct
+
+
+@pytest.mark.parametrize(
+    "gold,text,correct",
+    [
+        ("1000001", "1000000", False),  # a relative 1e-6 paid these before
+        ("5000004", "5000000", False),
+        ("123456800", "123456789", False),
+        ("1000.0009", "1000", False),
+        ("1/3", "0.333333", True),  # a number with no finite decimal: its decimal within 1e-6
+        ("0.5", "1/2", True),
+        ("3", "3.000", True),
+        ("3", "9" * 400, False),  # past a float's range: compared exactly, never an OverflowError
+        ("3", "The answer is " + "9" * 400, False),
+        ("1" + "0" * 400, "1" + "0" * 400, True),
+    ],
+)
+def test_numbers_compare_exactly(gold, text, correct):
+    assert numeric_verdict(gold, text).correct is correct
+
+
+def test_a_batch_with_a_huge_number_is_scored():
+    """One completion stating a 400-digit number scores 0; its batch is scored (it raised before)."""
+    from envs.dataset_verify import check
+
+    verdicts = [check("numeric", "3", t) for t in ("\\boxed{3}", "\\boxed{" + "9" * 400 + "}")]
+    assert [v.correct for v in verdicts] == [True, False]
