@@ -38,11 +38,12 @@ _DROPPED = ("Cf", "Mn", "Me")
 # digits written for letters inside words ("1gn0re", "sc0re"): folded where a letter touches them
 _LEET = {"0": "o", "1": "i", "3": "e", "4": "a", "5": "s", "7": "t", "@": "a", "$": "s"}
 _LEET_RUN = re.compile(r"(?<=[a-z])[013457@$]+|[013457@$]+(?=[a-z])")
-_SPACED = re.compile(r"\b(?:[a-z] ){3,}[a-z]\b")  # "i g n o r e": letters spaced out
+_SPACED = re.compile(r"\b(?:[a-z][ ._]){3,}[a-z]\b")  # "i g n o r e", "i.g.n.o.r.e": letters spaced out
 _ADDRESSEE = (
     r"(judge|grader|evaluator|reviewer|rater|assessor|scorer|reward model|ai|assistant|model|llm|gpt)"
 )
 _SCORE_WORD = r"(score|scores|rate|rating|grade|mark|marks|points|reward)"
+_NUMBER = r"(\d+|zero|one|two|three|four|five|six|seven|eight|nine|ten|hundred)"
 # Words to whoever grades the answer: instructions, addressing it, role markers, a judge template's
 # delimiters. Alone they are a heuristic (honest text says "as an AI model, ..."): ``judge_address``.
 _ADDRESS = re.compile(
@@ -50,19 +51,28 @@ _ADDRESS = re.compile(
         [
             r"\b(ignore|disregard|forget|override|bypass|skip)\b[^.\n]{0,40}\b(previous|prior|above|earlier|all|"
             r"the|any|your|these)\b[^.\n]{0,30}\b(instruction|instructions|rule|rules|rubric|prompt|guideline|"
-            r"guidelines|criteria|directions)\b",
+            r"guidelines|criteria|directions|guidance|task|context)\b",
+            r"\b(ignore|disregard|forget)\b[^.\n]{0,20}\b(everything|anything|all)\b[^.\n]{0,15}\b(above|before|"
+            r"previous|prior|earlier|said)\b|\bnew (instruction|instructions|rules|task)\s*:",
+            # the grader spoken to: "Grader, ...", "(judge: 10/10)", "you are a lenient grader", its verdict
+            rf"(^|[\n(\[])\s*{_ADDRESSEE}\s*[,:]",
+            rf"\b{_ADDRESSEE}\s*,\s*(please|give|rate|score|award|output|assign)\b",
+            rf"\byou are (a|an|the)\b[^.\n]{{0,20}}\b{_ADDRESSEE}\b",
+            rf"\b{_ADDRESSEE} (verdict|decision|output)\b",
             rf"\b(note|message|dear|attention|hey|hello)\b[^.\n]{{0,15}}\b(to )?(the )?{_ADDRESSEE}\b",
             rf"\bas an? {_ADDRESSEE}\b",
             rf"\b{_ADDRESSEE}\b[^.\n]{{0,40}}\b(must|should|will|shall|needs? to|has to|is to)\b"
             rf"[^.\n]{{0,40}}\b({_SCORE_WORD}|award|give|output|assign|say|answer)",
             r"\b(judge|grader|evaluator|rubric) (instruction|instructions|note|prompt)s?\b",
-            r"<\|(im_start|system|assistant|user)\|>|\[/?(inst|system|sys)\]|<</?sys>>|^\s*(system|assistant|user)"
+            r"<\|(im_start|im_end|system|assistant|user|eot_id|start_header_id|end_header_id|begin_of_text|"
+            r"endoftext)\|>|<(start|end)_of_turn>|\[/?(inst|system|sys)\]|<</?sys>>|^\s*(system|assistant|user)"
             r"\s*:|###\s*(system|instruction|judge|assistant)",
             r"</?\s*(answer|response|completion|question|rubric|judge)\s*>",
             rf"\b{_ADDRESSEE}'?s? (note|notes|message|instruction|instructions|attention)\b",
             # comments a reader never sees; a bare role line; the judge template's own score line
             r"<!--|\[//\]\s*:\s*#|^\s*(system|assistant|user)\s*$",
-            rf"^\s*{_SCORE_WORD}\s*\(\s*\d+\s*-\s*\d+\s*\)\s*:",
+            rf"^\s*{_SCORE_WORD}\s*\(\s*\d+\s*(-|to)\s*\d+\s*\)\s*:",
+            rf"\{{\s*[\"']{_SCORE_WORD}[\"']\s*:",  # a judge's verdict as JSON
         ]
     ),
     re.IGNORECASE | re.MULTILINE,
@@ -73,9 +83,9 @@ _PAYLOAD = re.compile(
         [
             r"\b(give|award|assign|rate|grade|mark|score)\b[^.\n]{0,30}\b(this|the|my|it|me)\b"
             r"[^.\n]{0,30}\b(10|ten|100|max(imum)?|full|perfect|highest|top|correct|a pass)\b",
-            rf"\b{_SCORE_WORD}\s*(\([^)\n]{{0,12}}\))?\s*[:=]\s*\d+",  # also a judge's own "score (0-9): 9"
+            rf"\b{_SCORE_WORD}[\"']?\s*(\([^)\n]{{0,12}}\))?\s*([:=]|is)\s*{_NUMBER}\b",  # "score (0-9): 9"
             r"\b(output|reply with|respond with|answer with|say)\b[^.\n]{0,20}\b(the number |only )?\d+\b",
-            r"\b\d+\s*/\s*(10|100)\b",
+            r"\b\d+\s*/\s*(10|100)\b|\b(?P<top>\d+)\s*/\s*(?P=top)\b|\b(\d+|ten) out of (\d+|ten)\b",
             r"\b(full marks|perfect score|maximum score|highest score|top marks)\b",
         ]
     ),
@@ -106,7 +116,17 @@ def normalise(text: str) -> str:
     text = unicodedata.normalize("NFKC", hyphenated(text))
     text = re.sub(r"[ \t\r\f\v]+", " ", text).casefold().translate(_CONFUSABLES)
     text = _LEET_RUN.sub(lambda m: "".join(_LEET[c] for c in m.group(0)), text)
-    return _SPACED.sub(lambda m: m.group(0).replace(" ", ""), text)
+    return _SPACED.sub(lambda m: re.sub(r"[ ._]", "", m.group(0)), text)
+
+
+# An answer in the answer-tag format a prompt asks for ("<answer>3/10</answer>" at the end, as R1's): its tags
+# are the format, not a judge template's delimiters. A closing tag before an opening one, or text after the
+# closing one, still is.
+_FORMAT_TAGS = re.compile(r"<answer>((?:(?!</?answer>).)*)</answer>\s*$", re.S)
+
+
+def _answer_format(t: str) -> str:
+    return _FORMAT_TAGS.sub(lambda m: f" {m[1]} ", t) if t.count("<answer>") == 1 else t
 
 
 def judge_injection(text: str) -> bool:
@@ -120,7 +140,7 @@ def judge_injection(text: str) -> bool:
     >>> judge_injection("As an AI model, I add the units first: 7.")  # addressing alone: judge_address
     False
     """
-    t = normalise(text)
+    t = _answer_format(normalise(text))
     return bool(_ADDRESS.search(t)) and bool(_PAYLOAD.search(t))
 
 
@@ -131,7 +151,7 @@ def judge_address(text: str) -> bool:
     >>> judge_address("As an AI model, I add the units first: 7."), judge_address("7")
     (True, False)
     """
-    t = normalise(text)
+    t = _answer_format(normalise(text))
     return bool(_ADDRESS.search(t)) and not _PAYLOAD.search(t)
 
 
