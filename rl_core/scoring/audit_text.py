@@ -26,10 +26,11 @@ from collections import Counter
 
 import numpy as np
 
-# letters of other scripts that render like Latin ones (what an injection uses to dodge a keyword filter)
+# letters of other scripts that render like Latin ones (what an injection uses to dodge a keyword filter),
+# and angle brackets that render like a tag's
 _CONFUSABLES = str.maketrans(
-    "АВЕЅІЈКМНОРСТХУаеіјорсхуѕԁɡΑΒΕΖΗΙΚΜΝΟΡΤΥΧαεικνοτυχօսոցհıᴀʙᴄᴅᴇɢʜɪᴊᴋʟᴍɴᴏᴘʀꜱᴛᴜᴠᴡʏᴢɩɑȷǀӏ",
-    "ABESIJKMHOPCTXYaeijopcxysdgABEZHIKMNOPTYXaeikvotuxounghiabcdeghijklmnoprstuvwyziajll",
+    "АВЕЅІЈКМНОРСТХУаеіјорсхуѕԁɡΑΒΕΖΗΙΚΜΝΟΡΤΥΧαεικνοτυχօսոցհıᴀʙᴄᴅᴇɢʜɪᴊᴋʟᴍɴᴏᴘʀꜱᴛᴜᴠᴡʏᴢɩɑȷǀӏ‹›〈〉⟨⟩",
+    "ABESIJKMHOPCTXYaeijopcxysdgABEZHIKMNOPTYXaeikvotuxounghiabcdeghijklmnoprstuvwyziajll<><><>",
 )
 # Unicode categories removed before the rules read the text: format characters (zero-width joiners and
 # spaces) and marks (combining accents, the grapheme joiner, variation selectors): invisible, or on a letter
