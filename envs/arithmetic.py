@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import random
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -35,8 +35,11 @@ class ArithmeticOptions(BaseModel):
     operations: list[Literal["add", "sub", "mul"]] = Field(
         ["add", "sub"], min_length=1, description="Arithmetic operations to draw problems from."
     )
-    digits: list[int] = Field(
-        [1, 2], min_length=1, description="Difficulty levels: operand digit counts drawn from."
+    digits: list[Annotated[int, Field(ge=1, le=32)]] = Field(
+        [1, 2],
+        min_length=1,
+        description="Difficulty levels: operand digit counts drawn from (1-32: a product of two 32-digit "
+        "numbers has 64 digits, the longest answer read).",
     )
 
 

@@ -28,6 +28,8 @@ def file_rows(data: bytes, path: str, name: str) -> list[tuple[Any, int | None]]
             if e.msg != "Extra data":  # more than one value: JSON Lines
                 raise ValueError(f"task.env_args: {name}: not JSON ({e.msg}, line {e.lineno})") from None
             return _json_lines(text, name)
+        except (ValueError, RecursionError) as e:  # past Python's digit limit or nesting depth
+            raise ValueError(f"task.env_args: {name}: cannot be read ({str(e)[:120]})") from None
         if isinstance(rows, dict):  # one object: JSON Lines of one row (Dataset.to_json of a single row)
             return [(rows, 1)]
         if not isinstance(rows, list):
@@ -67,6 +69,8 @@ def _json_lines(text: str, name: str) -> list[tuple[Any, int | None]]:
                 rows.append((json.loads(line), n))
             except json.JSONDecodeError as e:
                 raise ValueError(f"task.env_args: {name}: line {n} is not JSON ({e.msg})") from None
+            except (ValueError, RecursionError) as e:  # past Python's digit limit or nesting depth
+                raise ValueError(f"task.env_args: {name}: line {n} cannot be read ({str(e)[:120]})") from None
     return rows
 
 
@@ -77,8 +81,21 @@ def field(row: dict[str, Any], dotted: str, name: str, i: int) -> Any:
     ``ground_truth``)."""
     found = _lookup(row, dotted.split("."))
     if found is _MISSING:
+        if _null(row, dotted.split(".")):
+            raise ValueError(f"task.env_args: {name}: row {i} field {dotted!r} is null (no value)")
         raise ValueError(f"task.env_args: {name}: row {i} has no field {dotted!r}")
     return found
+
+
+def _null(value: Any, parts: list[str]) -> bool:
+    """Whether the field at ``parts`` (as ``_lookup`` reads it) is there and null."""
+    if not isinstance(value, dict):
+        return False
+    for k in range(len(parts), 0, -1):
+        key = ".".join(parts[:k])
+        if key in value and (value[key] is None if k == len(parts) else _null(value[key], parts[k:])):
+            return True
+    return False
 
 
 _MISSING = object()

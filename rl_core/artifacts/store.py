@@ -30,7 +30,6 @@ from typing import Any, TypeVar
 
 import fsspec
 import pandas as pd
-import pydantic
 
 from rl_core.artifacts.faults import fault, iteration_of
 from rl_core.artifacts.manifest import ArtifactRef, Manifest
@@ -42,6 +41,14 @@ from rl_core.artifacts.write_behind import WriteBehind
 MANIFEST = "_manifest.json"
 Write = Callable[[], None]  # a planned write (``Store.planned``), done before its stage commits
 T = TypeVar("T")
+
+
+def _json_object(raw: bytes) -> dict[str, Any]:
+    """A JSON document that must be an object (a manifest); ValueError for anything else."""
+    data = json.loads(raw)
+    if not isinstance(data, dict):
+        raise ValueError(f"not a JSON object but {type(data).__name__}")
+    return data
 
 
 class ArtifactError(RuntimeError):
@@ -236,8 +243,8 @@ class Store:
         """The JSON document; one that does not parse is an ``ArtifactError`` naming it."""
         try:
             return json.loads(self.read_bytes(ref))
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ArtifactError(f"corrupt JSON: {getattr(ref, 'uri', ref)}: {e}") from e
+        except (ValueError, RecursionError) as e:  # not JSON, not UTF-8, past the digit or nesting limits
+            raise ArtifactError(f"corrupt JSON: {getattr(ref, 'uri', ref)}: {str(e)[:300]}") from e
 
     # -- tables ---------------------------------------------------------------------------------
     def write_table(self, uri: str, df: pd.DataFrame) -> ArtifactRef:
@@ -343,12 +350,14 @@ class Store:
         self.behind.settle(uri)
         try:  # a local one unchanged since it was read is not read again (``self.seen``)
             if self.is_local:
-                data = self.seen.read(self._path(uri), lambda: json.loads(self.read_bytes(uri)))
+                data = self.seen.read(self._path(uri), lambda: _json_object(self.read_bytes(uri)))
             else:
-                data = json.loads(self.read_bytes(uri)) if self.exists(uri) else None
+                data = _json_object(self.read_bytes(uri)) if self.exists(uri) else None
             return None if data is None else Manifest.model_validate(data)
-        except (json.JSONDecodeError, UnicodeDecodeError, pydantic.ValidationError) as e:
-            raise ArtifactError(f"manifest corrupt: {uri}: {e}") from e
+        # a manifest that does not parse, is not an object ("null" read as "none yet" would let the stage be
+        # cleared and run again over what was committed), nests or counts past Python's limits
+        except (ValueError, RecursionError) as e:  # JSON's, Unicode's and pydantic's errors among them
+            raise ArtifactError(f"manifest corrupt: {uri}: {str(e)[:300]}") from e
 
     def list_runs(self) -> list[str]:
         base = self._path(self.root)

@@ -6,6 +6,7 @@ validation error as one message naming every bad field. The schema itself is ``r
 
 from __future__ import annotations
 
+import reprlib
 from pathlib import Path
 from typing import Any, get_origin
 
@@ -21,13 +22,23 @@ SHOWN_MAX = 200  # characters of a bad value a message repeats (a YAML alias bom
 
 
 def _shown(value: Any) -> str:
-    """``repr(value)``, cut to ``SHOWN_MAX`` characters.
+    """``repr(value)``, cut to ``SHOWN_MAX`` characters; nested lists and mappings shown to a few levels and
+    items (an alias bomb's value is never expanded in full), an integer too long to print by its size.
 
     >>> _shown("x" * 500)[-24:]
     'xxxx... (502 characters)'
+    >>> len(_shown([[[[[1] * 50] * 50] * 50] * 50])) < 300, _shown(10**5000)
+    (True, 'an integer of about 5001 digits')
     """
-    text = repr(value)
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 3000:
+        return f"an integer of about {int(value.bit_length() * 0.30103) + 1} digits"
+    text = repr(value) if isinstance(value, str | bytes) else _BRIEF.repr(value)
     return text if len(text) <= SHOWN_MAX else f"{text[:SHOWN_MAX]}... ({len(text)} characters)"
+
+
+_BRIEF = reprlib.Repr()  # Python 3.11's takes no arguments
+_BRIEF.maxlevel, _BRIEF.maxlong, _BRIEF.maxstring, _BRIEF.maxother = 4, SHOWN_MAX, SHOWN_MAX, 80
+_BRIEF.maxlist = _BRIEF.maxtuple = _BRIEF.maxdict = _BRIEF.maxset = 6
 
 
 def format_validation_error(err: ValidationError, source: str) -> str:
@@ -85,6 +96,11 @@ def parse_overrides(overrides: list[str]) -> list[tuple[str, Any]]:
         key, raw = item.split("=", 1)
         try:
             value = yaml.safe_load(raw) if raw.strip() else ""
+        except (
+            ValueError,
+            RecursionError,
+        ) as e:  # a number past Python's digit limit, nesting past its depth
+            raise ConfigError(f"override {_shown(item)}: its value cannot be read ({str(e)[:120]})") from e
         except yaml.YAMLError as e:
             problem = " ".join(str(getattr(e, "problem", None) or e).split())
             raise ConfigError(f"override {_shown(item)}: its value is not valid YAML ({problem})") from e
@@ -119,9 +135,13 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"config file {path} cannot be read as UTF-8 text: {e}") from e
     try:
-        data = yaml.load(text, Loader=_UniqueKeys) or {}  # noqa: S506  (a SafeLoader subclass)
+        data = yaml.load(text, Loader=_UniqueKeys)  # noqa: S506  (a SafeLoader subclass)
     except yaml.YAMLError as e:
         raise ConfigError(f"config file {path} is not valid YAML: {e}") from e
-    if not isinstance(data, dict):
-        raise ConfigError(f"config file {path} must hold a mapping of sections")
+    except (ValueError, RecursionError) as e:  # a number past Python's digit limit, nesting past its depth
+        raise ConfigError(f"config file {path} cannot be read: {str(e)[:160]}") from e
+    if data is None:  # an empty file (or only comments): the defaults
+        return {}
+    if not isinstance(data, dict):  # a list, a scalar, and false or 0 too (they are not "empty")
+        raise ConfigError(f"config file {path} must hold a mapping of sections, not {_shown(data)}")
     return data

@@ -167,8 +167,12 @@ def test_the_hf_engine_samples_in_the_dtype_asked_for(tmp_path):
         ("train:\n  lr: 0.1\n  lr: 0.5\n", "the key 'lr' is given twice"),
         ("\ufefftrain: {lr: 0.1}\n".encode("utf-16"), "cannot be read as UTF-8 text"),
         (None, "cannot be read as UTF-8 text"),  # a folder
+        ("false\n", "must hold a mapping of sections, not False"),  # loaded the defaults before
+        ("0\n", "must hold a mapping of sections, not 0"),
+        ("experiment: {seed: " + "9" * 5000 + "}\n", "cannot be read: Exceeds the limit"),  # a raw ValueError
+        ("train: " + "[" * 5000 + "]" * 5000 + "\n", "cannot be read: maximum recursion depth"),
     ],
-    ids=["section_twice", "field_twice", "utf16", "folder"],
+    ids=["section_twice", "field_twice", "utf16", "folder", "false", "zero", "5000_digits", "deep"],
 )
 def test_a_config_file_that_says_two_things_or_cannot_be_read_is_refused(tmp_path, text, says):
     path = tmp_path / "c.yaml"
@@ -238,3 +242,43 @@ def test_the_s3_endpoint_is_named_without_its_credentials(monkeypatch):
     monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
     monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://minio:{SECRET}@127.0.0.1:9000")
     assert s3_endpoint() == "http://***@127.0.0.1:9000"
+
+
+def test_an_alias_bomb_in_a_field_is_refused_without_expanding_it(tmp_path):
+    """Ten nested anchors of ten aliases each (10^10 strings once expanded) in a list field: the error
+    message repeated the value's repr in full before cutting it (hours); now its first levels and items."""
+    import threading
+
+    anchors = "".join(
+        f"x{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 10 if i else ["q"] * 10) + "]\n" for i in range(10)
+    )
+    path = tmp_path / "bomb.yaml"
+    path.write_text(anchors + "rollout:\n  curriculum_keys: [*a9, *a9]\n")
+    said: list[str] = []
+
+    def load() -> None:
+        try:
+            load_config(path)
+        except ConfigError as e:
+            said.append(str(e))
+
+    worker = threading.Thread(target=load, daemon=True)
+    worker.start()
+    worker.join(30)
+    assert not worker.is_alive(), "the config's error message was still being written after 30 s"
+    assert "rollout.curriculum_keys.0: Input should be a valid string" in said[0]
+    assert len(said[0]) < 20_000
+
+
+def test_overrides_past_pythons_limits_are_refused_by_name():
+    with pytest.raises(ConfigError, match=r"override 'experiment.seed=9+.*cannot be read"):
+        load_config("configs/smoke.yaml", ["experiment.seed=" + "9" * 5000])
+    with pytest.raises(ConfigError, match=r"override 'train.lr=\[+.*cannot be read"):
+        load_config("configs/smoke.yaml", ["train.lr=" + "[" * 5000])
+
+
+@pytest.mark.parametrize("digits", [0, 33, 400])
+def test_arithmetic_digits_past_what_an_answer_can_hold_are_refused_at_load(digits):
+    """400 loaded and failed later with a bare OverflowError; 33..64 loaded and could never be answered."""
+    with pytest.raises(ConfigError, match=r"task\.env_args.*digits"):
+        load_config("configs/smoke.yaml", [f"task.env_args.digits=[{digits}]"])

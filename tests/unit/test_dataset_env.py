@@ -158,12 +158,26 @@ def test_each_epoch_is_one_permutation_of_the_training_prompts():
         ([{"problem": [{"role": "assistant", "content": "1+1?"}], "answer": "2"}], {}, r"need a user turn"),
         ([{"problem": [{"role": "user", "content": " "}], "answer": "2"}], {}, r"row 0 .*empty content"),
         ([{"problem": "1+1?\ud800", "answer": "2"}], {}, r"row 0 field 'problem': not valid Unicode"),
+        (
+            [{"problem": "1+1?", "answer": None}],
+            {},
+            r"train\.jsonl: row 0 field 'answer' is null",
+        ),  # "no field"
+        ([{"problem": "1+1?", "x": {"y": None}}], {"answer_field": "x.y"}, r"row 0 field 'x\.y' is null"),
+        ('{"problem": "1+1?", "answer": "2", "id": ' + "9" * 5000 + "}", {}, r"line 1 cannot be read"),
+        (
+            '{"problem": "1+1?", "answer": ' + "[" * 100_000 + "]" * 100_000 + "}",
+            {},
+            r"line 1 cannot be read",
+        ),
     ],
 )
 def test_bad_data_is_named_by_file_row_and_field(tmp_path, rows, args, message):
     src = tmp_path / "train.jsonl"
     if rows is None:
         src.write_text(json.dumps(ROWS[0]) + "\n{not json\n")
+    elif isinstance(rows, str):  # a line json.dumps will not write: past Python's digit or nesting limits
+        src.write_text(rows + "\n")
     else:
         _jsonl(src, rows)
     args = {"train": str(src), **args}

@@ -151,3 +151,33 @@ def test_an_unstored_checkpoint_no_train_stage_made_is_an_error_naming_it(tmp_pa
     with pytest.raises(ArtifactError, match=r"iter-0001/train/checkpoint was not stored .* run r"):
         ctx.local_checkpoint(ref)
     assert ArtifactRef.model_validate(ref.model_dump()).stored is False  # the flag survives the manifest
+
+
+@pytest.mark.parametrize(
+    "body",
+    ["null", "[]", "7", "1" * 5000, "[" * 100_000 + "]" * 100_000],
+    ids=["null", "list", "number", "5000-digit", "deep"],
+)
+def test_a_committed_stage_whose_manifest_is_not_an_object_is_refused_and_kept(tmp_path, body):
+    """A manifest of JSON ``null`` read as "not committed yet" let the stage be cleared and run again over its
+    committed output; numbers and nesting past Python's limits raised without the file's name."""
+    import pandas as pd
+
+    from rl_core.artifacts.stage import StageResult, run_stage
+
+    store = Store(str(tmp_path))
+
+    def body_writing(value: str):
+        def body_fn(job):
+            ref = store.write_table(job.out_uri + "/rollouts.parquet", pd.DataFrame({"v": [value]}))
+            return StageResult(outputs={"rollouts": ref})
+
+        return body_fn
+
+    run_stage(store, "r", 1, "generate", "h1", {}, body_writing("committed"))
+    folder = tmp_path / "r" / "iter-0001" / "generate"
+    (folder / "_manifest.json").write_text(body)
+    again = Store(str(tmp_path))
+    with pytest.raises(ArtifactError, match=r"manifest corrupt: .*/r/iter-0001/generate/_manifest\.json"):
+        run_stage(again, "r", 1, "generate", "h1", {}, body_writing("recomputed"))
+    assert pd.read_parquet(folder / "rollouts.parquet")["v"].tolist() == ["committed"]
