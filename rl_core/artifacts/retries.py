@@ -48,12 +48,20 @@ def s3_endpoint() -> str:
     return redacted(url) if url else "the default AWS S3 endpoint"
 
 
-def with_retries(fn: Callable[[], T], *, what: str, attempts: int, max_wait_s: float) -> T:
-    """Call ``fn`` until it succeeds or ``attempts`` transient failures have passed (backoff 0.5 s doubling
-    up to ``max_wait_s``); then raise StoreUnavailable naming the endpoint. Other errors pass through."""
+# No retry starts after this long: an endpoint that accepts connections and never answers costs a read
+# timeout (60 s) per attempt, six attempts ~6 minutes before; now ~2.
+MAX_TOTAL_S = 90.0
+
+
+def with_retries(
+    fn: Callable[[], T], *, what: str, attempts: int, max_wait_s: float, max_total_s: float = MAX_TOTAL_S
+) -> T:
+    """Call ``fn`` until it succeeds, or ``attempts`` transient failures have passed, or no retry may start
+    within ``max_total_s`` of the first call (backoff 0.5 s doubling up to ``max_wait_s``); then raise
+    StoreUnavailable naming the endpoint. Other errors pass through."""
     try:
         for attempt in tenacity.Retrying(
-            stop=tenacity.stop_after_attempt(attempts),
+            stop=tenacity.stop_after_attempt(attempts) | tenacity.stop_after_delay(max_total_s),
             wait=tenacity.wait_exponential(multiplier=0.5, max=max_wait_s),
             retry=tenacity.retry_if_exception(transient),
             before_sleep=lambda rs: log.warning(
@@ -69,7 +77,7 @@ def with_retries(fn: Callable[[], T], *, what: str, attempts: int, max_wait_s: f
     except tenacity.RetryError as e:
         last = e.last_attempt.exception()
         raise StoreUnavailable(
-            f"S3 endpoint {s3_endpoint()} unreachable: {what} failed {attempts} times "
+            f"S3 endpoint {s3_endpoint()} unreachable: {what} failed {e.last_attempt.attempt_number} times "
             f"({type(last).__name__}: {last})"
         ) from last
     raise AssertionError("unreachable")
