@@ -54,20 +54,26 @@ THIN_GROUP = re.compile(r"(?<=\d)\\,(?=\d{3}(?!\d))")
 
 
 def boxed(text: str) -> list[str]:
-    r"""The contents of every ``\boxed{...}`` / ``\fbox{...}`` in ``text`` (braces balanced), in order.
+    r"""The contents of every ``\boxed{...}`` / ``\fbox{...}`` / brace-less ``\boxed 4`` in ``text`` (braces
+    balanced), in order.
 
-    >>> boxed(r"so \boxed{\frac{1}{2}} or \fbox{3}")
-    ['\\frac{1}{2}', '3']
+    >>> boxed(r"so \boxed{\frac{1}{2}} or \fbox{3}, \boxed 4")
+    ['\\frac{1}{2}', '3', '4']
     """
-    out = []
+    return [content for content, _ in _boxes(text)]
+
+
+def _boxes(text: str) -> list[tuple[str, int]]:
+    """(contents, where the box ends) of every box in ``text``, in order."""
+    out = [(m[1], m.end()) for m in _BARE_BOX.finditer(text)]
     for m in _BOX.finditer(text):
         depth, i = 1, m.end()
         while i < len(text) and depth:
             depth += {"{": 1, "}": -1}.get(text[i], 0)
             i += 1
         if depth == 0:
-            out.append(text[m.end() : i - 1])
-    return out + [m[1] for m in _BARE_BOX.finditer(text)]
+            out.append((text[m.end() : i - 1], i))
+    return sorted(out, key=lambda box: box[1])
 
 
 def answer_spans(region: str) -> tuple[list[str], bool]:
@@ -95,7 +101,7 @@ def answer_spans(region: str) -> tuple[list[str], bool]:
 
 def pieces(span: str, separator: re.Pattern[str] | None = SEPARATOR) -> list[str]:
     r"""``span`` split into candidate pieces (rule 2): each math segment (``$..$``, ``\(..\)``, ``\[..\]``)
-    whole, the text between them split at ``separator`` outside brackets (``	ext{..}`` unwrapped there);
+    whole, the text between them split at ``separator`` outside brackets (``\text{..}`` unwrapped there);
     empty pieces left out.
 
     >>> pieces(r"$x = 12$ or $x = 13$"), pieces("{12, 13}, [1, 2]"), pieces("12 13")
@@ -132,7 +138,8 @@ def offered_beside(region: str, spans: list[str], boxes: bool) -> str | None:
     if m := next((m for s in spans if (m := _BOUNDED_ALTERNATIVE.search(s))), None):
         return m.group(0)
     if boxes:
-        after = region[region.rfind(spans[-1]) + len(spans[-1]) :]
+        region = region[-MAX_VERIFIED_CHARS:]  # as answer_spans read it
+        after = region[_boxes(region)[-1][1] :]
         after = after[: m.start()] if (m := SENTENCE_END.search(after)) else after
         if (m := _DISJUNCTION.search(after)) and re.search(r"\d", after[m.end() :]):
             return m.group(0)

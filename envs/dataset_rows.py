@@ -80,37 +80,32 @@ def field(row: dict[str, Any], dotted: str, name: str, i: int) -> Any:
     ``reward_model.ground_truth``), else a path of nested keys (verl's ``reward_model`` ->
     ``ground_truth``)."""
     found = _lookup(row, dotted.split("."))
+    if found is _NULL:
+        raise ValueError(f"task.env_args: {name}: row {i} field {dotted!r} is null (no value)")
     if found is _MISSING:
-        if _null(row, dotted.split(".")):
-            raise ValueError(f"task.env_args: {name}: row {i} field {dotted!r} is null (no value)")
         raise ValueError(f"task.env_args: {name}: row {i} has no field {dotted!r}")
     return found
 
 
-def _null(value: Any, parts: list[str]) -> bool:
-    """Whether the field at ``parts`` (as ``_lookup`` reads it) is there and null."""
-    if not isinstance(value, dict):
-        return False
-    for k in range(len(parts), 0, -1):
-        key = ".".join(parts[:k])
-        if key in value and (value[key] is None if k == len(parts) else _null(value[key], parts[k:])):
-            return True
-    return False
-
-
-_MISSING = object()
+_MISSING, _NULL = object(), object()  # no such field; the field is there and null
 
 
 def _lookup(value: Any, parts: list[str]) -> Any:
+    """The value at ``parts``, the longest literal key first; ``_NULL`` when only a null is found there."""
     if not parts:
-        return value
+        return _NULL if value is None else value
     if not isinstance(value, dict):
         return _MISSING
-    for k in range(len(parts), 0, -1):  # the longest literal key first
+    null = False
+    for k in range(len(parts), 0, -1):
         key = ".".join(parts[:k])
-        if value.get(key) is not None and (found := _lookup(value[key], parts[k:])) is not _MISSING:
-            return found
-    return _MISSING
+        if key in value:
+            found = _lookup(value[key], parts[k:])
+            if found is _NULL:
+                null = True
+            elif found is not _MISSING:
+                return found
+    return _NULL if null else _MISSING
 
 
 def prompt(value: Any, name: str, i: int, field: str) -> str | list[dict[str, str]]:

@@ -19,6 +19,7 @@ process, not per run, and do not count memory held in files (memfds, SysV shared
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import secrets
 import signal
@@ -36,6 +37,12 @@ from envs.sandbox.slots import Slot
 
 # pid 1 of every fresh container: non-dumpable, holds none of the run's stdio (its docstring says why)
 INIT = Path(__file__).with_name("init.py")
+
+
+@functools.cache
+def _init_code() -> bytes:
+    """``init.py``'s bytes, read once per process (a pool worker runs thousands of fresh containers)."""
+    return INIT.read_bytes()
 
 
 def run_fresh(
@@ -63,7 +70,7 @@ def run_fresh(
         join = cg.join_fds() if cg is not None else []
         fds += join
         ooms = cg.oom_kills() if cg else 0
-        init = memfd("init", INIT.read_bytes())
+        init = memfd("init", _init_code())
         fds.append(init)
         inner = [PYTHON, "-I", "-S", "-B", "/.sandbox/init.py", *argv]
         box = bwrap_command(file_fds, inner, lim.disk_mb, sfd, {"/.sandbox/init.py": init}, as_pid_1=True)

@@ -96,10 +96,7 @@ def parse_overrides(overrides: list[str]) -> list[tuple[str, Any]]:
         key, raw = item.split("=", 1)
         try:
             value = yaml.safe_load(raw) if raw.strip() else ""
-        except (
-            ValueError,
-            RecursionError,
-        ) as e:  # a number past Python's digit limit, nesting past its depth
+        except (ValueError, RecursionError) as e:  # past Python's digit limit or nesting depth
             raise ConfigError(f"override {_shown(item)}: its value cannot be read ({str(e)[:120]})") from e
         except yaml.YAMLError as e:
             problem = " ".join(str(getattr(e, "problem", None) or e).split())

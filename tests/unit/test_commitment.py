@@ -69,6 +69,7 @@ HEDGES = [
     "\\boxed{<a> \\text{ (or <b>)}}",
     "$<a> \\,|\\, <b>$",
     "\\boxed{<a>}, or maybe it's <b>",
+    "\\boxed{<a>}, or maybe <b> (not <a>)",  # the box's own text again after the alternative
     "\\boxed{<a>} \\boxed <b>",
     "\\boxed{<a>} \\framebox{<b>}",
     "<answer><a></answer> <answer><b></answer>",
